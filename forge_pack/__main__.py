@@ -1,0 +1,3 @@
+from forge_pack.cli import main
+
+main()

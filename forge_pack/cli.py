@@ -1,0 +1,61 @@
+"""The forge-pack command line. Each command lives in its own module and registers itself here.
+
+Errors a user must fix arrive as ForgeError and leave as two lines on stderr (``error:`` and
+``hint:``) with exit status 1; tracebacks only under ``--debug``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from forge_pack.errors import ForgeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Profile a PyTorch model, search faster kernels for its hot ops, ship them as a package.")
+
+# One module per command (or group of commands); each defines register(app).
+COMMAND_MODULES = (
+    "forge_pack.cmd_profile",
+    "forge_pack.cmd_ui",
+)
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors.")) -> None:
+    if debug:
+        os.environ["FORGE_DEBUG"] = "1"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("FORGE_DEBUG") == "1" or "--debug" in sys.argv
+
+
+def fail(err: ForgeError) -> "typer.Exit":
+    typer.echo(f"error: {err.message}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    return typer.Exit(1)
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    try:
+        app()
+    except ForgeError as err:
+        if debug_enabled():
+            raise
+        typer.echo(f"error: {err.message}", err=True)
+        if err.hint:
+            typer.echo(f"hint: {err.hint}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted", err=True)
+        typer.echo("hint: a search can be continued with --resume RUN_DIR", err=True)
+        sys.exit(130)

@@ -1,0 +1,410 @@
+"""The op registry, torch side: how each target op is called, recognised, referenced and tested.
+
+Per op: the call paths that reach it (``F.softmax``, ``torch.softmax``, ``Tensor.softmax``,
+``nn.Softmax`` ...), how to turn a call's arguments into a ``Signature`` plus named tensors in the
+op's ABI order (``forge_pack.abi``), the exact eager call (for timing and torch.compile), a float64
+reference, and generators of fresh, adversarial and odd-sized inputs. The pure-Python half of
+the registry (size variables, byte counts) lives in ``forge_pack.abi``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from forge_pack.abi import TARGET_OPS
+from forge_pack.signature import Signature, TensorSpec, channels_last_strides, contiguous_strides
+
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+               torch.float64: "float64", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
+TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def spec_of(t: torch.Tensor) -> TensorSpec:
+    return TensorSpec(dtype_name(t.dtype), tuple(t.shape), tuple(t.stride()))
+
+
+@dataclass(frozen=True)
+class CallPath:
+    """One way user code reaches an op. ``owner``/``attr`` locate the patchable function."""
+
+    label: str  # F.softmax | torch.softmax | Tensor.softmax | nn.Softmax
+    owner: str  # "torch.nn.functional", "torch", "torch.Tensor"; "" for module paths
+    attr: str
+    style: str  # argument convention: "F" | "torch" | "method" | "module"
+    via: str = ""  # for nn.* modules: the function path the module's forward calls
+
+
+def _paths(op: str, f_attr: str, torch_attr: str | None, method: bool, modules: tuple[str, ...]) -> tuple:
+    paths = [CallPath(f"F.{f_attr}", "torch.nn.functional", f_attr, "F")]
+    if torch_attr:
+        paths.append(CallPath(f"torch.{torch_attr}", "torch", torch_attr, "torch"))
+    if method:
+        paths.append(CallPath(f"Tensor.{f_attr}", "torch.Tensor", f_attr, "method"))
+    for m in modules:
+        paths.append(CallPath(f"nn.{m}", "torch.nn", m, "module", via=f"F.{f_attr}"))
+    return tuple(paths)
+
+
+CALL_PATHS: dict[str, tuple[CallPath, ...]] = {
+    "softmax": _paths("softmax", "softmax", "softmax", True, ("Softmax",)),
+    "log_softmax": _paths("log_softmax", "log_softmax", "log_softmax", True, ("LogSoftmax",)),
+    "layer_norm": _paths("layer_norm", "layer_norm", "layer_norm", False, ("LayerNorm",)),
+    "rms_norm": _paths("rms_norm", "rms_norm", "rms_norm", False, ("RMSNorm",)),
+    "group_norm": _paths("group_norm", "group_norm", "group_norm", False, ("GroupNorm",)),
+    "batch_norm": _paths("batch_norm", "batch_norm", "batch_norm", False,
+                         ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")),
+    "adaptive_avg_pool2d": _paths("adaptive_avg_pool2d", "adaptive_avg_pool2d", None, False,
+                                  ("AdaptiveAvgPool2d",)),
+}
+# The label "module:<Class>" marks a module composite (an RMSNorm written as eager ops).
+
+
+def resolve(owner: str, attr: str) -> Any:
+    obj: Any = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor, "torch.nn": torch.nn}[owner]
+    return getattr(obj, attr)
+
+
+def function_table() -> dict[Any, tuple[str, CallPath]]:
+    """Identity of each patchable function -> (op, call path); used to recognise calls."""
+    table: dict[Any, tuple[str, CallPath]] = {}
+    for op, paths in CALL_PATHS.items():
+        for p in paths:
+            if p.style != "module":
+                table[resolve(p.owner, p.attr)] = (op, p)
+    return table
+
+
+MODULE_TYPES: dict[type, tuple[str, str]] = {
+    # module class -> (op, label); the module's forward calls the F.* function of that op
+    torch.nn.Softmax: ("softmax", "nn.Softmax"),
+    torch.nn.LogSoftmax: ("log_softmax", "nn.LogSoftmax"),
+    torch.nn.LayerNorm: ("layer_norm", "nn.LayerNorm"),
+    torch.nn.GroupNorm: ("group_norm", "nn.GroupNorm"),
+    torch.nn.BatchNorm1d: ("batch_norm", "nn.BatchNorm1d"),
+    torch.nn.BatchNorm2d: ("batch_norm", "nn.BatchNorm2d"),
+    torch.nn.BatchNorm3d: ("batch_norm", "nn.BatchNorm3d"),
+    torch.nn.AdaptiveAvgPool2d: ("adaptive_avg_pool2d", "nn.AdaptiveAvgPool2d"),
+}
+if hasattr(torch.nn, "RMSNorm"):
+    MODULE_TYPES[torch.nn.RMSNorm] = ("rms_norm", "nn.RMSNorm")
+
+
+# ------------------------------------------------------------------ argument normalisation
+
+class Unsupported(Exception):
+    """A call of a target op that forge-pack does not target (e.g. batch_norm in training)."""
+
+
+def _bind(names: tuple[str, ...], defaults: dict[str, Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    bound = dict(defaults)
+    for name, value in zip(names, args):
+        bound[name] = value
+    for k, v in kwargs.items():
+        if k in names or k in defaults:
+            bound[k] = v
+    return bound
+
+
+def _dim(d: Any, ndim: int) -> int:
+    if d is None:
+        # PyTorch's implicit-dim rule for softmax: 0 for 0/1/3-d inputs, else 1 (deprecated, but honoured)
+        return 0 if ndim in (0, 1, 3) else 1
+    return d + ndim if d < 0 else d
+
+
+def normalize_call(op: str, style: str, args: tuple, kwargs: dict) -> tuple[dict[str, torch.Tensor | None], dict]:
+    """(tensors by ABI name, params) for one call; raises Unsupported for calls not targeted."""
+    kwargs = dict(kwargs or {})
+    if op in ("softmax", "log_softmax"):
+        if style == "method":
+            b = _bind(("input", "dim", "dtype"), {"dim": None, "dtype": None}, args, kwargs)
+        else:
+            b = _bind(("input", "dim", "_stacklevel", "dtype"), {"dim": None, "dtype": None}, args, kwargs)
+        x = b["input"]
+        out_dtype = b["dtype"]
+        params = {"dim": _dim(b["dim"], x.dim()), "dtype": dtype_name(out_dtype) if out_dtype is not None else None}
+        return {"x": x}, params
+    if op == "layer_norm":
+        b = _bind(("input", "normalized_shape", "weight", "bias", "eps"), {"weight": None, "bias": None, "eps": 1e-5},
+                  args, kwargs)
+        return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
+                {"normalized_shape": list(_shape(b["normalized_shape"])), "eps": float(b["eps"])})
+    if op == "rms_norm":
+        b = _bind(("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None}, args, kwargs)
+        x = b["input"]
+        eps = b["eps"] if b["eps"] is not None else torch.finfo(x.dtype).eps
+        return ({"x": x, "weight": b["weight"]},
+                {"normalized_shape": list(_shape(b["normalized_shape"])), "eps": float(eps), "weight_offset": 0.0,
+                 "composite": False})
+    if op == "group_norm":
+        b = _bind(("input", "num_groups", "weight", "bias", "eps"), {"weight": None, "bias": None, "eps": 1e-5},
+                  args, kwargs)
+        return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
+                {"num_groups": int(b["num_groups"]), "eps": float(b["eps"])})
+    if op == "batch_norm":
+        if style == "torch":
+            b = _bind(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+                       "cudnn_enabled"), {}, args, kwargs)
+        else:
+            b = _bind(("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+                      {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}, args, kwargs)
+        if b["training"] or b["running_mean"] is None or b["running_var"] is None:
+            raise Unsupported("batch_norm in training mode or without running statistics")
+        return ({"x": b["input"], "running_mean": b["running_mean"], "running_var": b["running_var"],
+                 "weight": b["weight"], "bias": b["bias"]}, {"eps": float(b["eps"]), "training": False})
+    if op == "adaptive_avg_pool2d":
+        b = _bind(("input", "output_size"), {}, args, kwargs)
+        x = b["input"]
+        size = b["output_size"]
+        if isinstance(size, int):
+            size = (size, size)
+        size = tuple(x.shape[-2 + i] if s is None else int(s) for i, s in enumerate(size))
+        return {"x": x}, {"output_size": list(size)}
+    raise KeyError(op)
+
+
+def _shape(s: Any) -> tuple[int, ...]:
+    if isinstance(s, int):
+        return (s,)
+    return tuple(int(v) for v in s)
+
+
+ABI_ORDER = {"softmax": ("x",), "log_softmax": ("x",), "layer_norm": ("x", "weight", "bias"),
+             "rms_norm": ("x", "weight"), "group_norm": ("x", "weight", "bias"),
+             "batch_norm": ("x", "running_mean", "running_var", "weight", "bias"), "adaptive_avg_pool2d": ("x",)}
+
+
+def make_signature(op: str, tensors: dict[str, torch.Tensor | None], params: dict,
+                   output: torch.Tensor | None = None) -> Signature:
+    inputs = tuple((n, spec_of(tensors[n]) if tensors.get(n) is not None else None) for n in ABI_ORDER[op])
+    return Signature(op, inputs, tuple(sorted(params.items())), spec_of(output) if output is not None else None)
+
+
+def is_target(tensors: dict[str, Any]) -> bool:
+    """Only plain tensors (no subclasses, no tracing fakes) are captured and targeted."""
+    for t in tensors.values():
+        if t is not None and (not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor and
+                              not isinstance(t, torch.nn.Parameter)):
+            return False
+    return True
+
+
+# ------------------------------------------------------------------ eager call, reference, inputs
+
+def _out_dtype(sig: Signature) -> torch.dtype | None:
+    d = sig.param("dtype")
+    return TORCH_DTYPES[d] if d else None
+
+
+def eager(sig: Signature) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """The exact PyTorch call the model makes, as a function of the named tensors."""
+    op = sig.op
+    if op in ("softmax", "log_softmax"):
+        fn = torch.softmax if op == "softmax" else torch.log_softmax
+        dim, dt = sig.param("dim"), _out_dtype(sig)
+        return lambda t: fn(t["x"], dim, dtype=dt)
+    if op == "layer_norm":
+        shape, eps = tuple(sig.param("normalized_shape")), sig.param("eps")
+        return lambda t: F.layer_norm(t["x"], shape, t.get("weight"), t.get("bias"), eps)
+    if op == "rms_norm":
+        shape, eps, off = tuple(sig.param("normalized_shape")), sig.param("eps"), sig.param("weight_offset", 0.0)
+        if not sig.param("composite"):
+            return lambda t: F.rms_norm(t["x"], shape, t.get("weight"), eps)
+        out_dtype = TORCH_DTYPES[sig.output.dtype] if sig.output else None
+        return lambda t: composite_rms_norm(t["x"], t.get("weight"), eps, off, out_dtype)
+    if op == "group_norm":
+        groups, eps = sig.param("num_groups"), sig.param("eps")
+        return lambda t: F.group_norm(t["x"], groups, t.get("weight"), t.get("bias"), eps)
+    if op == "batch_norm":
+        eps = sig.param("eps")
+        return lambda t: F.batch_norm(t["x"], t["running_mean"], t["running_var"], t.get("weight"), t.get("bias"),
+                                      False, 0.0, eps)
+    if op == "adaptive_avg_pool2d":
+        size = tuple(sig.param("output_size"))
+        return lambda t: F.adaptive_avg_pool2d(t["x"], size)
+    raise KeyError(op)
+
+
+def composite_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An RMSNorm written as eager ops, the way model code (Llama, Gemma, Qwen) writes it."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        out = y
+    elif offset:
+        out = y * (offset + weight.float())  # Gemma-style: scale by (1 + w) in fp32
+    else:
+        out = weight * y.to(x.dtype)  # Llama-style: cast back, then scale
+    return out.to(out_dtype or x.dtype)
+
+
+def reference64(sig: Signature, t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The op in float64 on the same device: the yardstick for every error measurement."""
+    d = {k: (v.double() if v is not None else None) for k, v in t.items()}
+    x = d["x"]
+    op = sig.op
+    if op == "softmax":
+        return torch.softmax(x, sig.param("dim"))
+    if op == "log_softmax":
+        return torch.log_softmax(x, sig.param("dim"))
+    if op == "layer_norm":
+        return F.layer_norm(x, tuple(sig.param("normalized_shape")), d.get("weight"), d.get("bias"), sig.param("eps"))
+    if op == "rms_norm":
+        shape = tuple(sig.param("normalized_shape"))
+        dims = tuple(range(-len(shape), 0))
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + sig.param("eps"))
+        w = d.get("weight")
+        return y if w is None else y * (w + sig.param("weight_offset", 0.0))
+    if op == "group_norm":
+        return F.group_norm(x, sig.param("num_groups"), d.get("weight"), d.get("bias"), sig.param("eps"))
+    if op == "batch_norm":
+        return F.batch_norm(x, d["running_mean"], d["running_var"], d.get("weight"), d.get("bias"), False, 0.0,
+                            sig.param("eps"))
+    if op == "adaptive_avg_pool2d":
+        return F.adaptive_avg_pool2d(x, tuple(sig.param("output_size")))
+    raise KeyError(op)
+
+
+def empty_like_spec(spec: TensorSpec, device: str | torch.device) -> torch.Tensor:
+    return torch.empty_strided(spec.shape, spec.strides, dtype=TORCH_DTYPES[spec.dtype], device=device)
+
+
+def _randn(spec: TensorSpec, gen: torch.Generator, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    # Draw on the CPU with the generator (reproducible everywhere), then place with the exact strides.
+    values = torch.randn(spec.shape, generator=gen, dtype=torch.float32) * scale + shift
+    out = empty_like_spec(spec, device)
+    out.copy_(values)
+    return out
+
+
+def make_inputs(sig: Signature, kind: str, gen: torch.Generator, device: str | torch.device) -> dict:
+    """Inputs for one verification run: kind 'fresh' or one of adversarial_kinds(sig)."""
+    t: dict[str, torch.Tensor | None] = {}
+    for name, spec in sig.inputs:
+        if spec is None:
+            t[name] = None
+        elif name == "x":
+            t[name] = _randn(spec, gen, device)
+        elif name == "running_var":
+            t[name] = _randn(spec, gen, device, 0.2, 1.0).abs_() + 0.05  # a variance is positive
+        elif name == "weight":
+            t[name] = _randn(spec, gen, device, 0.2, 1.0)
+        else:  # bias, running_mean
+            t[name] = _randn(spec, gen, device, 0.2)
+    x = t["x"]
+    assert x is not None
+    if kind == "fresh":
+        return t
+    big = 3.0e4 if x.dtype == torch.float16 else 1.0e4
+    if kind == "large":
+        # Large magnitudes: overflow in exp without max-subtraction; big sums in the norms.
+        x.mul_(big / 4)
+    elif kind == "offset":
+        # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
+        x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
+    elif kind == "neg_inf_rows":
+        flat = x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1])
+        flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
+        flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
+        if flat.shape[0] > 2:
+            flat[2, 1:] = float("-inf")  # a row with a single live element
+    elif kind == "constant":
+        x.fill_(1.5)  # zero variance / identical logits
+    else:
+        raise KeyError(kind)
+    return t
+
+
+def adversarial_kinds(sig: Signature) -> list[str]:
+    if sig.op in ("softmax", "log_softmax"):
+        return ["large", "neg_inf_rows", "constant"]
+    if sig.op in ("layer_norm", "group_norm", "rms_norm"):
+        return ["large", "offset", "constant"]
+    return ["large"]
+
+
+def odd_signatures(sig: Signature) -> list[Signature]:
+    """Same op and parameters on odd sizes: catches hard-coded sizes, missing tails, races at edges."""
+    x = sig.x
+    out: list[Signature] = []
+
+    def with_x(shape: tuple[int, ...], channels_last: bool = False, **others: tuple[int, ...]) -> Signature:
+        strides = channels_last_strides(shape) if channels_last else contiguous_strides(shape)
+        inputs = []
+        for n, s in sig.inputs:
+            if s is None:
+                inputs.append((n, None))
+            elif n == "x":
+                inputs.append((n, TensorSpec(s.dtype, shape, strides)))
+            else:
+                new = others.get(n, s.shape)
+                inputs.append((n, TensorSpec(s.dtype, new, contiguous_strides(new))))
+        return Signature(sig.op, tuple(inputs), sig.params, None)
+
+    if sig.op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
+        ncols = len(sig.param("normalized_shape") or [0]) if sig.op in ("layer_norm", "rms_norm") else 1
+        tail = x.shape[len(x.shape) - ncols:]
+        out.append(with_x((37,) + tail))
+        if sig.op in ("softmax", "log_softmax") and x.shape[-1] > 2:
+            out.append(with_x((3, x.shape[-1] - 1)))
+    elif sig.op == "group_norm":
+        n, c = x.shape[:2]
+        out.append(with_x((min(n, 2) + 1, c) + (5, 7)[: max(len(x.shape) - 2, 0)]))
+    elif sig.op in ("batch_norm", "adaptive_avg_pool2d"):
+        c = x.shape[1]
+        out.append(with_x((3, c, 5, 7), channels_last=x.layout == "channels_last" and not x.is_contiguous))
+    return [s for s in out if s.key() != sig.key()]
+
+
+def output_spec(sig: Signature, device: str | torch.device = "meta") -> TensorSpec:
+    """The output's dtype, shape and strides, by running the eager op on empty inputs."""
+    t = {n: (empty_like_spec(s, device) if s is not None else None) for n, s in sig.inputs}
+    return spec_of(eager(sig)(t))
+
+
+def with_output(sig: Signature) -> Signature:
+    return sig if sig.output is not None else Signature(sig.op, sig.inputs, sig.params, output_spec(sig))
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op's registry entry, as an object (the module-level functions take the op from the signature)."""
+
+    name: str
+
+    @property
+    def call_paths(self) -> tuple[CallPath, ...]:
+        return CALL_PATHS[self.name]
+
+    def eager(self, sig: Signature):
+        return eager(sig)
+
+    def reference64(self, sig: Signature, tensors: dict) -> torch.Tensor:
+        return reference64(sig, tensors)
+
+    def make_inputs(self, sig: Signature, kind: str, generator: torch.Generator, device) -> dict:
+        return make_inputs(sig, kind, generator, device)
+
+    def adversarial_kinds(self, sig: Signature) -> list[str]:
+        return adversarial_kinds(sig)
+
+    def odd_signatures(self, sig: Signature) -> list[Signature]:
+        return odd_signatures(sig)
+
+
+def get_op(name: str) -> OpSpec:
+    if name not in CALL_PATHS:
+        raise KeyError(f"unknown op {name!r}; known: {', '.join(TARGET_OPS)}")
+    return OpSpec(name)
+
+
+assert set(CALL_PATHS) == set(TARGET_OPS) == set(ABI_ORDER)

@@ -1,0 +1,274 @@
+"""The run store: one SQLite database (WAL) per run directory. No torch import.
+
+Tables: runs, hotspots, nodes, evaluations, node_stats, events, llm_calls. Every write commits
+at once, so a process killed between evaluations loses nothing (``kill -9`` included), and a
+reader (the dashboard) opens the file read-only while the search writes. ``events.seq`` is a
+monotonic cursor: the dashboard polls ``events WHERE seq > ?``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    created_at REAL NOT NULL,
+    model_path TEXT, model_hash TEXT, device TEXT, dtype TEXT,
+    status TEXT NOT NULL DEFAULT 'running',      -- running | finished | failed | interrupted
+    heartbeat_at REAL,
+    env_json TEXT,                                -- gpu, compute capability, torch, cuda, driver, host
+    config_json TEXT                              -- effective config, secrets redacted
+);
+CREATE TABLE IF NOT EXISTS hotspots (
+    id TEXT PRIMARY KEY,                          -- Signature.slug()
+    run_id INTEGER NOT NULL,
+    rank INTEGER NOT NULL,
+    op TEXT NOT NULL,
+    pretty TEXT NOT NULL,
+    hotspot_json TEXT NOT NULL,                   -- Hotspot.to_json()
+    time_share REAL,
+    baseline_json TEXT,                           -- Baseline.to_json(), once measured
+    budget INTEGER,
+    status TEXT NOT NULL DEFAULT 'pending',       -- pending | searching | done | skipped
+    best_node_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS nodes (
+    id INTEGER PRIMARY KEY,
+    hotspot_id TEXT NOT NULL,
+    parent_id INTEGER,
+    depth INTEGER NOT NULL,
+    move TEXT NOT NULL,                           -- human-readable edge label, e.g. "block_threads 256->512"
+    move_kind TEXT NOT NULL,                      -- root | template | llm | repair
+    family TEXT, params_json TEXT, origin TEXT,
+    cand_hash TEXT NOT NULL,
+    candidate_json TEXT NOT NULL,                 -- Candidate.to_json(): source and launch spec
+    status TEXT NOT NULL DEFAULT 'pending',       -- pending | evaluating | done
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS nodes_hotspot ON nodes(hotspot_id);
+CREATE TABLE IF NOT EXISTS evaluations (
+    node_id INTEGER PRIMARY KEY,
+    hotspot_id TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    detail TEXT,
+    max_abs_err REAL, max_rel_err REAL,
+    median_us REAL, iqr_us REAL, n INTEGER,
+    speedup_vs_eager REAL, speedup_vs_compile REAL, bandwidth_fraction REAL,
+    reward REAL NOT NULL,
+    compile_s REAL, eval_s REAL,
+    evaluation_json TEXT NOT NULL,                -- Evaluation.to_json()
+    finished_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS evaluations_hotspot ON evaluations(hotspot_id);
+CREATE TABLE IF NOT EXISTS node_stats (
+    node_id INTEGER PRIMARY KEY, visits INTEGER NOT NULL, value_sum REAL NOT NULL, updated_at REAL
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,                           -- run_start | hotspot_start | node_added | eval_start | eval_done | hotspot_done | run_end | heartbeat | llm_call | control | note
+    hotspot_id TEXT, node_id INTEGER,
+    payload_json TEXT
+);
+CREATE TABLE IF NOT EXISTS llm_calls (
+    id INTEGER PRIMARY KEY,
+    hotspot_id TEXT, node_id INTEGER,
+    model TEXT, purpose TEXT,                     -- rewrite | repair | new_family
+    prompt TEXT, reply TEXT,
+    prompt_tokens INTEGER, completion_tokens INTEGER,
+    latency_s REAL, cost_usd REAL,
+    outcome TEXT,                                 -- ok | http_error | timeout | connection | auth | unparseable | refused | static_check | duplicate | budget | error
+    error TEXT,
+    cand_hash TEXT,                               -- the candidate the reply became (outcome ok), to link the call to its node
+    created_at REAL NOT NULL
+);
+"""
+
+
+def _json(v: Any) -> str:
+    """JSON with NaN/Inf turned into null (they are not JSON)."""
+    return json.dumps(_finite(v), sort_keys=True)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+class Store:
+    """Writer side of a run store. Thread-safe: one connection behind a lock."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "run.db"
+        self._lock = threading.RLock()
+        self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against process death
+        self.conn.executescript(DDL)
+        self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                          (str(SCHEMA_VERSION),))
+
+    # ---- generic helpers
+    def execute(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            return self.conn.execute(sql, tuple(args))
+
+    def query(self, sql: str, args: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self.conn.execute(sql, tuple(args)).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self.conn.close()
+
+    # ---- runs
+    def start_run(self, model_path: str, model_hash: str, device: str, dtype: str, env: dict,
+                  config: dict) -> int:
+        now = time.time()
+        row = self.query("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
+        if row:  # resuming: the run row stays, its status goes back to running
+            run_id = row[0]["id"]
+            self.execute("UPDATE runs SET status='running', heartbeat_at=?, env_json=?, config_json=? WHERE id=?",
+                         (now, _json(env), _json(config), run_id))
+        else:
+            run_id = self.execute(
+                "INSERT INTO runs(created_at, model_path, model_hash, device, dtype, status, heartbeat_at, env_json,"
+                " config_json) VALUES (?,?,?,?,?, 'running', ?,?,?)",
+                (now, model_path, model_hash, device, dtype, now, _json(env), _json(config))).lastrowid
+        self.event("run_start", payload={"run_id": run_id})
+        return int(run_id)
+
+    def heartbeat(self, run_id: int) -> None:
+        self.execute("UPDATE runs SET heartbeat_at=? WHERE id=?", (time.time(), run_id))
+
+    def finish_run(self, run_id: int, status: str = "finished") -> None:
+        self.execute("UPDATE runs SET status=?, heartbeat_at=? WHERE id=?", (status, time.time(), run_id))
+        self.event("run_end", payload={"status": status})
+
+    # ---- hotspots
+    def add_hotspot(self, run_id: int, rank: int, hotspot_json: dict, budget: int) -> str:
+        hid = hotspot_json["id"]
+        self.execute(
+            "INSERT INTO hotspots(id, run_id, rank, op, pretty, hotspot_json, time_share, budget) VALUES"
+            " (?,?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET rank=excluded.rank, budget=excluded.budget",
+            (hid, run_id, rank, hotspot_json["op"], hotspot_json["signature"]["pretty"], _json(hotspot_json),
+             hotspot_json["time_share"], budget))
+        return hid
+
+    def set_baseline(self, hotspot_id: str, baseline_json: dict) -> None:
+        self.execute("UPDATE hotspots SET baseline_json=? WHERE id=?", (_json(baseline_json), hotspot_id))
+
+    def set_hotspot_status(self, hotspot_id: str, status: str, best_node_id: int | None = None) -> None:
+        self.execute("UPDATE hotspots SET status=?, best_node_id=COALESCE(?, best_node_id) WHERE id=?",
+                     (status, best_node_id, hotspot_id))
+        self.event("hotspot_" + ("start" if status == "searching" else "done" if status == "done" else status),
+                   hotspot_id=hotspot_id, payload={"best_node_id": best_node_id})
+
+    # ---- nodes and evaluations
+    def add_node(self, hotspot_id: str, parent_id: int | None, depth: int, move: str, move_kind: str,
+                 candidate_json: dict) -> int:
+        node_id = self.execute(
+            "INSERT INTO nodes(hotspot_id, parent_id, depth, move, move_kind, family, params_json, origin, cand_hash,"
+            " candidate_json, status, created_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'pending', ?)",
+            (hotspot_id, parent_id, depth, move, move_kind, candidate_json.get("family"),
+             _json(candidate_json.get("params", {})), candidate_json.get("origin"), candidate_json["hash"],
+             _json(candidate_json), time.time())).lastrowid
+        self.event("node_added", hotspot_id=hotspot_id, node_id=node_id,
+                   payload={"parent_id": parent_id, "move": move, "move_kind": move_kind})
+        return int(node_id)
+
+    def mark_evaluating(self, node_id: int, hotspot_id: str) -> None:
+        self.execute("UPDATE nodes SET status='evaluating' WHERE id=?", (node_id,))
+        self.event("eval_start", hotspot_id=hotspot_id, node_id=node_id)
+
+    def record_evaluation(self, node_id: int, hotspot_id: str, evaluation_json: dict, reward: float) -> None:
+        v = evaluation_json["verdict"]
+        t = evaluation_json.get("timing") or {}
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self.conn.execute(
+                    "INSERT OR REPLACE INTO evaluations(node_id, hotspot_id, ok, reason, detail, max_abs_err,"
+                    " max_rel_err, median_us, iqr_us, n, speedup_vs_eager, speedup_vs_compile, bandwidth_fraction,"
+                    " reward, compile_s, eval_s, evaluation_json, finished_at) VALUES"
+                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (node_id, hotspot_id, int(v["ok"]), v["reason"], v.get("detail", "")[:20000],
+                     _finite(v.get("max_abs_err")), _finite(v.get("max_rel_err")), t.get("median_us"),
+                     t.get("iqr_us"), t.get("n"), _finite(evaluation_json.get("speedup_vs_eager")),
+                     _finite(evaluation_json.get("speedup_vs_compile")),
+                     _finite(evaluation_json.get("bandwidth_fraction")), reward,
+                     evaluation_json.get("compile_s"), evaluation_json.get("eval_s"), _json(evaluation_json),
+                     time.time()))
+                self.conn.execute("UPDATE nodes SET status='done' WHERE id=?", (node_id,))
+                self.conn.execute(
+                    "INSERT INTO events(at, kind, hotspot_id, node_id, payload_json) VALUES (?,?,?,?,?)",
+                    (time.time(), "eval_done", hotspot_id, node_id,
+                     _json({"ok": v["ok"], "reason": v["reason"], "reward": reward,
+                            "speedup_vs_eager": evaluation_json.get("speedup_vs_eager"),
+                            "median_us": t.get("median_us")})))
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    def set_node_stats(self, stats: Iterable[tuple[int, int, float]]) -> None:
+        now = time.time()
+        with self._lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT INTO node_stats(node_id, visits, value_sum, updated_at) VALUES (?,?,?,?)"
+                " ON CONFLICT(node_id) DO UPDATE SET visits=excluded.visits, value_sum=excluded.value_sum,"
+                " updated_at=excluded.updated_at", [(n, v, s, now) for n, v, s in stats])
+            self.conn.execute("COMMIT")
+
+    # ---- events and LLM calls
+    def event(self, kind: str, hotspot_id: str | None = None, node_id: int | None = None,
+              payload: dict | None = None) -> int:
+        return int(self.execute("INSERT INTO events(at, kind, hotspot_id, node_id, payload_json) VALUES (?,?,?,?,?)",
+                                (time.time(), kind, hotspot_id, node_id, _json(payload or {}))).lastrowid)
+
+    def record_llm_call(self, **fields: Any) -> int:
+        fields.setdefault("created_at", time.time())
+        cols = ",".join(fields)
+        marks = ",".join("?" for _ in fields)
+        call_id = int(self.execute(f"INSERT INTO llm_calls({cols}) VALUES ({marks})", fields.values()).lastrowid)
+        self.event("llm_call", hotspot_id=fields.get("hotspot_id"), node_id=fields.get("node_id"),
+                   payload={"id": call_id, "outcome": fields.get("outcome"), "purpose": fields.get("purpose")})
+        return call_id
+
+    # ---- reads used by resume and reporting
+    def nodes(self, hotspot_id: str) -> list[sqlite3.Row]:
+        return self.query("SELECT * FROM nodes WHERE hotspot_id=? ORDER BY id", (hotspot_id,))
+
+    def evaluations(self, hotspot_id: str) -> list[sqlite3.Row]:
+        return self.query("SELECT * FROM evaluations WHERE hotspot_id=? ORDER BY node_id", (hotspot_id,))
+
+    def hotspots(self) -> list[sqlite3.Row]:
+        return self.query("SELECT * FROM hotspots ORDER BY rank")
+
+
+def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
+    """A read-only connection for the dashboard and reports; never creates or writes the file."""
+    path = Path(run_dir) / "run.db"
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn

@@ -1,0 +1,399 @@
+"""Queries behind the dashboard: small JSON-ready dicts read from a run store. No torch import.
+
+Every function takes a read-only sqlite3 connection (``store.open_readonly``) and returns plain
+data; the HTTP layer (``ui_server``) serialises it. Summary endpoints stay small at any run size
+(aggregates, one row per hotspot); per-candidate detail is read only for the node asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import time
+from typing import Any
+
+# A running run whose heartbeat is older than this is shown as stalled (crashed or hung).
+# The search heartbeats every few seconds; two minutes leaves room for a slow compile.
+STALE_AFTER_S = 120.0
+# UCT exploration constant used for the tooltip when the run's config does not say (sqrt(2), the textbook value).
+DEFAULT_EXPLORATION = math.sqrt(2.0)
+MAX_PAGE = 500
+VERDICT_ORDER = ("ok", "pending", "evaluating")
+
+
+def _loads(text: str | None, default: Any = None) -> Any:
+    if not text:
+        return default
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return default
+
+
+def _num(v: Any) -> float | None:
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _round(v: Any, digits: int = 4) -> float | None:
+    v = _num(v)
+    return None if v is None else round(v, digits)
+
+
+def _find_key(obj: Any, names: tuple[str, ...]) -> Any:
+    """First value under any of `names` anywhere in a nested config dict."""
+    if isinstance(obj, dict):
+        for n in names:
+            if n in obj and _num(obj[n]) is not None:
+                return obj[n]
+        for v in obj.values():
+            found = _find_key(v, names)
+            if found is not None:
+                return found
+    return None
+
+
+def cursor(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT MAX(seq) FROM events").fetchone()
+    return int(row[0] or 0)
+
+
+def _run_row(conn: sqlite3.Connection) -> sqlite3.Row | None:
+    return conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+
+
+def exploration_constant(conn: sqlite3.Connection) -> float:
+    run = _run_row(conn)
+    cfg = _loads(run["config_json"], {}) if run else {}
+    c = _find_key(cfg, ("exploration", "c_uct", "uct_c", "exploration_constant"))
+    return float(c) if c is not None else DEFAULT_EXPLORATION
+
+
+def _best_nodes(conn: sqlite3.Connection) -> dict[str, int]:
+    """hotspot id -> best node id: the search's own choice, else the fastest correct candidate."""
+    # SQLite returns the bare column (node_id) of the row that holds the MAX().
+    best: dict[str, int] = {r[0]: r[1] for r in conn.execute(
+        "SELECT hotspot_id, node_id, MAX(speedup_vs_eager) FROM evaluations WHERE ok=1 AND speedup_vs_eager"
+        " IS NOT NULL GROUP BY hotspot_id")}
+    for r in conn.execute("SELECT id, best_node_id FROM hotspots WHERE best_node_id IS NOT NULL"):
+        best[r["id"]] = r["best_node_id"]
+    return best
+
+
+def projected_speedup(parts: list[tuple[float, float | None]]) -> float:
+    """Amdahl over (time share, best speedup) pairs; a kernel slower than eager is not shipped (1.0)."""
+    new_time = 1.0
+    for share, s in parts:
+        if share and s and s > 1.0:
+            new_time -= share * (1.0 - 1.0 / s)
+    return 1.0 / new_time if new_time > 0 else 1.0
+
+
+def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
+    """Run header, verdict counts, LLM totals and the hotspot leaderboard."""
+    now = time.time() if now is None else now
+    seq = cursor(conn)  # read first: events after it may repeat rows below, never miss any
+    run = _run_row(conn)
+    header: dict[str, Any] = {}
+    if run is not None:
+        status = run["status"]
+        beat = run["heartbeat_at"] or run["created_at"]
+        age = now - beat
+        state = status
+        if status == "running" and age > STALE_AFTER_S:
+            state = "stalled"
+        end = now if state == "running" else beat
+        header = {"model_path": run["model_path"], "model_hash": run["model_hash"], "device": run["device"],
+                  "dtype": run["dtype"], "status": status, "state": state, "created_at": run["created_at"],
+                  "heartbeat_at": beat, "heartbeat_age_s": age, "elapsed_s": max(0.0, end - run["created_at"]),
+                  "env": _loads(run["env_json"], {}), "stale_after_s": STALE_AFTER_S}
+    counts = {r[0]: r[1] for r in conn.execute(
+        "SELECT CASE WHEN ok=1 THEN 'ok' ELSE reason END, COUNT(*) FROM evaluations GROUP BY 1")}
+    n_nodes = {r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM nodes GROUP BY status")}
+    llm = conn.execute("SELECT COUNT(*), COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
+                       " COALESCE(SUM(cost_usd),0), COALESCE(SUM(outcome!='ok'),0) FROM llm_calls").fetchone()
+    best = _best_nodes(conn)
+    spent = {r[0]: (r[1], r[2]) for r in conn.execute(
+        "SELECT hotspot_id, COUNT(*), SUM(ok=0) FROM evaluations GROUP BY hotspot_id")}
+    evaluating = {r[0]: r[1] for r in conn.execute(
+        "SELECT hotspot_id, COUNT(*) FROM nodes WHERE status='evaluating' GROUP BY hotspot_id")}
+    rows = []
+    for h in conn.execute("SELECT * FROM hotspots ORDER BY rank"):
+        base = _loads(h["baseline_json"], {}) or {}
+        eager = _num(((base.get("eager") or {}).get("median_us")))
+        compiled = _num(((base.get("compiled") or {}).get("median_us")))
+        b = None
+        if h["id"] in best:
+            b = conn.execute("SELECT node_id, median_us, speedup_vs_eager, speedup_vs_compile FROM evaluations"
+                             " WHERE node_id=?", (best[h["id"]],)).fetchone()
+        hs = _loads(h["hotspot_json"], {}) or {}
+        n_eval, n_fail = spent.get(h["id"], (0, 0))
+        s_eager = _num(b["speedup_vs_eager"]) if b else None
+        rows.append({
+            "id": h["id"], "rank": h["rank"], "op": h["op"], "pretty": h["pretty"], "time_share": _num(h["time_share"]),
+            "calls_per_forward": hs.get("calls_per_forward"), "call_paths": hs.get("call_paths", []),
+            "status": h["status"], "budget": h["budget"], "evaluations": n_eval, "failures": n_fail or 0,
+            "evaluating": evaluating.get(h["id"], 0),
+            "eager_us": eager, "compile_us": compiled, "floor_us": _num(base.get("floor_us")),
+            "best_node_id": b["node_id"] if b else None, "best_us": _num(b["median_us"]) if b else None,
+            "speedup_vs_eager": s_eager, "speedup_vs_compile": _num(b["speedup_vs_compile"]) if b else None,
+            "projected_model_speedup": projected_speedup([(h["time_share"] or 0.0, s_eager)]),
+        })
+    return {
+        "cursor": seq, "server_time": now, "run": header,
+        "evaluations": sum(counts.values()), "budget": sum(r["budget"] or 0 for r in rows),
+        "nodes": sum(n_nodes.values()), "pending": n_nodes.get("pending", 0),
+        "evaluating": n_nodes.get("evaluating", 0), "verdicts": counts,
+        "llm": {"calls": llm[0], "prompt_tokens": llm[1], "completion_tokens": llm[2], "cost_usd": llm[3],
+                "failed": llm[4]},
+        "hotspots": rows,
+        "projected_model_speedup": projected_speedup([(r["time_share"] or 0.0, r["speedup_vs_eager"]) for r in rows]),
+    }
+
+
+def progress(conn: sqlite3.Connection) -> dict:
+    """Every evaluation as a compact row, in completion order (for the progress chart)."""
+    seq = cursor(conn)
+    run = _run_row(conn)
+    start = run["created_at"] if run else 0.0
+    hotspots: list[str] = [r[0] for r in conn.execute("SELECT id FROM hotspots ORDER BY rank")]
+    index = {h: i for i, h in enumerate(hotspots)}
+    rows = []
+    for r in conn.execute("SELECT node_id, hotspot_id, finished_at, ok, reason, speedup_vs_eager FROM evaluations"
+                          " ORDER BY finished_at, node_id"):
+        if r[1] not in index:
+            index[r[1]] = len(hotspots)
+            hotspots.append(r[1])
+        rows.append([r[0], index[r[1]], round(r[2] - start, 2), r[3], r[4], _round(r[5])])
+    return {"cursor": seq, "start": start, "hotspots": hotspots,
+            "cols": ["node_id", "hotspot", "t_s", "ok", "reason", "speedup"], "rows": rows}
+
+
+def tree(conn: sqlite3.Connection, hotspot_id: str) -> dict:
+    """All nodes of one hotspot, compact, with visit statistics and UCT scores."""
+    seq = cursor(conn)
+    c = exploration_constant(conn)
+    best = _best_nodes(conn).get(hotspot_id)
+    rows = conn.execute(
+        "SELECT n.id, n.parent_id, n.depth, n.move, n.move_kind, n.status, n.family, e.ok, e.reason,"
+        " e.speedup_vs_eager, e.median_us, s.visits, s.value_sum FROM nodes n"
+        " LEFT JOIN evaluations e ON e.node_id=n.id LEFT JOIN node_stats s ON s.node_id=n.id"
+        " WHERE n.hotspot_id=? ORDER BY n.id", (hotspot_id,)).fetchall()
+    visits = {r["id"]: r["visits"] or 0 for r in rows}
+    out = []
+    for r in rows:
+        n = r["visits"] or 0
+        mean = (r["value_sum"] / n) if n and r["value_sum"] is not None else None
+        parent_n = visits.get(r["parent_id"], 0) if r["parent_id"] is not None else 0
+        uct = None
+        if mean is not None and parent_n > 0:
+            uct = mean + c * math.sqrt(math.log(max(parent_n, 1)) / n)
+        verdict = None if r["ok"] is None else ("ok" if r["ok"] else r["reason"])
+        out.append([r["id"], r["parent_id"], r["depth"], r["move"], r["move_kind"], r["status"], verdict,
+                    _round(r["speedup_vs_eager"]), n, _round(mean), _round(uct), r["family"], _round(r["median_us"], 2)])
+    return {"cursor": seq, "hotspot_id": hotspot_id, "best_node_id": best, "exploration": c,
+            "cols": ["id", "parent_id", "depth", "move", "move_kind", "status", "verdict", "speedup", "visits",
+                     "mean", "uct", "family", "median_us"], "nodes": out}
+
+
+_SORTS = {"id": "n.id", "speedup": "e.speedup_vs_eager", "median": "e.median_us", "depth": "n.depth",
+          "visits": "s.visits", "verdict": "verdict", "hotspot": "n.hotspot_id"}
+
+
+def record_setters(conn: sqlite3.Connection) -> set[int]:
+    """Nodes that raised their hotspot's best speedup when they finished (the 'best only' filter)."""
+    out: set[int] = set()
+    best: dict[str, float] = {}
+    for r in conn.execute("SELECT node_id, hotspot_id, speedup_vs_eager FROM evaluations WHERE ok=1"
+                          " AND speedup_vs_eager IS NOT NULL ORDER BY finished_at, node_id"):
+        if r[2] > best.get(r[1], 0.0):
+            best[r[1]] = r[2]
+            out.add(r[0])
+    return out | set(_best_nodes(conn).values())
+
+
+def candidates(conn: sqlite3.Connection, hotspot: str | None = None, verdict: str | None = None,
+               depth: int | None = None, best_only: bool = False, sort: str = "id", desc: bool = False,
+               offset: int = 0, limit: int = 100) -> dict:
+    seq = cursor(conn)
+    where, args = [], []
+    if hotspot:
+        where.append("n.hotspot_id=?")
+        args.append(hotspot)
+    if verdict:
+        if verdict in ("pending", "evaluating"):
+            where.append("e.node_id IS NULL AND n.status=?")
+            args.append(verdict)
+        elif verdict == "ok":
+            where.append("e.ok=1")
+        elif verdict == "failed":
+            where.append("e.ok=0")
+        else:
+            where.append("e.ok=0 AND e.reason=?")
+            args.append(verdict)
+    if depth is not None:
+        where.append("n.depth=?")
+        args.append(depth)
+    if best_only:
+        ids = sorted(record_setters(conn))
+        where.append(f"n.id IN ({','.join('?' * len(ids))})" if ids else "0")
+        args.extend(ids)
+    cond = (" WHERE " + " AND ".join(where)) if where else ""
+    base = (" FROM nodes n LEFT JOIN evaluations e ON e.node_id=n.id LEFT JOIN node_stats s ON s.node_id=n.id"
+            + cond)
+    total = conn.execute("SELECT COUNT(*)" + base, args).fetchone()[0]
+    order = _SORTS.get(sort, "n.id")
+    # NULLs (pending, failed) always last, whichever the direction.
+    order_sql = f"{order} IS NULL, {order} {'DESC' if desc else 'ASC'}, n.id"
+    limit = max(1, min(int(limit), MAX_PAGE))
+    rows = conn.execute(
+        "SELECT n.id, n.hotspot_id, n.parent_id, n.depth, n.move, n.move_kind, n.family, n.status,"
+        " CASE WHEN e.node_id IS NULL THEN n.status WHEN e.ok=1 THEN 'ok' ELSE e.reason END AS verdict,"
+        " e.speedup_vs_eager, e.speedup_vs_compile, e.median_us, e.iqr_us, e.max_abs_err, e.max_rel_err,"
+        " s.visits, substr(e.detail, 1, 160) AS detail" + base + f" ORDER BY {order_sql} LIMIT ? OFFSET ?",
+        [*args, limit, max(0, int(offset))]).fetchall()
+    best = set(_best_nodes(conn).values())
+    items = [{"id": r["id"], "hotspot_id": r["hotspot_id"], "parent_id": r["parent_id"], "depth": r["depth"],
+              "move": r["move"], "move_kind": r["move_kind"], "family": r["family"], "status": r["status"],
+              "verdict": r["verdict"], "speedup_vs_eager": _num(r["speedup_vs_eager"]),
+              "speedup_vs_compile": _num(r["speedup_vs_compile"]), "median_us": _num(r["median_us"]),
+              "iqr_us": _num(r["iqr_us"]), "max_abs_err": _num(r["max_abs_err"]),
+              "max_rel_err": _num(r["max_rel_err"]), "visits": r["visits"] or 0,
+              "detail": (r["detail"] or "").split("\n", 1)[0], "best": r["id"] in best} for r in rows]
+    depths = [r[0] for r in conn.execute("SELECT DISTINCT depth FROM nodes ORDER BY depth")]
+    reasons = [r[0] for r in conn.execute("SELECT DISTINCT reason FROM evaluations WHERE ok=0 ORDER BY reason")]
+    return {"cursor": seq, "total": total, "offset": offset, "limit": limit, "items": items,
+            "depths": depths, "reasons": reasons}
+
+
+_PTXAS_ENTRY = re.compile(r"(?:Compiling entry function|Function properties for) '?([A-Za-z_]\w*)'?")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def resources(evaluation: dict) -> list[dict]:
+    """Registers, spills and shared memory per kernel: from evaluation.extra if the evaluator recorded
+    them, else parsed from a ``ptxas -v`` style compile log."""
+    extra = evaluation.get("extra") or {}
+    if isinstance(extra.get("kernels"), list):
+        return [k for k in extra["kernels"] if isinstance(k, dict)]
+    out: dict[str, dict] = {}
+    current = None
+    for line in (evaluation.get("compile_log") or "").splitlines():
+        m = _PTXAS_ENTRY.search(line)
+        if m:
+            current = out.setdefault(m.group(1), {"name": m.group(1)})
+            continue
+        if current is None:
+            continue
+        if m := _PTXAS_REGS.search(line):
+            current["registers"] = int(m.group(1))
+        if m := _PTXAS_SMEM.search(line):
+            current["smem_bytes"] = int(m.group(1))
+        if m := _PTXAS_SPILL.search(line):
+            current["spill_stores"], current["spill_loads"] = int(m.group(1)), int(m.group(2))
+        if m := _PTXAS_STACK.search(line):
+            current["stack_bytes"] = int(m.group(1))
+    return list(out.values())
+
+
+def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
+    n = conn.execute("SELECT * FROM nodes WHERE id=?", (node_id,)).fetchone()
+    if n is None:
+        return None
+    e = conn.execute("SELECT * FROM evaluations WHERE node_id=?", (node_id,)).fetchone()
+    s = conn.execute("SELECT * FROM node_stats WHERE node_id=?", (node_id,)).fetchone()
+    h = conn.execute("SELECT pretty, baseline_json FROM hotspots WHERE id=?", (n["hotspot_id"],)).fetchone()
+    path, cur, seen = [], n["parent_id"], set()
+    while cur is not None and cur not in seen and len(path) < 10000:  # guard against a corrupt cycle
+        seen.add(cur)
+        path.append(cur)
+        p = conn.execute("SELECT parent_id FROM nodes WHERE id=?", (cur,)).fetchone()
+        cur = p[0] if p else None
+    path.reverse()
+    evaluation = None
+    if e is not None:
+        evaluation = _loads(e["evaluation_json"], {}) or {}
+        evaluation.update({"reward": e["reward"], "finished_at": e["finished_at"],
+                           "resources": resources(evaluation)})
+    stats = None
+    if s is not None:
+        visits = s["visits"]
+        stats = {"visits": visits, "value_sum": s["value_sum"], "mean": s["value_sum"] / visits if visits else None}
+        if n["parent_id"] is not None and visits:
+            pv = conn.execute("SELECT visits FROM node_stats WHERE node_id=?", (n["parent_id"],)).fetchone()
+            if pv and pv[0]:
+                stats["uct"] = stats["mean"] + exploration_constant(conn) * math.sqrt(math.log(pv[0]) / visits)
+    llm = [dict(r) for r in conn.execute(
+        "SELECT id, model, purpose, prompt, reply, prompt_tokens, completion_tokens, latency_s, cost_usd, outcome,"
+        " error, created_at FROM llm_calls WHERE node_id=? ORDER BY id", (node_id,))]
+    children = [r[0] for r in conn.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY id", (node_id,))]
+    return {"id": n["id"], "hotspot_id": n["hotspot_id"], "hotspot_pretty": h["pretty"] if h else "",
+            "parent_id": n["parent_id"], "depth": n["depth"], "move": n["move"], "move_kind": n["move_kind"],
+            "family": n["family"], "params": _loads(n["params_json"], {}), "origin": n["origin"],
+            "status": n["status"], "cand_hash": n["cand_hash"], "created_at": n["created_at"],
+            "candidate": _loads(n["candidate_json"], {}), "evaluation": evaluation, "stats": stats,
+            "baseline": _loads(h["baseline_json"], None) if h else None, "path": path, "children": children,
+            "llm_calls": llm, "best": _best_nodes(conn).get(n["hotspot_id"]) == n["id"]}
+
+
+def source(conn: sqlite3.Connection, node_id: int) -> dict | None:
+    n = conn.execute("SELECT id, move, candidate_json FROM nodes WHERE id=?", (node_id,)).fetchone()
+    if n is None:
+        return None
+    cand = _loads(n["candidate_json"], {}) or {}
+    return {"id": n["id"], "move": n["move"], "source": cand.get("source", ""), "spec": cand.get("spec")}
+
+
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def failure_message(detail: str | None) -> str:
+    """The grouping key of a failure: its first meaningful line with numbers blanked, so that
+    'index (2, 17): got 0.51' and 'index (5, 3): got 0.7' fall into one group."""
+    for line in (detail or "").splitlines():
+        line = line.strip()
+        if line:
+            return _NUMBERS.sub("#", line)[:200]
+    return ""
+
+
+def failures(conn: sqlite3.Connection, hotspot: str | None = None, examples: int = 8) -> dict:
+    seq = cursor(conn)
+    sql = "SELECT node_id, hotspot_id, reason, detail FROM evaluations WHERE ok=0"
+    args: list[Any] = []
+    if hotspot:
+        sql += " AND hotspot_id=?"
+        args.append(hotspot)
+    groups: dict[tuple[str, str], dict] = {}
+    for r in conn.execute(sql + " ORDER BY node_id", args):
+        key = (r["reason"], failure_message(r["detail"]))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"reason": key[0], "message": key[1], "count": 0, "node_ids": [], "hotspots": set(),
+                               "example": (r["detail"] or "")[:2000]}
+        g["count"] += 1
+        g["hotspots"].add(r["hotspot_id"])
+        if len(g["node_ids"]) < examples:
+            g["node_ids"].append(r["node_id"])
+    by_reason: dict[str, int] = {}
+    for g in groups.values():
+        g["hotspots"] = sorted(g["hotspots"])
+        by_reason[g["reason"]] = by_reason.get(g["reason"], 0) + g["count"]
+    ordered = sorted(groups.values(), key=lambda g: (-by_reason[g["reason"]], g["reason"], -g["count"]))
+    return {"cursor": seq, "by_reason": by_reason, "groups": ordered}
+
+
+def events(conn: sqlite3.Connection, after: int, limit: int = 1000) -> dict:
+    limit = max(1, min(int(limit), 5000))
+    rows = conn.execute("SELECT seq, at, kind, hotspot_id, node_id, payload_json FROM events WHERE seq>?"
+                        " ORDER BY seq LIMIT ?", (int(after), limit + 1)).fetchall()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    out = [[r[0], r[1], r[2], r[3], r[4], _loads(r[5], {})] for r in rows if r[2] != "heartbeat"]
+    last = rows[-1][0] if rows else int(after)
+    return {"cursor": last, "more": more, "cols": ["seq", "at", "kind", "hotspot_id", "node_id", "payload"],
+            "events": out}

@@ -21,6 +21,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 COMMAND_MODULES = (
     "forge_pack.cmd_profile",
     "forge_pack.cmd_ui",
+    "forge_pack.cmd_search",
+    "forge_pack.cmd_doctor",
+    "forge_pack.cmd_build",
+    "forge_pack.cmd_check",
 )
 
 

@@ -336,7 +336,7 @@ def _compile_cpu(source: str, folder: Path) -> tuple[bool, str, str, str]:
         tmp.unlink(missing_ok=True)
         return False, log or f"g++ exited with {res.returncode}", " ".join(cmd), ""
     os.replace(tmp, out)
-    return True, log, " ".join(cmd), str(out)
+    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out)
 
 
 def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str, str]:
@@ -365,7 +365,7 @@ def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str,
         tmp.unlink(missing_ok=True)
         return False, log or f"nvcc exited with {res.returncode}", " ".join(cmd), ""
     os.replace(tmp, out)
-    return True, log, " ".join(cmd), str(out)
+    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out)
 
 
 # ---------------------------------------------------------------- ptxas -v parsing

@@ -55,8 +55,9 @@ class LLMConfig:
     temperature: float | None = None  # None: the server's default (reasoning models accept no other)
     price_in_usd_per_mtok: float | None = None
     price_out_usd_per_mtok: float | None = None
-    repair_attempts: int = 2  # LLM repairs of one failed node
+    repair_attempts: int = 3  # longest chain of LLM repairs of repairs from one failed kernel
     rewrites_per_node: int = 2  # LLM rewrites of one working node
+    reply_fix_turns: int = 1  # follow-up turns for a reply rejected before compiling (format, rules)
     new_family: bool = True  # the first LLM move on a hotspot writes a kernel from scratch
     probe: bool = True  # check at start that the endpoint answers and serves the model
     key_env: str = field(default="", compare=False)  # which variable held the key ("" = none); never the key
@@ -125,12 +126,15 @@ def _install_log_redaction() -> None:
 
 
 def api_key_from_env() -> tuple[str | None, str]:
+    """(key, the variable it came from); both variables are registered for redaction."""
+    found: tuple[str | None, str] = (None, "")
     for var in ("FORGE_LLM_API_KEY", "OPENAI_API_KEY"):
         value = os.environ.get(var, "").strip()
         if value:
             register_secret(value)
-            return value, var
-    return None, ""
+            if found[0] is None:
+                found = (value, var)
+    return found
 
 
 # ---------------------------------------------------------------- budget
@@ -283,6 +287,8 @@ class LLMClient:
             raise err
         except openai.OpenAIError as e:
             raise LLMCallError("error", f"{type(e).__name__}: {e}")
+        except ValueError as e:  # a 200 whose body is not JSON: a proxy's error page, a broken server
+            raise LLMCallError("unparseable", f"the endpoint's answer is not a chat completion: {e}")
         latency = time.monotonic() - t0
         choices = getattr(resp, "choices", None) or []
         if not choices:
@@ -394,6 +400,33 @@ def summary_from_store(conn) -> dict:
                       ).fetchone()
     s.update(kernels_evaluated=int(ev[0] or 0), kernels_passed=int(ev[1] or 0), best_speedup_vs_eager=ev[2])
     return s
+
+
+def run_summary_text(run_dir) -> str:
+    """The LLM accounting of a run directory as printed at the end of ``forge-pack search``
+    ("" when the run made no LLM calls and had no LLM configured)."""
+    import json
+    from pathlib import Path
+
+    from forge_pack.store import open_readonly
+
+    if not (Path(run_dir) / "run.db").is_file():
+        return ""
+    conn = open_readonly(run_dir)
+    try:
+        config = conn.execute("SELECT value FROM meta WHERE key='llm_config'").fetchone()
+        config = json.loads(config[0]) if config else {}
+        if not config and not conn.execute("SELECT 1 FROM llm_calls LIMIT 1").fetchone():
+            return ""
+        s = summary_from_store(conn)
+        notes = conn.execute("SELECT payload_json FROM events WHERE kind='note' AND payload_json LIKE '%\"llm\"%'"
+                             " ORDER BY seq DESC LIMIT 1").fetchone()
+    finally:
+        conn.close()
+    disabled = json.loads(notes[0]).get("reason", "") if notes else ""
+    if not s["models"] and config.get("model"):
+        s["models"] = [config["model"]]
+    return format_summary(s, config.get("budget_usd"), disabled)
 
 
 def format_summary(s: dict, budget_usd: float | None = None, disabled: str = "") -> str:

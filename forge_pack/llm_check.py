@@ -1,10 +1,10 @@
 """Turn an LLM reply into a candidate, or say exactly why not. Pure Python, no torch.
 
 A reply must hold one fenced source block (```cuda / ```cpp) and one ```json launch spec. The
-source is then checked statically, before anything is compiled: no torch/ATen/c10, no streams,
-no kernel launches, no host allocations, no ``main``, every kernel the spec names defined as
-``extern "C"``, and the spec's expressions evaluate for this signature. The same rules are in the
-prompts (templates/prompts/backend_*.md), so a reply that follows the prompt passes.
+source is then checked statically, before anything is compiled: the evaluator's own checks
+(``forge_pack.static_check``: includes, streams, launches, ``main``, the spec against the kernels'
+parameters) plus what an LLM is prone to write (torch calls, host allocations) and every kernel the
+spec names defined as ``extern "C"``. The same rules are in the prompts (templates/prompts/backend_*.md).
 """
 
 from __future__ import annotations
@@ -12,17 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from forge_pack import abi
-from forge_pack.candidate import LaunchSpec, evaluate, parse_spec, split_typed_arg
+from forge_pack.candidate import Candidate, LaunchSpec, extract_embedded_spec, parse_spec
 from forge_pack.errors import ForgeError
 from forge_pack.signature import Signature
 
 SOURCE_LANGS = {"cuda": ("cuda", "cu", "cpp", "c++", "cxx", "c"), "cpu": ("cpp", "c++", "cxx", "cc", "c")}
-CUDA_INCLUDES = ("cuda_bf16.h", "cuda_fp16.h")
-CPU_INCLUDE_RE = re.compile(r"^(forge_cpu\.h|c?(math|stdint|stddef|string|float|limits|climits|cfloat|"
-                            r"algorithm|cmath|cstdint|cstddef|cstring|numeric|type_traits|utility|array)(\.h)?|"
-                            r"omp\.h|immintrin\.h|arm_neon\.h)$")
-CUDA_THREAD_LIMIT = 1024  # threads per block on every NVIDIA GPU since Fermi
 
 
 class ReplyError(Exception):
@@ -63,10 +57,13 @@ def parse_reply(text: str, backend: str) -> ParsedReply:
         langs = ", ".join(lang or "(none)" for lang, _ in blocks)
         raise ReplyError("unparseable", f"no ```{'cuda' if backend == 'cuda' else 'cpp'} source block "
                                         f"(block languages: {langs})")
-    if not specs:
-        raise ReplyError("unparseable", "no ```json launch spec block")
     # Several blocks: the longest source is the kernel (short ones are snippets); the last spec wins.
     source = max(sources, key=len).strip() + "\n"
+    if not specs:  # the format also allows the spec embedded at the end of the source
+        embedded = extract_embedded_spec(source)
+        if embedded is None:
+            raise ReplyError("unparseable", "no ```json launch spec block")
+        specs = [embedded]
     try:
         spec = parse_spec(specs[-1])
     except ForgeError as e:
@@ -103,50 +100,41 @@ def strip_comments_and_strings(source: str) -> str:
     return "".join(out)
 
 
-_FORBIDDEN_COMMON = (
-    (re.compile(r"#\s*include\s*[<\"](torch|ATen|aten|c10|pybind11|Python\.h)"), "includes torch/ATen/c10/Python headers"),
-    (re.compile(r"\b(torch|at|c10|aten|pybind11)\s*::"), "calls into torch/ATen/c10"),
-    (re.compile(r"\bmain\s*\("), "defines main()"),
-    (re.compile(r"\b(malloc|calloc|realloc|free|aligned_alloc|posix_memalign)\s*\("), "allocates host memory"),
-    (re.compile(r"\bnew\b\s*[A-Za-z_(\[]"), "allocates with new"),
-    (re.compile(r"\bdelete\b\s*[A-Za-z_(\[]"), "frees with delete"),
-    (re.compile(r"\b(system|popen|fork|exec[lv]p?e?|dlopen|fopen|getenv)\s*\("), "calls the operating system"),
-)
-_FORBIDDEN_CUDA = (
-    (re.compile(r"\bcudaStream\w*|\bcudaEvent\w*|\bcuStream\w*"), "uses streams or events"),
-    (re.compile(r"<<<"), "launches kernels itself (forge-pack launches them from the spec)"),
-    (re.compile(r"\bcuda(Malloc|Free|HostAlloc|MallocManaged|MallocAsync|Memcpy|Memset)\w*"),
-     "allocates or copies memory with the CUDA runtime"),
-    (re.compile(r"\bcu(Mem|Launch|Ctx|Module|Graph|Init)\w*\s*\("), "calls the CUDA driver API"),
-    (re.compile(r"\bcuda(DeviceSynchronize|LaunchKernel|GraphLaunch|SetDevice)\b"), "calls the CUDA runtime"),
-)
-_FORBIDDEN_CPU = (
-    (re.compile(r"\bstd\s*::\s*(thread|async|jthread)\b|\bpthread_create\b"),
-     "starts threads of its own (use OpenMP pragmas)"),
+# What the evaluator's checks (forge_pack.static_check) leave out and an LLM is prone to write: host
+# allocation, torch calls, OS calls. Rules about includes, streams, launches, main and the spec are
+# the evaluator's, applied here too (one source of truth).
+_FORBIDDEN_EXTRA = (
+    (re.compile(r"\b(torch|at|c10|aten|pybind11)\s*::"), "calls into torch/ATen/c10: the kernel must stand alone"),
+    (re.compile(r"\b(malloc|calloc|realloc|free|aligned_alloc|posix_memalign)\s*\("),
+     "allocates host memory: scratch memory is a spec workspace"),
+    (re.compile(r"\bnew\b\s*[A-Za-z_(\[]"), "allocates with new: scratch memory is a spec workspace"),
+    (re.compile(r"\bdelete\b\s*[A-Za-z_(\[]"), "frees with delete: the kernel allocates nothing"),
+    (re.compile(r"\bcuda(Malloc|Free|HostAlloc)\w*"),
+     "allocates with the CUDA runtime: scratch memory is a spec workspace"),
+    (re.compile(r"\b(system|popen|fork|getenv|fopen)\s*\("), "calls the operating system"),
 )
 
 
 def static_check(source: str, spec: LaunchSpec, sig: Signature, backend: str) -> list[str]:
     """Everything wrong with the candidate that is visible without compiling; [] if nothing."""
-    code = strip_comments_and_strings(source)
+    from forge_pack import static_check as evaluator_checks
+
     problems: list[str] = []
-    for pattern, why in _FORBIDDEN_COMMON + (_FORBIDDEN_CUDA if backend == "cuda" else _FORBIDDEN_CPU):
+    verdict = evaluator_checks.check(Candidate(sig.op, backend, source, spec), sig)
+    if verdict is not None:
+        problems.append(f"{verdict.reason}: {verdict.detail}")
+    code = strip_comments_and_strings(source)
+    for pattern, why in _FORBIDDEN_EXTRA:
         m = pattern.search(code)
         if m:
             line = code.count("\n", 0, m.start()) + 1
-            problems.append(f"{why} (line {line}: {m.group(0).strip()!r})")
-    for inc in re.findall(r"#\s*include\s*[<\"]([^>\"]+)[>\"]", code):
-        if backend == "cuda" and inc not in CUDA_INCLUDES:
-            problems.append(f"includes <{inc}>; CUDA kernels may include only {', '.join(CUDA_INCLUDES)}")
-        elif backend == "cpu" and not CPU_INCLUDE_RE.match(inc):
-            problems.append(f"includes <{inc}>; use standard C/C++ math headers, <omp.h> or \"forge_cpu.h\"")
+            problems.append(f"line {line}: `{m.group(0).strip()}` {why}")
     defined = extern_c_functions(code, backend)
     for k in spec.kernels:
         if k.name not in defined:
             kind = 'extern "C" __global__' if backend == "cuda" else 'extern "C"'
             problems.append(f"the spec launches {k.name!r}, but the source defines no {kind} function of that name"
                             + (f" (it defines: {', '.join(sorted(defined))})" if defined else ""))
-    problems += check_spec(spec, sig, backend)
     return problems
 
 
@@ -196,49 +184,3 @@ def _top_level_decls(body: str) -> list[str]:
         elif c == ";" and depth == 0:
             start = i + 1
     return heads
-
-
-def check_spec(spec: LaunchSpec, sig: Signature, backend: str) -> list[str]:
-    """The spec's names exist and its expressions evaluate for this exact signature."""
-    env: dict[str, float] = dict(abi.env(sig))
-    scalars = abi.scalars(sig)
-    tensors = set(abi.tensor_names(sig)) | {w.name for w in spec.workspaces}
-    problems: list[str] = []
-
-    def value(text: str, where: str):
-        try:
-            return evaluate(text, {**env, **scalars})
-        except ForgeError as e:
-            problems.append(f"{where}: {e.message}")
-            return None
-
-    for r in spec.requires:
-        if value(r, "requires") is False:
-            problems.append(f"requires {r!r} is false for this call, so the kernel would never run")
-    for w in spec.workspaces:
-        b = value(w.bytes, f"workspace {w.name}.bytes")
-        if isinstance(b, (int, float)) and b < 0:
-            problems.append(f"workspace {w.name} has negative size {b}")
-    for k in spec.kernels:
-        for a in k.args:
-            prefix, expr = split_typed_arg(a)
-            if prefix is None and (expr in tensors or expr in env or expr in scalars):
-                continue
-            if prefix is None and expr.isidentifier():
-                problems.append(f"{k.name}: argument {expr!r} is not a tensor ({', '.join(sorted(tensors))}), a size "
-                                f"variable or a scalar of this op")
-                continue
-            value(expr, f"{k.name} argument {a!r}")
-        if backend != "cuda":
-            continue
-        dims = [value(e, f"{k.name}.grid") for e in k.grid] + [value(e, f"{k.name}.block") for e in k.block]
-        if all(isinstance(d, (int, float)) for d in dims):
-            if any(d < 1 for d in dims):
-                problems.append(f"{k.name}: grid/block {dims[:3]}/{dims[3:]} has a dimension below 1")
-            elif dims[3] * dims[4] * dims[5] > CUDA_THREAD_LIMIT:
-                problems.append(f"{k.name}: {dims[3] * dims[4] * dims[5]} threads per block, over the limit of "
-                                f"{CUDA_THREAD_LIMIT}")
-            elif dims[1] > 65535 or dims[2] > 65535:
-                problems.append(f"{k.name}: grid y/z {dims[1]}/{dims[2]} over the limit of 65535")
-        value(k.shared_mem, f"{k.name}.shared_mem")
-    return problems

@@ -10,6 +10,7 @@ compile log and what was already tried from it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -55,16 +56,24 @@ def render(purpose: str, request: ProposeRequest, failures: tuple[str, ...] = ()
         "source_lang": source_lang(backend),
         "candidate_format": load("candidate_format.md").strip(),
         "backend_rules": Template(load(f"backend_{backend}.md")).substitute(
-            arch=_arch(request.gpu), cpu_helpers=_cpu_helpers() if backend == "cpu" else "").strip(),
+            arch=_arch(request.gpu), cpu_helpers=_cpu_helpers() if backend == "cpu" else "",
+            cpu_compiler=_cpu_compiler()).strip(),
     }
     system = Template(load("system.md")).substitute(values)
     user_values = {"context": context(request), "source_lang": values["source_lang"],
-                   "tried": _tried(request, failures), "sm_hint": _sm_hint(request.gpu)}
+                   "tried": _tried(request, failures), "templates": template_families(request.hotspot.op, backend),
+                   **_hints(request)}
     parent = request.parent
     if parent is not None:
         user_values.update(_parent_values(parent))
     user = Template(load(f"{purpose}.md")).substitute(user_values)
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def fix_reply(messages: list[dict], reply: str, problem: str, backend: str) -> list[dict]:
+    """The conversation continued: the rejected reply, then why it was rejected."""
+    text = Template(load("fix_reply.md")).substitute(problem=problem, source_lang=source_lang(backend))
+    return [*messages, {"role": "assistant", "content": reply}, {"role": "user", "content": text}]
 
 
 def source_lang(backend: str) -> str:
@@ -83,7 +92,8 @@ def context(request: ProposeRequest) -> str:
         "pretty": sig.pretty(),
         "tensors": _tensors(sig),
         "call_paths": ", ".join(hs.call_paths) or "the model",
-        "calls_per_forward": f"{hs.calls_per_forward:g}",
+        "calls_per_forward": f"{hs.calls_per_forward:g} call{'s' if hs.calls_per_forward != 1 else ''}",
+        "pointer_kind": "device pointers" if request.backend == "cuda" else "pointers",
         "time_share": f"{hs.time_share:.1%}",
         "tensor_names": ", ".join(f"`{n}`" for n in abi.tensor_names(sig)),
         "env": ", ".join(f"`{k}` = {v}" for k, v in env.items()),
@@ -95,18 +105,31 @@ def context(request: ProposeRequest) -> str:
     return Template(load("context.md")).substitute(values).strip()
 
 
+# Keyword arguments of each torch.nn.functional op; other signature params are forge-pack's own
+# (e.g. rms_norm's weight_offset for (1 + weight) variants) and are listed apart.
+FUNCTIONAL_KWARGS = {
+    "softmax": ("dim", "dtype"), "log_softmax": ("dim", "dtype"), "layer_norm": ("normalized_shape", "eps"),
+    "rms_norm": ("normalized_shape", "eps"), "group_norm": ("num_groups", "eps"),
+    "batch_norm": ("training", "momentum", "eps"), "adaptive_avg_pool2d": ("output_size",),
+}
+
+
 def torch_reference(sig: Signature) -> str:
     """The PyTorch call the kernel replaces, as code (tensors by their ABI names)."""
-    args = []
+    args, extra = [], []
     for i, (name, spec) in enumerate(sig.inputs):
         args.append(name if i == 0 else f"{name}={name if spec is not None else 'None'}")
+    known = FUNCTIONAL_KWARGS.get(sig.op)
     for name, value in sig.params:
         if name == "dtype" and isinstance(value, str):
             value = f"torch.{value}"
         elif isinstance(value, list):
             value = tuple(value)
-        args.append(f"{name}={value}")
-    return f"out = torch.nn.functional.{sig.op}({', '.join(args)})"
+        (args if known is None or name in known else extra).append(f"{name}={value}")
+    text = f"out = torch.nn.functional.{sig.op}({', '.join(args)})"
+    if extra:
+        text += f"  # and forge-pack's own parameters: {', '.join(extra)} (see Math)"
+    return text
 
 
 def _tensors(sig: Signature) -> str:
@@ -138,16 +161,66 @@ def _arch(gpu: dict) -> str:
     return text if text.startswith("sm_") else "sm_" + text.replace(".", "")
 
 
-def _sm_hint(gpu: dict) -> str:
-    sms = _gpu_get(gpu, "sm_count", "multiprocessors", "multi_processor_count")
-    return f"the {sms} SMs" if sms else "the whole device"
+def _hints(request: ProposeRequest) -> dict[str, str]:
+    """Backend-specific wording of what usually limits a kernel and what else to try."""
+    if request.backend == "cpu":
+        return {"limits": "too little parallelism across the cores, inner loops the compiler cannot vectorise, "
+                          "extra passes over memory, exp or division in the inner loop, false sharing",
+                "approaches": "a different split of rows across threads, one fused pass with online statistics, "
+                              "explicit SIMD with <immintrin.h>, blocking for the cache"}
+    sms = _gpu_get(request.gpu, "sm_count", "multiprocessors", "multi_processor_count")
+    return {"limits": f"launch overhead, too few blocks for {f'the {sms} SMs' if sms else 'the whole device'}, "
+                      "uncoalesced or narrow loads, extra passes over memory, reductions, occupancy",
+            "approaches": "a different split of the work across threads, warps and blocks, single-pass online "
+                          "statistics, several blocks per row or group with a second small kernel, vectorised "
+                          "16-byte loads"}
+
+
+def _cpu_compiler() -> str:
+    try:
+        from forge_pack.compile import CPU_FLAGS
+    except ImportError:
+        return "g++ -O3 -fopenmp -shared -fPIC"
+    return "g++ " + " ".join(CPU_FLAGS)
 
 
 def _hardware(request: ProposeRequest) -> str:
-    gpu = dict(request.gpu or {})
-    if not gpu:
-        return f"{'a CUDA GPU' if request.backend == 'cuda' else 'the CPU'} (no details measured)"
-    return "\n".join(f"- {k.replace('_', ' ')}: {_fmt(v)}" for k, v in gpu.items())
+    gpu = {k: v for k, v in (request.gpu or {}).items() if k not in _NOT_HARDWARE}
+    lines = [f"- {_label(k)}: {_fmt(v)}" for k, v in gpu.items()]
+    if request.backend == "cpu":
+        lines.append(_cpu_facts())
+    return "\n".join(lines) or "a CUDA GPU (no details measured)"
+
+
+_NOT_HARDWARE = {"pid", "host", "hostname", "backend", "time", "started_at"}
+
+
+_UNITS = {"_gbs": " (GB/s)", "_bytes": " (bytes)", "_kb": " (KiB)", "_mb": " (MiB)", "_us": " (µs)", "_mhz": " (MHz)"}
+
+
+def _label(key: str) -> str:
+    for suffix, unit in _UNITS.items():
+        if key.endswith(suffix):
+            return key[:-len(suffix)].replace("_", " ") + unit
+    return key.replace("_", " ")
+
+
+@lru_cache(maxsize=None)
+def _cpu_facts() -> str:
+    """This machine's CPU (the search evaluates CPU kernels where it runs)."""
+    lines = [f"- logical cores: {os.cpu_count()}"]
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "\n".join(lines)
+    model = re.search(r"model name\s*:\s*(.*)", info)
+    flags = set((re.search(r"flags\s*:\s*(.*)", info) or [None, ""])[1].split())
+    if model:
+        lines.insert(0, f"- CPU: {model.group(1).strip()}")
+    simd = [f for f in ("avx512f", "avx512bw", "avx512_bf16", "avx2", "fma", "f16c") if f in flags]
+    if simd:
+        lines.append(f"- SIMD: {', '.join(simd)}")
+    return "\n".join(lines)
 
 
 def _fmt(v) -> str:
@@ -182,7 +255,7 @@ def _parent_values(parent: NodeView) -> dict:
         "node_id": parent.node_id,
         "label": c.label,
         "parent_source": source.rstrip(),
-        "parent_spec": json.dumps(c.spec.to_json(), indent=1),
+        "parent_spec": spec_json(c.spec.to_json()),
         "parent_timing": _timing_line(ev) if ev else "Not evaluated yet.",
         "parent_log": f"Compiler output:\n```\n{log[:MAX_LOG_CHARS]}\n```\n" if log else "",
         "reason": verdict.reason if verdict else "unknown",
@@ -190,6 +263,18 @@ def _parent_values(parent: NodeView) -> dict:
         "detail": ((verdict.detail or "(no details)") if verdict else "")[:MAX_DETAIL_CHARS],
     }
     return values
+
+
+def spec_json(spec: dict) -> str:
+    """A launch spec as JSON with one line per kernel: compact for the model, easy to read."""
+    parts = []
+    for key, items in spec.items():
+        if isinstance(items, list) and items:
+            inner = ",\n".join("    " + json.dumps(i) for i in items)
+            parts.append(f'  "{key}": [\n{inner}\n  ]')
+        else:
+            parts.append(f'  "{key}": {json.dumps(items)}')
+    return "{\n" + ",\n".join(parts) + "\n}"
 
 
 def _timing_line(ev) -> str:
@@ -228,12 +313,37 @@ def _outcome(v: NodeView) -> str:
 
 
 @lru_cache(maxsize=None)
+def template_families(op: str, backend: str) -> str:
+    """One line per built-in template of this op: its file name and the first sentence of its header."""
+    folder = templates_dir() / "kernels" / backend
+    lines = []
+    for path in sorted(folder.glob("*.cu" if backend == "cuda" else "*.cpp")) if folder.is_dir() else []:
+        if path.name.startswith("_"):
+            continue
+        header = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("//"):
+                break
+            header.append(line.lstrip("/ ").strip())
+        text = " ".join(h for h in header if not h.startswith("{{"))
+        if not re.search(rf"\b{re.escape(op)}\b", text):
+            continue
+        sentence = re.split(r"(?<!e\.g)(?<!i\.e)\.\s", text, maxsplit=1)[0]
+        if len(sentence) > 240:
+            sentence = sentence[:240].rsplit(" ", 1)[0] + " ..."
+        lines.append(f"- `{path.stem}`: {sentence}")
+    return "\n".join(lines) or "None for this op."
+
+
+@lru_cache(maxsize=None)
 def _cpu_helpers() -> str:
     path = templates_dir() / "kernels" / "cpu" / "forge_cpu.h"
     if not path.is_file():
         return "\"forge_cpu.h\" is not available in this installation: convert 16-bit types by hand."
-    decls = [line.strip().rstrip("{").strip() for line in path.read_text().splitlines()
+    decls = [line.split("{", 1)[0].strip() + ";" for line in path.read_text().splitlines()
              if re.match(r"\s*(static\s+)?inline\b", line)]
+    types = [line.strip() for line in path.read_text().splitlines() if re.match(r"struct forge_\w+ \{", line)]
+    decls = types + decls
     return "\"forge_cpu.h\" provides:\n```cpp\n" + "\n".join(decls) + "\n```"
 
 

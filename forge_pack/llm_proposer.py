@@ -2,16 +2,20 @@
 
 For a node the search wants to expand it chooses one move:
 - ``new_family``: the first LLM move on a hotspot writes a kernel from scratch, unlike those tried;
-- ``repair``: the node failed verification or compilation (at most ``repair_attempts`` per node);
+- ``repair``: the node failed compilation or verification (one repair per node, chains of repairs
+  of repairs bounded by ``repair_attempts``);
 - ``rewrite``: the node works; make it faster (at most ``rewrites_per_node`` per node).
 Each move is one chat completion. The reply is parsed, checked statically and turned into a
-Candidate; the search evaluates it like any other. Whatever goes wrong (timeout, HTTP error,
-garbage, a refusal, a rule broken, the budget spent) is recorded in the run store's llm_calls
-with its outcome and the move yields nothing: the search goes on with the template moves.
+Candidate; the search evaluates it like any other. A reply rejected before compiling (no code
+block, a rule broken) gets ``reply_fix_turns`` follow-up turns in the same conversation saying
+why. Whatever goes wrong (timeout, HTTP error, garbage, a refusal, a rule broken, the budget
+spent) is recorded in the run store's llm_calls with its outcome and the move yields nothing:
+the search goes on with the template moves.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -19,7 +23,7 @@ from typing import Any, Callable
 
 from forge_pack import llm_prompts
 from forge_pack.candidate import Candidate
-from forge_pack.llm import (Budget, LLMCallError, LLMClient, LLMConfig, api_key_from_env, estimate_tokens,
+from forge_pack.llm import (Budget, ChatResult, LLMCallError, LLMClient, LLMConfig, api_key_from_env, estimate_tokens,
                             format_summary, redact, summary_from_rows)
 from forge_pack.llm_check import ReplyError, parse_reply, static_check
 from forge_pack.propose import Move, ProposeRequest
@@ -40,22 +44,45 @@ class LLMProposer:
                  on_call: Callable[[dict], None] | None = None, disabled_reason: str = ""):
         self.config = config
         self.client = client if client is not None else LLMClient(config, api_key_from_env()[0])
-        self.store = store
+        self.store = None
         self.on_call = on_call
         self.budget = Budget(config.budget_usd, config.budget_tokens, config.price()[:2])
         self.disabled_reason = disabled_reason
         self._lock = threading.Lock()
         self._calls: list[dict] = []  # what went to the store, without prompt and reply
-        self._repairs: dict[tuple[str, int], int] = {}
+        self._repairs: dict[tuple[str, int], int] = {}  # (hotspot, node) -> repair generation given to it
+        self._repair_gen: dict[str, int] = {}  # content hash of an LLM repair -> its generation
         self._rewrites: dict[tuple[str, int], int] = {}
         self._new_family: set[str] = set()
         self._failures: dict[tuple[str, int | None], list[str]] = {}
         self._unreachable = 0
         self._noted_disabled = False
+        self.bind_store(store)
 
     def bind_store(self, store: Any) -> None:
-        """Attach the run store once the search has opened it (the proposer may be built earlier)."""
+        """Attach the run store (the proposer may be built before it): the effective LLM config
+        (never the key) goes into its meta table, and why LLM moves are off, if they are."""
         self.store = store
+        if store is None:
+            return
+        if hasattr(store, "set_meta"):
+            store.set_meta("llm_config", json.dumps(self.config.to_json(), sort_keys=True))
+        try:  # a resumed run: earlier sessions' spending and moves count against the same bounds
+            row = store.query("SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(prompt_tokens + completion_tokens), 0)"
+                              " FROM llm_calls")[0]
+            self.budget.spent_usd, self.budget.spent_tokens = float(row[0]), int(row[1])
+            moves = store.query("SELECT hotspot_id, node_id, purpose, COUNT(*) AS n FROM llm_calls"
+                                " WHERE purpose IN ('new_family', 'rewrite', 'repair') GROUP BY 1, 2, 3")
+        except (AttributeError, sqlite3.Error):
+            moves = []
+        with self._lock:
+            for r in moves:
+                if r["purpose"] == "new_family":
+                    self._new_family.add(r["hotspot_id"])
+                elif r["node_id"] is not None:
+                    counts = self._rewrites if r["purpose"] == "rewrite" else self._repairs
+                    counts[(r["hotspot_id"], r["node_id"])] = max(counts.get((r["hotspot_id"], r["node_id"]), 0),
+                                                                   int(r["n"]))
         if self.disabled_reason:
             self._note_disabled()
 
@@ -82,7 +109,12 @@ class LLMProposer:
             return []
 
     def _choose(self, request: ProposeRequest) -> tuple[str, int] | None:
-        """Which move to make for this node, reserving its slot (calls for one node may overlap)."""
+        """Which move to make for this node, reserving its slot (calls for one node may overlap).
+
+        The search asks a proposer again for a node only after it gave that node a move, so the
+        bounds are: one new-family move per hotspot, ``rewrites_per_node`` rewrites of a working
+        node, and one repair per failed node along a chain of at most ``repair_attempts`` repairs.
+        """
         hid = request.hotspot.id
         parent = request.parent
         with self._lock:
@@ -100,23 +132,63 @@ class LLMProposer:
                     return None
                 self._rewrites[key] = n + 1
                 return "rewrite", n + 1
-            if verdict.reason in NOT_REPAIRABLE:
+            if verdict.reason in NOT_REPAIRABLE or key in self._repairs:
                 return None
-            n = self._repairs.get(key, 0)
-            if n >= self.config.repair_attempts:
+            generation = self._repair_gen.get(parent.candidate.content_hash, 0) + 1
+            if generation > self.config.repair_attempts:
                 return None
-            self._repairs[key] = n + 1
-            return "repair", n + 1
+            self._repairs[key] = generation
+            return "repair", generation
 
     def _move(self, request: ProposeRequest, purpose: str, attempt: int) -> list[Move]:
         parent = request.parent
         fkey = (request.hotspot.id, parent.node_id if parent else None)
         messages = llm_prompts.render(purpose, request, tuple(self._failures.get(fkey, ())))
+        for turn in range(1 + max(0, self.config.reply_fix_turns)):
+            call_purpose = purpose if turn == 0 else "fix_reply"
+            got = self._call(request, call_purpose, messages)
+            if got is None:
+                return []
+            result, base = got
+            try:
+                parsed = parse_reply(result.text, request.backend)
+                problems = static_check(parsed.source, parsed.spec, request.hotspot.signature, request.backend)
+                if problems:
+                    raise ReplyError("static_check", "; ".join(problems))
+            except ReplyError as e:
+                message = e.message
+                if result.finish_reason == "length" and e.outcome == "unparseable":
+                    message += f" (the reply hit the {self.config.max_tokens}-token limit)"
+                self._record(request, call_purpose, outcome=e.outcome, error=message, **base)
+                self._remember(fkey, f"{purpose} #{attempt} rejected before compiling ({e.outcome}): {message[:300]}")
+                if e.outcome in ("unparseable", "static_check") and result.text.strip():
+                    messages = llm_prompts.fix_reply(messages, result.text, message, request.backend)
+                    continue
+                return []
+            params = {"move": purpose}  # the model is in llm_calls; labels stay short in tables
+            cand = Candidate(op=request.hotspot.op, backend=request.backend, source=parsed.source, spec=parsed.spec,
+                             family="llm", params=params, origin="repair" if purpose == "repair" else "llm")
+            if cand.content_hash in request.tried_hashes:
+                self._record(request, call_purpose, outcome="duplicate", cand_hash=cand.content_hash,
+                             error="the reply repeats a kernel already in the tree", **base)
+                self._remember(fkey, f"{purpose} #{attempt} repeated a kernel already tried")
+                return []
+            self._record(request, call_purpose, outcome="ok", cand_hash=cand.content_hash, **base)
+            if purpose == "repair":
+                with self._lock:
+                    self._repair_gen[cand.content_hash] = attempt
+            label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
+                     "new_family": "llm new family"}[purpose]
+            return [Move(cand, label, "repair" if purpose == "repair" else "llm")]
+        return []
+
+    def _call(self, request: ProposeRequest, purpose: str, messages: list[dict]) -> tuple[ChatResult, dict] | None:
+        """One chat completion within the budget; None (recorded) when it gave no reply."""
         prompt = llm_prompts.prompt_text(messages)
         reservation = self.budget.reserve(estimate_tokens(prompt), self.config.max_tokens)
         if isinstance(reservation, str):
             self._disable(reservation, request, purpose, outcome="budget")
-            return []
+            return None
         try:
             result = self.client.chat(messages, self.config.max_tokens)
         except LLMCallError as err:
@@ -124,38 +196,12 @@ class LLMProposer:
             self._record(request, purpose, prompt=prompt, latency_s=err.latency_s, outcome=err.outcome,
                          error=err.message)
             self._after_failure(err, request, purpose)
-            return []
+            return None
         cost = self.budget.settle(reservation, result.prompt_tokens, result.completion_tokens)
         with self._lock:
             self._unreachable = 0
-        base = dict(prompt=prompt, reply=result.text, prompt_tokens=result.prompt_tokens,
-                    completion_tokens=result.completion_tokens, latency_s=result.latency_s, cost_usd=cost)
-        try:
-            parsed = parse_reply(result.text, request.backend)
-            if result.finish_reason == "length" and not parsed.source.strip():
-                raise ReplyError("unparseable", "the reply was cut at the token limit")
-            problems = static_check(parsed.source, parsed.spec, request.hotspot.signature, request.backend)
-            if problems:
-                raise ReplyError("static_check", "; ".join(problems))
-        except ReplyError as e:
-            message = e.message
-            if result.finish_reason == "length" and e.outcome == "unparseable":
-                message += f" (the reply hit the {self.config.max_tokens}-token limit)"
-            self._record(request, purpose, outcome=e.outcome, error=message, **base)
-            self._remember(fkey, f"{purpose} #{attempt} rejected before compiling ({e.outcome}): {message[:300]}")
-            return []
-        params = {"move": purpose, "model": self.config.model}
-        cand = Candidate(op=request.hotspot.op, backend=request.backend, source=parsed.source, spec=parsed.spec,
-                         family="llm", params=params, origin="repair" if purpose == "repair" else "llm")
-        if cand.content_hash in request.tried_hashes:
-            self._record(request, purpose, outcome="duplicate", error="the reply repeats a kernel already in the tree",
-                         cand_hash=cand.content_hash, **base)
-            self._remember(fkey, f"{purpose} #{attempt} repeated a kernel already tried")
-            return []
-        self._record(request, purpose, outcome="ok", cand_hash=cand.content_hash, **base)
-        label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
-                 "new_family": "llm new family"}[purpose]
-        return [Move(cand, label, "repair" if purpose == "repair" else "llm")]
+        return result, dict(prompt=prompt, reply=result.text, prompt_tokens=result.prompt_tokens,
+                            completion_tokens=result.completion_tokens, latency_s=result.latency_s, cost_usd=cost)
 
     # ---------------------------------------------------------------- bookkeeping
 

@@ -46,6 +46,8 @@ from forge_pack.verdict import Baseline, Evaluation, Verdict
 FAILURE_REWARD = math.log(0.25)
 # Caps a (probably implausible) huge speedup so one outlier cannot freeze the tree on one branch.
 MAX_REWARD = math.log(1000.0)
+# How often the loop polls the control hook (pause/stop, heartbeat) while evaluations are in flight.
+POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -280,7 +282,7 @@ class _Search:
             node = self._attach(parent, s.candidate, s.move, s.move_kind, "", node_id=s.id)
             if s.evaluation is not None:
                 reward = s.reward if s.reward is not None else reward_of(s.evaluation, self.cfg.failure_reward)
-                self._finish(node, s.evaluation, reward, restored=True)
+                self._finish(node, s.evaluation, reward)
             else:
                 self.reeval.append(node)
 
@@ -316,7 +318,7 @@ class _Search:
             added += 1
         return added
 
-    def _finish(self, node: Node, evaluation: Evaluation, reward: float, restored: bool = False) -> None:
+    def _finish(self, node: Node, evaluation: Evaluation, reward: float) -> None:
         node.evaluation, node.reward, node.status = evaluation, reward, "done"
         self.done += 1
         if not evaluation.verdict.ok:
@@ -419,13 +421,6 @@ class _Search:
                               eval_s=time.monotonic() - t)
 
     def _submit(self, fn, *args) -> Future:
-        fut: Future = Future()
-        if self.pool is None:  # parallel=1: inline, so a seed fixes the whole search
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - delivered to the completion handler
-                fut.set_exception(e)
-            return fut
         return self.pool.submit(fn, *args)
 
     def _start_eval(self, node: Node) -> None:
@@ -479,7 +474,9 @@ class _Search:
     def _fill(self) -> bool:
         """Start jobs until the slots are full or nothing can start; False when the search must stop."""
         proposes_in_flight = sum(1 for k, _, _ in self.jobs.values() if k == "propose")
-        while self.evals_in_flight < self.cfg.parallel:
+        # parallel=1 runs one job at a time (a proposal or an evaluation), so a seed fixes the search
+        serial = self.cfg.parallel == 1
+        while self.evals_in_flight < self.cfg.parallel and not (serial and self.jobs):
             if self._stop_reason():
                 return False
             if self.reeval:
@@ -501,11 +498,6 @@ class _Search:
                 return True
             self._start_propose(target, name)
             proposes_in_flight += 1
-            if self.pool is None:
-                for fut in list(self.jobs):
-                    if fut.done() and self.jobs[fut][0] == "propose":
-                        self._complete(fut)
-                proposes_in_flight = 0
         return True
 
     def _seed_root(self) -> None:
@@ -524,8 +516,9 @@ class _Search:
                                      max(self.cfg.max_root_children, len(self.root.children)))
 
     def run(self) -> SearchResult:
-        self.pool = ThreadPoolExecutor(max_workers=2 * self.cfg.parallel, thread_name_prefix="forge-search") \
-            if self.cfg.parallel > 1 else None
+        # Jobs run in threads even when serial, so the loop keeps polling control() (pause/stop and
+        # the run's heartbeat) while a long evaluation is in flight.
+        self.pool = ThreadPoolExecutor(max_workers=2 * self.cfg.parallel, thread_name_prefix="forge-search")
         stop_reason = None
         try:
             self._seed_root()
@@ -547,13 +540,11 @@ class _Search:
                         break
                     time.sleep(0.2)  # paused with nothing in flight
                     continue
-                done, _ = wait(list(self.jobs), timeout=0.5 if control != "run" else None,
-                               return_when=FIRST_COMPLETED)
+                done, _ = wait(list(self.jobs), timeout=POLL_S, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: self.jobs[f][1].id):
                     self._complete(fut)
         finally:
-            if self.pool is not None:
-                self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
         return SearchResult(root=self.root, nodes=sorted(self.nodes, key=lambda n: n.id), best=self.best,
                             evaluations=self.done, new_evaluations=self.new_done, budget=self.cfg.budget,
                             elapsed_s=time.monotonic() - self.t0, stop_reason=stop_reason,

@@ -140,6 +140,21 @@ class Store:
         with self._lock:
             self.conn.close()
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- small key/value facts about the run (e.g. the profiled forward time, for resume)
+    def set_meta(self, key: str, value: Any) -> None:
+        self.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                     (key, str(value)))
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self.query("SELECT value FROM meta WHERE key=?", (key,))
+        return rows[0]["value"] if rows else None
+
     # ---- runs
     def start_run(self, model_path: str, model_hash: str, device: str, dtype: str, env: dict,
                   config: dict) -> int:

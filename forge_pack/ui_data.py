@@ -17,8 +17,10 @@ from typing import Any
 # A running run whose heartbeat is older than this is shown as stalled (crashed or hung).
 # The search heartbeats every few seconds; two minutes leaves room for a slow compile.
 STALE_AFTER_S = 120.0
-# UCT exploration constant used for the tooltip when the run's config does not say (sqrt(2), the textbook value).
-DEFAULT_EXPLORATION = math.sqrt(2.0)
+# UCT constants for the tooltip when the run's config does not record them: search.SearchConfig's defaults
+# (copied, not imported: the dashboard does not load the search).
+DEFAULT_EXPLORATION = 0.3
+DEFAULT_MAX_WEIGHT = 0.9
 MAX_PAGE = 500
 VERDICT_ORDER = ("ok", "pending", "evaluating")
 
@@ -63,11 +65,45 @@ def _run_row(conn: sqlite3.Connection) -> sqlite3.Row | None:
     return conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
 
 
-def exploration_constant(conn: sqlite3.Connection) -> float:
+def uct_constants(conn: sqlite3.Connection) -> tuple[float, float]:
+    """(exploration, max_weight) of the run's search config."""
     run = _run_row(conn)
     cfg = _loads(run["config_json"], {}) if run else {}
-    c = _find_key(cfg, ("exploration", "c_uct", "uct_c", "exploration_constant"))
-    return float(c) if c is not None else DEFAULT_EXPLORATION
+    c = _find_key(cfg, ("exploration", "c_uct", "uct_c"))
+    w = _find_key(cfg, ("max_weight",))
+    return (float(c) if c is not None else DEFAULT_EXPLORATION, float(w) if w is not None else DEFAULT_MAX_WEIGHT)
+
+
+def uct_scores(conn: sqlite3.Connection, hotspot_id: str) -> dict[int, tuple[int, float | None, float | None]]:
+    """node id -> (visits, mean value, UCT score) as the search computes them (search.MCTS._uct, without
+    the virtual loss of evaluations in flight): value = (1 - w) * mean + w * best reward in the subtree,
+    UCT = value + c * sqrt(ln(parent visits + 1) / visits)."""
+    c, w = uct_constants(conn)
+    rows = conn.execute("SELECT n.id, n.parent_id, s.visits, s.value_sum, e.reward FROM nodes n"
+                        " LEFT JOIN node_stats s ON s.node_id=n.id LEFT JOIN evaluations e ON e.node_id=n.id"
+                        " WHERE n.hotspot_id=? ORDER BY n.id", (hotspot_id,)).fetchall()
+    parent = {r[0]: r[1] for r in rows}
+    best: dict[int, float] = {}
+    for r in rows:  # propagate each reward up its path
+        if r[4] is None:
+            continue
+        cur, seen = r[0], 0
+        while cur is not None and seen < 100000:
+            if best.get(cur, -math.inf) >= r[4]:
+                break
+            best[cur] = r[4]
+            cur, seen = parent.get(cur), seen + 1
+    visits = {r[0]: r[2] or 0 for r in rows}
+    out = {}
+    for r in rows:
+        n = r[2] or 0
+        mean = r[3] / n if n and r[3] is not None else None
+        uct = None
+        if mean is not None and r[1] is not None and r[1] in visits:
+            value = (1 - w) * mean + w * best.get(r[0], mean)
+            uct = value + c * math.sqrt(math.log(visits[r[1]] + 1) / n)
+        out[r[0]] = (n, mean, uct)
+    return out
 
 
 def _best_nodes(conn: sqlite3.Connection) -> dict[str, int]:
@@ -173,26 +209,20 @@ def progress(conn: sqlite3.Connection) -> dict:
 def tree(conn: sqlite3.Connection, hotspot_id: str) -> dict:
     """All nodes of one hotspot, compact, with visit statistics and UCT scores."""
     seq = cursor(conn)
-    c = exploration_constant(conn)
+    c, w = uct_constants(conn)
+    scores = uct_scores(conn, hotspot_id)
     best = _best_nodes(conn).get(hotspot_id)
     rows = conn.execute(
         "SELECT n.id, n.parent_id, n.depth, n.move, n.move_kind, n.status, n.family, e.ok, e.reason,"
-        " e.speedup_vs_eager, e.median_us, s.visits, s.value_sum FROM nodes n"
-        " LEFT JOIN evaluations e ON e.node_id=n.id LEFT JOIN node_stats s ON s.node_id=n.id"
+        " e.speedup_vs_eager, e.median_us FROM nodes n LEFT JOIN evaluations e ON e.node_id=n.id"
         " WHERE n.hotspot_id=? ORDER BY n.id", (hotspot_id,)).fetchall()
-    visits = {r["id"]: r["visits"] or 0 for r in rows}
     out = []
     for r in rows:
-        n = r["visits"] or 0
-        mean = (r["value_sum"] / n) if n and r["value_sum"] is not None else None
-        parent_n = visits.get(r["parent_id"], 0) if r["parent_id"] is not None else 0
-        uct = None
-        if mean is not None and parent_n > 0:
-            uct = mean + c * math.sqrt(math.log(max(parent_n, 1)) / n)
+        n, mean, uct = scores.get(r["id"], (0, None, None))
         verdict = None if r["ok"] is None else ("ok" if r["ok"] else r["reason"])
         out.append([r["id"], r["parent_id"], r["depth"], r["move"], r["move_kind"], r["status"], verdict,
                     _round(r["speedup_vs_eager"]), n, _round(mean), _round(uct), r["family"], _round(r["median_us"], 2)])
-    return {"cursor": seq, "hotspot_id": hotspot_id, "best_node_id": best, "exploration": c,
+    return {"cursor": seq, "hotspot_id": hotspot_id, "best_node_id": best, "exploration": c, "max_weight": w,
             "cols": ["id", "parent_id", "depth", "move", "move_kind", "status", "verdict", "speedup", "visits",
                      "mean", "uct", "family", "median_us"], "nodes": out}
 
@@ -321,15 +351,21 @@ def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
                            "resources": resources(evaluation)})
     stats = None
     if s is not None:
-        visits = s["visits"]
-        stats = {"visits": visits, "value_sum": s["value_sum"], "mean": s["value_sum"] / visits if visits else None}
-        if n["parent_id"] is not None and visits:
-            pv = conn.execute("SELECT visits FROM node_stats WHERE node_id=?", (n["parent_id"],)).fetchone()
-            if pv and pv[0]:
-                stats["uct"] = stats["mean"] + exploration_constant(conn) * math.sqrt(math.log(pv[0]) / visits)
-    llm = [dict(r) for r in conn.execute(
-        "SELECT id, model, purpose, prompt, reply, prompt_tokens, completion_tokens, latency_s, cost_usd, outcome,"
-        " error, created_at FROM llm_calls WHERE node_id=? ORDER BY id", (node_id,))]
+        visits, mean, uct = uct_scores(conn, n["hotspot_id"]).get(node_id, (0, None, None))
+        stats = {"visits": visits, "value_sum": s["value_sum"], "mean": mean, "uct": uct}
+    # LLM calls: the one whose reply became this candidate (llm_calls.cand_hash), and those made while
+    # expanding this node (llm_calls.node_id is the parent being expanded).
+    has_hash = any(r[1] == "cand_hash" for r in conn.execute("PRAGMA table_info(llm_calls)"))
+    cols = ("id, model, purpose, prompt, reply, prompt_tokens, completion_tokens, latency_s, cost_usd, outcome,"
+            " error, created_at, node_id")
+    llm = []
+    if has_hash:
+        llm += [dict(r, relation="produced this candidate") for r in conn.execute(
+            f"SELECT {cols} FROM llm_calls WHERE cand_hash=? AND hotspot_id=? ORDER BY id",
+            (n["cand_hash"], n["hotspot_id"]))]
+    seen_ids = {c["id"] for c in llm}
+    llm += [dict(r, relation="made while expanding this node") for r in conn.execute(
+        f"SELECT {cols} FROM llm_calls WHERE node_id=? ORDER BY id", (node_id,)) if r["id"] not in seen_ids]
     children = [r[0] for r in conn.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY id", (node_id,))]
     return {"id": n["id"], "hotspot_id": n["hotspot_id"], "hotspot_pretty": h["pretty"] if h else "",
             "parent_id": n["parent_id"], "depth": n["depth"], "move": n["move"], "move_kind": n["move_kind"],

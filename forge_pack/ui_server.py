@@ -172,6 +172,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     sys_version = ""
     protocol_version = "HTTP/1.1"
 
+    def version_string(self) -> str:
+        return self.server_version
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: URLs may carry the token
         pass
 
@@ -300,6 +303,8 @@ def make_server(run_dir: str | Path, host: str = "127.0.0.1", port: int | None =
     for p in ports:
         try:
             return UIServer((host, p), app)
+        except socket.gaierror as e:
+            raise ForgeError(f"cannot listen on --host {host}: {e.strerror}", "use an IP address such as 127.0.0.1")
         except OSError as e:
             last = e
     if port is not None:

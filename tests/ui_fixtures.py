@@ -10,6 +10,7 @@ kind of failure, node_stats, LLM calls, events), with timestamps spread over a s
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import sys
@@ -24,8 +25,8 @@ from forge_pack.verdict import Baseline, Check, Evaluation, Timing, Verdict
 
 ENV = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "torch": "2.11.0+cu128", "cuda": "12.8",
        "driver": "570.86.15", "host": "gpu-box-07", "python": "3.12.3"}
-CONFIG = {"search": {"budget": 50, "exploration": 1.0, "seed": 0, "parallel": 2}, "llm": {"model": "kernel-coder",
-                                                                                         "api_key": "***"}}
+CONFIG = {"search": {"budget": 50, "exploration": 0.3, "max_weight": 0.9, "seed": 0, "parallel": 2},
+          "llm": {"model": "kernel-coder", "api_key": "***"}}
 
 # (op, shape, dtype, params, time share, eager us, compile us)
 HOTSPOTS = [
@@ -82,6 +83,9 @@ FAILURES = [  # (reason, detail template) ; weights below
     ("nondeterministic", "two runs on the same input differ at {i} elements"),
 ]
 FAILURE_WEIGHTS = [5, 6, 2, 1, 2, 1, 1]
+# Markup in every text a kernel, a compiler or an LLM can put in the store; the dashboard must show it as text.
+PAYLOAD = ('</script><script>window.__pwned=1</script><img src=x onerror="window.__pwned=2">'
+           '&lt;b&gt; "quoted" \u2028 end')
 
 
 def _signature(op, shape, dtype, params) -> Signature:
@@ -123,13 +127,13 @@ class _Sim:
         self.eager: dict[str, tuple[float, float]] = {}
         self.counter = 0
 
-    def add_hotspot(self, run_id: int, rank: int, row) -> str:
+    def add_hotspot(self, run_id: int, rank: int, row, budget: int = 50) -> str:
         op, shape, dtype, params, share, eager_us, compile_us = row
         sig = _signature(op, shape, dtype, params)
         per_call = eager_us
         hs = Hotspot(sig, (f"F.{op}", f"nn.{op.title().replace('_', '')}"), 32.0, per_call * 32, per_call, share,
                      (f"inputs/{sig.slug()}_0.safetensors",), "cuda")
-        hid = self.store.add_hotspot(run_id, rank, hs.to_json(), budget=50)
+        hid = self.store.add_hotspot(run_id, rank, hs.to_json(), budget=budget)
         base = Baseline(Timing(eager_us, eager_us * 0.02, 100), Timing(compile_us, compile_us * 0.03, 100),
                         floor_us=eager_us * 0.28, copy_bandwidth_gbs=4250.0)
         self.store.set_baseline(hid, base.to_json())
@@ -170,14 +174,14 @@ class _Sim:
         node = {"id": nid, "parent": parent, "depth": depth, "threads": threads, "vec": vec, "shuffle": shuffle,
                 "speedup": None}
         nodes.append(node)
-        if kind == "llm":
+        if kind == "llm":  # recorded as llm_proposer does: node_id = the node expanded, cand_hash = the result
             prompt = (f"Rewrite this {op} kernel to be faster on an H200. Parent verdict: ok, {base_s:.2f}x eager.\n"
                       f"```cuda\n{_source(op + '_rows', 'parent', threads, vec, False)}```")
-            self.store.record_llm_call(hotspot_id=hid, node_id=nid, model="kernel-coder", purpose="rewrite",
+            self.store.record_llm_call(hotspot_id=hid, node_id=parent, model="kernel-coder", purpose="rewrite",
                                        prompt=prompt, reply=f"Use warp shuffles for both reductions.\n```cuda\n"
                                        f"{cand.source}```\n<launch spec omitted>", prompt_tokens=1800 + nid % 300,
                                        completion_tokens=900 + nid % 200, latency_s=4.2, cost_usd=0.0061,
-                                       outcome="ok")
+                                       outcome="ok", cand_hash=cand.content_hash)
         self.store.mark_evaluating(nid, hid)
         if running_last:
             return nid
@@ -244,8 +248,11 @@ def make_run(run_dir: str | Path, n_candidates: int = 60, seed: int = 0, running
     try:
         run_id = store.start_run("tests/models/tiny_llama.py", "sha256:3f9a0c", "cuda", "bfloat16", ENV, CONFIG)
         sim = _Sim(store, seed)
-        hids = [sim.add_hotspot(run_id, i + 1, row) for i, row in enumerate(HOTSPOTS[:hotspots])]
-        per = [n_candidates // len(hids) + (1 if i < n_candidates % len(hids) else 0) for i in range(len(hids))]
+        rows = HOTSPOTS[:hotspots]
+        per = [n_candidates // len(rows) + (1 if i < n_candidates % len(rows) else 0) for i in range(len(rows))]
+        # budget: a search that is at 80% of its evaluations (or the default 50, whichever is larger)
+        hids = [sim.add_hotspot(run_id, i + 1, row, max(50, math.ceil(per[i] / 0.8)))
+                for i, row in enumerate(rows)]
         for i, hid in enumerate(hids):
             store.set_hotspot_status(hid, "searching")
             for k in range(per[i]):
@@ -284,8 +291,6 @@ def append_evaluations(run_dir: str | Path, hotspot_id: str, k: int, seed: int =
         stats = {r["node_id"]: [r["visits"], r["value_sum"]] for r in store.query("SELECT * FROM node_stats")}
         sim.stats.update(stats)
         base = store.query("SELECT baseline_json FROM hotspots WHERE id=?", (hotspot_id,))[0][0]
-        import json
-
         b = Baseline.from_json(json.loads(base))
         sim.eager[hotspot_id] = (b.eager.median_us, b.compiled.median_us if b.compiled else b.eager.median_us)
         nodes = []
@@ -302,6 +307,38 @@ def append_evaluations(run_dir: str | Path, hotspot_id: str, k: int, seed: int =
         out = [sim.step(hotspot_id) for _ in range(k)]
         store.heartbeat(run_id)
         return out
+    finally:
+        store.close()
+
+
+def add_markup_node(run_dir: str | Path) -> int:
+    """A node whose source and move carry markup, with NaN/Inf in every numeric place that can hold one."""
+    store = Store(run_dir)
+    try:
+        hid = store.hotspots()[0]["id"]
+        root = store.nodes(hid)[0]["id"]
+        cand = json.loads(store.nodes(hid)[0]["candidate_json"])
+        cand["source"] = "// " + PAYLOAD + "\n" + cand["source"]
+        cand["hash"] = "poison"
+        nid = store.add_node(hid, root, 1, "move <b>bold</b>" + PAYLOAD, "llm", cand)
+        ev = {"verdict": {"ok": True, "reason": "ok", "detail": PAYLOAD, "max_abs_err": math.nan,
+                          "max_rel_err": math.inf,
+                          "checks": [{"input_kind": "fresh[0]<i>", "max_abs_err": math.nan, "max_rel_err": -math.inf,
+                                      "mismatches": 0, "atol": 1e-2, "rtol": 1e-2, "first_mismatch": PAYLOAD,
+                                      "nan_count": 0, "inf_count": 0, "passed": True}]},
+              "timing": {"median_us": math.inf, "iqr_us": math.nan, "n": 30, "min_us": 0.0, "clock": "cuda_events"},
+              "compile_s": 0.1, "compile_log": PAYLOAD, "compile_cmd": "nvcc " + PAYLOAD, "eval_s": 1.0,
+              "speedup_vs_eager": math.inf, "speedup_vs_compile": math.nan, "bandwidth_fraction": math.inf,
+              "extra": {}}
+        store.record_evaluation(nid, hid, ev, reward=0.5)
+        # REAL columns the writer does not sanitise can still hold infinities: force some in.
+        store.execute("UPDATE evaluations SET median_us=?, iqr_us=?, speedup_vs_eager=?, max_abs_err=? WHERE node_id=?",
+                      (math.inf, -math.inf, math.inf, math.inf, nid))
+        store.set_node_stats([(nid, 1, math.inf)])
+        store.record_llm_call(hotspot_id=hid, node_id=nid, model="m", purpose="rewrite", prompt=PAYLOAD,
+                              reply=PAYLOAD, prompt_tokens=1, completion_tokens=1, latency_s=math.nan,
+                              cost_usd=math.inf, outcome="ok")
+        return nid
     finally:
         store.close()
 

@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-#define FP_DEV static __device__ __forceinline__
+#define FP_DEV __device__ __forceinline__
 
 #ifndef FP_INF
 #define FP_INF __int_as_float(0x7f800000)
@@ -17,23 +17,27 @@
 template <typename T> struct Elem;
 template <> struct Elem<float> {
   typedef unsigned int bits;
-  FP_DEV float to_f(unsigned int b) { return __uint_as_float(b); }
-  FP_DEV unsigned int from_f(float v) { return __float_as_uint(v); }
+  static __device__ __forceinline__ float to_f(unsigned int b) { return __uint_as_float(b); }
+  static __device__ __forceinline__ unsigned int from_f(float v) { return __float_as_uint(v); }
 };
 template <> struct Elem<__nv_bfloat16> {
   typedef unsigned short bits;
   // bf16 -> f32 is exact: the bf16 bits are the high half of the f32 bits.
-  FP_DEV float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-  FP_DEV unsigned short from_f(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+  static __device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+  static __device__ __forceinline__ unsigned short from_f(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
 };
 template <> struct Elem<__half> {
   typedef unsigned short bits;
-  FP_DEV float to_f(unsigned short b) { return __half2float(__ushort_as_half(b)); }
-  FP_DEV unsigned short from_f(float v) { return __half_as_ushort(__float2half_rn(v)); }
+  static __device__ __forceinline__ float to_f(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+  static __device__ __forceinline__ unsigned short from_f(float v) { return __half_as_ushort(__float2half_rn(v)); }
 };
 
 template <typename T> FP_DEV float load1(const T* p) {
   return Elem<T>::to_f(__ldg(reinterpret_cast<const typename Elem<T>::bits*>(p)));
+}
+
+template <typename T> FP_DEV void store1(T* p, float v) {
+  *reinterpret_cast<typename Elem<T>::bits*>(p) = Elem<T>::from_f(v);
 }
 
 // ---- raw memory access with cache hints ------------------------------------------------------
@@ -57,14 +61,16 @@ template <int HINT, typename R> FP_DEV void st_raw(R* p, const R& v) {
 }
 
 // N consecutive elements of T held as raw bits (16-byte chunks at most per memory instruction).
-// A bf16 vector of 8 lives in 4 registers until get() converts one element to float.
+// 16-bit elements stay packed two per 32-bit register (a bf16 vector of 8 is 4 registers) until
+// get() converts one of them to float.
 template <typename T, int N> struct Vec {
   typedef typename Elem<T>::bits B;
   static constexpr int BYTES = (int)sizeof(B) * N;
   static constexpr int CHUNK = BYTES < 16 ? BYTES : 16;
   static constexpr int NCHUNK = BYTES / CHUNK;
+  static constexpr int NWORD = BYTES >= 4 ? BYTES / 4 : 1;
   typedef typename Raw<CHUNK>::type R;
-  union { R r[NCHUNK]; B b[N]; } u;
+  union { R r[NCHUNK]; unsigned int w[NWORD]; B b[N]; } u;
 
   template <int HINT> __device__ __forceinline__ void load(const T* p) {
     const R* q = reinterpret_cast<const R*>(p);
@@ -76,8 +82,29 @@ template <typename T, int N> struct Vec {
 #pragma unroll
     for (int c = 0; c < NCHUNK; ++c) st_raw<HINT>(q + c, u.r[c]);
   }
-  __device__ __forceinline__ float get(int k) const { return Elem<T>::to_f(u.b[k]); }
-  __device__ __forceinline__ void set(int k, float v) { u.b[k] = Elem<T>::from_f(v); }
+  __device__ __forceinline__ float get(int k) const {
+    if (sizeof(B) == 4 || BYTES < 4) return Elem<T>::to_f(u.b[k]);
+    const unsigned int word = u.w[k >> 1];
+    return Elem<T>::to_f((B)((k & 1) ? (word >> 16) : (word & 0xffffu)));
+  }
+  // get() through an opaque register copy: for chunks kept in registers across several passes,
+  // so the compiler cannot hoist all conversions and keep every element alive as a float.
+  __device__ __forceinline__ float get_fresh(int k) const {
+    if (sizeof(B) == 4 || BYTES < 4) {
+      unsigned int b = u.b[k];
+      asm volatile("" : "+r"(b));
+      return Elem<T>::to_f((B)b);
+    }
+    unsigned int word = u.w[k >> 1];
+    asm volatile("" : "+r"(word));
+    return Elem<T>::to_f((B)((k & 1) ? (word >> 16) : (word & 0xffffu)));
+  }
+  __device__ __forceinline__ void set(int k, float v) {
+    if (sizeof(B) == 4 || BYTES < 4) { u.b[k] = Elem<T>::from_f(v); return; }
+    const unsigned int bits = Elem<T>::from_f(v);
+    unsigned int& word = u.w[k >> 1];
+    word = (k & 1) ? ((word & 0xffffu) | (bits << 16)) : ((word & 0xffff0000u) | bits);
+  }
 };
 
 // True when p can be accessed with V-element vectors of T (vector path), else use the scalar path.
@@ -127,9 +154,10 @@ struct MaxSum { float m, s; };
 template <typename ExpF> FP_DEV MaxSum maxsum_merge(MaxSum a, MaxSum b, ExpF ex) {
   const float m = fmaxf(a.m, b.m);
   if (m == -FP_INF) return MaxSum{m, a.s + b.s};
-  const float sa = (a.m == -FP_INF) ? 0.f : a.s * ex(a.m - m);
-  const float sb = (b.m == -FP_INF) ? 0.f : b.s * ex(b.m - m);
-  // NaN inputs: fmaxf drops NaN, so carry NaN through the sums instead.
+  // A side with max -inf has s == 0, or NaN when it saw a NaN: keep it as is (fmaxf drops NaN,
+  // so NaN travels through the sums and makes the whole row NaN, as in PyTorch).
+  const float sa = (a.m == -FP_INF) ? a.s : a.s * ex(a.m - m);
+  const float sb = (b.m == -FP_INF) ? b.s : b.s * ex(b.m - m);
   return MaxSum{m, sa + sb};
 }
 template <int WIDTH, typename ExpF> FP_DEV MaxSum group_maxsum(MaxSum v, ExpF ex) {
@@ -159,7 +187,7 @@ FP_DEV Moments moments_merge(Moments a, Moments b) {
   if (b.n == 0.f) return a;
   if (a.n == 0.f) return b;
   const float d = b.mean - a.mean;
-  const float fb = b.n / n;
+  const float fb = __fdividef(b.n, n);
   return Moments{n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
 }
 template <int WIDTH> FP_DEV Moments group_moments(Moments v) {
@@ -188,7 +216,7 @@ template <int K> FP_DEV Moments moments_of(const float (&v)[K], int valid) {
 #pragma unroll
   for (int k = 0; k < K; ++k) s += (k < valid) ? v[k] : 0.f;
   if (valid <= 0) return Moments{0.f, 0.f, 0.f};
-  const float n = (float)valid, mean = s / n;
+  const float n = (float)valid, mean = __fdividef(s, n);
   float q = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) { const float d = v[k] - mean; q += (k < valid) ? d * d : 0.f; }

@@ -1,0 +1,143 @@
+"""`forge-pack build MODEL.py --out DIR` (profile, search, confirm, pack) and `forge-pack pack RUN_DIR --out DIR`.
+
+Results go to stdout (the search table, then what was packed), progress to stderr, or with
+--json exactly one JSON document. No winner: said plainly, no package written, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import typer
+
+from forge_pack.errors import ForgeError
+from forge_pack.pack import PackResult, check_name, check_out_dir, default_name, pack
+
+DEFAULT_BUDGET = 50
+
+
+def format_result(r: PackResult) -> str:
+    if not r.written:
+        return r.message
+    lines = [r.message]
+    for t in r.targets:
+        s = t["speedup"]
+        vc = f", {s['vs_compile']:.2f}x vs torch.compile" if s["vs_compile"] else ""
+        lines.append(f"  {t['id']}: {t['signature']['pretty']}: {s['vs_eager']:.2f}x vs eager{vc}, "
+                     f"{100 * t['time_share']:.1f}% of the forward")
+    for d in r.dropped:
+        lines.append(f"  not packed: {d['pretty']}: {d['reason']}")
+    m = r.model_result
+    if m:
+        agree = f", argmax agreement {100 * m['argmax_agreement']:.2f}%" if m.get("argmax_agreement") is not None else ""
+        lines.append(f"Whole model: {m['eager']['median_us'] / 1e3:.3f} ms eager -> {m['patched']['median_us'] / 1e3:.3f}"
+                     f" ms patched ({m['speedup']:.2f}x), max output difference {m['max_abs_diff']:.3g}{agree}")
+        if m.get("note"):
+            lines.append(f"  note: {m['note']}")
+    for n in r.notes:
+        lines.append(f"note: {n}")
+    if r.wheel:
+        lines.append(f"Wheel: {r.wheel}")
+    lines.append(f"Install: pip install --no-build-isolation {r.out_dir}")
+    lines.append(f"Use:     import {r.package}; {r.package}.apply(model)   (check: python -m {r.package} verify)")
+    return "\n".join(lines)
+
+
+def default_run_dir(model_path: str) -> Path:
+    return Path("runs") / f"build-{Path(model_path).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def build_command(model: str, out: Path, *, name: Optional[str] = None, device: Optional[str] = None,
+                  dtype: Optional[str] = None, budget: Optional[int] = None, wheel: bool = False, force: bool = False,
+                  run_dir: Optional[Path] = None, top: Optional[int] = None, min_share: Optional[float] = None,
+                  seed: Optional[int] = None, workers: Optional[int] = None, timeout: Optional[float] = None,
+                  llm: Optional[str] = None, as_json: bool = False, toolkit=None,
+                  stdout: Callable[[str], None] = typer.echo) -> PackResult:
+    from forge_pack.cmd_search import ProgressBar, format_summary
+    from forge_pack.pipeline import RunConfig, run, with_overrides
+
+    pkg = check_name(name or default_name(model))  # user errors first, before minutes of search
+    check_out_dir(Path(out).resolve(), force)
+    if budget is not None and budget < 1:
+        raise ForgeError(f"--budget must be at least 1, got {budget}", "e.g. --budget 50")
+    config = with_overrides(RunConfig(model=model, device=device, dtype=dtype, budget=DEFAULT_BUDGET,
+                                      run_dir=str(run_dir or default_run_dir(model))),
+                            budget=budget, top=top, min_share=min_share, seed=seed, workers=workers,
+                            parallel=workers, timeout_s=timeout, llm_model=llm)
+    bar = ProgressBar()
+    try:
+        summary = run(config, toolkit=toolkit, say=bar.say, on_progress=bar.update, on_hotspot=bar.hotspot)
+    finally:
+        bar.done()
+    if not as_json:
+        stdout(format_summary(summary))
+    if summary.status == "interrupted":
+        raise ForgeError("the search was stopped before it finished, so nothing was packed",
+                         f"continue it with `forge-pack search --resume {config.run_dir}`, then "
+                         f"`forge-pack pack {config.run_dir} --out {out}`")
+    result = pack(config.run_dir, out, pkg, force=force, wheel=wheel, say=bar.say)
+    if as_json:
+        from forge_pack.manifest import finite
+
+        stdout(json.dumps(finite({"run_dir": config.run_dir, "search": summary.to_json(), "pack": result.to_json()})))
+    else:
+        stdout(format_result(result))
+    return result
+
+
+def pack_command(run_dir: Path, out: Path, *, name: Optional[str] = None, force: bool = False, wheel: bool = False,
+                 confirm: bool = True, as_json: bool = False, stdout: Callable[[str], None] = typer.echo) -> PackResult:
+    result = pack(run_dir, out, name, force=force, wheel=wheel, confirm=confirm)
+    if as_json:
+        from forge_pack.manifest import finite
+
+        stdout(json.dumps(finite(result.to_json())))
+    else:
+        stdout(format_result(result))
+    return result
+
+
+def register(app: typer.Typer) -> None:
+    from forge_pack.cmd_search import DEVICE_HELP, DTYPE_HELP
+
+    @app.command("build")
+    def build_cmd(
+        model: str = typer.Argument(..., help="Model file: get_model()/get_inputs(), or KernelBench's Model."),
+        out: Path = typer.Option(..., "--out", help="Directory to write the package into (must not exist)."),
+        name: Optional[str] = typer.Option(None, "--name", help="Python name of the package (default: <model>_forge)."),
+        device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
+        budget: Optional[int] = typer.Option(None, "--budget", help=f"Evaluations per hotspot (default: {DEFAULT_BUDGET})."),
+        wheel: bool = typer.Option(False, "--wheel", help="Also build a wheel into OUT/dist."),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the run store goes (default: runs/...)."),
+        top: Optional[int] = typer.Option(None, "--top", min=1, help="Search the K largest hotspots (default: 3)."),
+        min_share: Optional[float] = typer.Option(None, "--min-share", help="Skip hotspots under this fraction."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the search and its random inputs."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Evaluator worker processes (default: 1)."),
+        timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per candidate evaluation."),
+        llm: Optional[str] = typer.Option(None, "--llm", help="Also let this LLM propose kernels (OpenAI-compatible)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
+        build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
+                      run_dir=run_dir, top=top, min_share=min_share, seed=seed, workers=workers, timeout=timeout,
+                      llm=llm, as_json=as_json)
+
+    @app.command("pack")
+    def pack_cmd(
+        run_dir: Path = typer.Argument(..., help="A run directory written by `forge-pack search` or `build`."),
+        out: Path = typer.Option(..., "--out", help="Directory to write the package into (must not exist)."),
+        name: Optional[str] = typer.Option(None, "--name", help="Python name of the package (default: <model>_forge)."),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        wheel: bool = typer.Option(False, "--wheel", help="Also build a wheel into OUT/dist."),
+        no_confirm: bool = typer.Option(False, "--no-confirm",
+                                        help="Skip re-verification in a fresh process and the whole-model check."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    ) -> None:
+        """Package the winning kernels of an existing run."""
+        pack_command(run_dir, out, name=name, force=force, wheel=wheel, confirm=not no_confirm, as_json=as_json)
+

@@ -1,0 +1,315 @@
+"""evaluate = static checks -> compile (parent) -> verify -> bench (isolated worker).
+
+``Evaluator`` is what the search calls. ``evaluate`` is thread-safe: several search threads may
+call it at once; each compiles in its own thread (NVRTC and g++ run outside the GIL), then
+waits for a free worker, and gets back an ``Evaluation`` whose ``Verdict`` says what happened.
+Nothing a candidate does (compile error, segfault, illegal address, trap, endless loop) raises
+here. The worker-side halves (``worker_evaluate``, ``worker_baseline``) live here too so the
+whole flow reads in one file.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from forge_pack import abi, static_check
+from forge_pack.candidate import Candidate
+from forge_pack.compile import compile_candidate
+from forge_pack.hotspot import Hotspot
+from forge_pack.signature import Signature
+from forge_pack.timing import TimingConfig
+from forge_pack.verdict import Baseline, Evaluation, Timing, Verdict
+from forge_pack.worker import Session, WorkerDied, WorkerPool, WorkerTimeout
+
+
+class Evaluator:
+    def __init__(self, backend: str, workers: int = 1, timeout_s: float = 60.0, seed: int = 0,
+                 timing: TimingConfig = TimingConfig(), run_dir: str | Path | None = None, *,
+                 cache_dir: str | Path | None = None, load_timeout_s: float = 900.0,
+                 baseline_timeout_s: float = 1800.0, log_dir: str | Path | None = None):
+        if backend not in ("cuda", "cpu"):
+            raise ValueError(f"unknown backend {backend!r}")
+        self.backend, self.timeout_s, self.seed, self.timing = backend, timeout_s, seed, timing
+        self.run_dir = str(run_dir) if run_dir else None
+        self.cache_dir = cache_dir
+        self.load_timeout_s, self.baseline_timeout_s = load_timeout_s, baseline_timeout_s
+        if log_dir is None and run_dir:
+            log_dir = Path(run_dir) / "workers"
+        self.pool = WorkerPool(backend, workers, str(log_dir) if log_dir else None)
+        self._lock = threading.Lock()
+        self._baselines: dict[str, Baseline] = {}
+        self._sigs: dict[str, Signature] = {}
+        self._info: dict | None = None
+
+    # ---------------------------------------------------------------- context manager
+
+    def __enter__(self) -> "Evaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    # ---------------------------------------------------------------- device
+
+    def device_info(self) -> dict:
+        """What the worker reported (GPU name, capability, arch, SMs, smem, L2) plus copy bandwidth."""
+        if self._info is None:
+            self._info = dict(self.pool.info())
+        info = dict(self._info)
+        for b in self._baselines.values():
+            info["copy_bandwidth_gbs"] = b.copy_bandwidth_gbs
+        return info
+
+    @property
+    def arch(self) -> str:
+        return self.device_info().get("arch", "") if self.backend == "cuda" else ""
+
+    def signature(self, hotspot: Hotspot) -> Signature:
+        """The hotspot's signature with its output spec filled in (from a meta-device eager call)."""
+        key = hotspot.signature.key()
+        with self._lock:
+            if key not in self._sigs:
+                from forge_pack.ops import with_output
+
+                self._sigs[key] = with_output(hotspot.signature)
+            return self._sigs[key]
+
+    # ---------------------------------------------------------------- baseline
+
+    def baseline(self, hotspot: Hotspot) -> Baseline:
+        with self._lock:
+            if hotspot.id in self._baselines:
+                return self._baselines[hotspot.id]
+        sig = self.signature(hotspot)
+        req = {"cmd": "baseline", "signature": sig.to_json(), "timing": self.timing.to_json(), "seed": self.seed}
+        reply: dict = {}
+        for attempt in range(2):
+            with self.pool.acquire() as w:
+                try:
+                    reply = w.request(req, self.baseline_timeout_s)
+                    break
+                except (WorkerTimeout, WorkerDied) as e:
+                    if attempt == 1 or not self.timing.compile_baseline:
+                        raise RuntimeError(f"baseline of {sig.pretty()} failed: {e}") from e
+                    # torch.compile hung or crashed the worker: measure eager alone and say why
+                    cfg = TimingConfig.from_json({**self.timing.to_json(), "compile_baseline": False})
+                    req = {**req, "timing": cfg.to_json(), "compile_error": f"torch.compile: {e}"}
+        if "error" in reply:
+            raise RuntimeError(f"baseline of {sig.pretty()} failed in the worker:\n{reply['error']}")
+        base = Baseline.from_json(reply["baseline"])
+        with self._lock:
+            self._baselines[hotspot.id] = base
+        return base
+
+    # ---------------------------------------------------------------- evaluate
+
+    def evaluate(self, candidate: Candidate, hotspot: Hotspot, baseline: Baseline | None = None,
+                 final: bool = False) -> Evaluation:
+        t0 = time.perf_counter()
+        try:
+            return self._evaluate(candidate, hotspot, baseline, final, t0)
+        except Exception as e:  # a fault of forge-pack itself: recorded, never raised into the search
+            import traceback
+
+            return Evaluation(Verdict(False, "internal_error", f"{type(e).__name__}: {e}\n"
+                                      f"{traceback.format_exc()[-3000:]}"), eval_s=time.perf_counter() - t0)
+
+    def _evaluate(self, candidate: Candidate, hotspot: Hotspot, baseline: Baseline | None, final: bool,
+                  t0: float) -> Evaluation:
+        sig = self.signature(hotspot)
+        rejected = static_check.check(candidate, sig)
+        if rejected is not None:
+            return Evaluation(rejected, eval_s=time.perf_counter() - t0)
+        build = compile_candidate(candidate, arch=self.arch or None, cache_dir=self.cache_dir)
+        common = dict(compile_s=build.compile_s, compile_log=build.log, compile_cmd=build.cmd)
+        if not build.ok:
+            return Evaluation(Verdict(False, "compile_error", _tail(build.log, 4000)), eval_s=time.perf_counter() - t0,
+                              extra={"cached_build": build.cached}, **common)
+        if baseline is None:
+            with self._lock:
+                baseline = self._baselines.get(hotspot.id)
+        key = f"{hotspot.id}|{'final' if final else 'search'}|{'/'.join(hotspot.captures)}|{self.run_dir}"
+        load = {"cmd": "load", "key": key, "signature": sig.to_json(), "captures": list(hotspot.captures),
+                "run_dir": self.run_dir, "seed": self.seed, "final": final}
+        req = {**load, "cmd": "evaluate", "candidate": candidate.to_json(), "artifact": build.path,
+               "timing": self.timing.to_json()}
+        extra = {"cached_build": build.cached, "resources": build.resources}
+        with self.pool.acquire() as w:
+            try:
+                if key not in w.loaded:
+                    loaded = w.request(load, self.load_timeout_s)
+                    if "error" in loaded:
+                        raise RuntimeError(f"loading the inputs of {sig.pretty()} failed:\n{loaded['error']}")
+                    w.loaded.add(key)
+                    extra["skipped_sets"] = loaded.get("skipped", [])
+            except (WorkerTimeout, WorkerDied) as e:
+                raise RuntimeError(f"loading the inputs of {sig.pretty()} failed: {e}") from e
+            extra["worker"] = f"{w.backend}-{w.index}.{w.generation}"
+            try:
+                reply = w.request(req, self.timeout_s)
+            except WorkerTimeout:
+                return Evaluation(Verdict(False, "timeout", f"no verdict within {self.timeout_s:.0f} s (endless loop "
+                                          f"or far too slow); the worker was killed and replaced"),
+                                  eval_s=time.perf_counter() - t0, extra=extra, **common)
+            except WorkerDied as e:
+                return Evaluation(Verdict(False, "crash", f"{e} while running the candidate\n{_tail(e.log_tail, 2000)}"),
+                                  eval_s=time.perf_counter() - t0, extra=extra, **common)
+            if reply.get("sets_dropped"):
+                w.loaded.discard(key)
+        if "error" in reply:
+            reason = "launch_error" if reply.get("poisoned") else "internal_error"
+            return Evaluation(Verdict(False, reason, _tail(reply["error"], 4000)), eval_s=time.perf_counter() - t0,
+                              extra=extra, **common)
+        verdict = Verdict.from_json(reply["verdict"])
+        timing = Timing.from_json(reply.get("timing"))
+        extra.update(attributes=reply.get("attributes", {}), floor_us=reply.get("floor_us"),
+                     copy_bandwidth_gbs=reply.get("copy_bandwidth_gbs"))
+        if reply.get("poisoned"):
+            extra["worker_replaced"] = True
+        speed_eager = speed_compile = fraction = None
+        if timing is not None:
+            if baseline is not None:
+                speed_eager = baseline.eager.median_us / timing.median_us
+                if baseline.compiled is not None:
+                    speed_compile = baseline.compiled.median_us / timing.median_us
+            if reply.get("floor_us"):
+                fraction = reply["floor_us"] / timing.median_us
+        return Evaluation(verdict, timing, eval_s=time.perf_counter() - t0, speedup_vs_eager=speed_eager,
+                          speedup_vs_compile=speed_compile, bandwidth_fraction=fraction, extra=extra, **common)
+
+
+def _tail(text: str, chars: int) -> str:
+    return text if len(text) <= chars else "...\n" + text[-chars:]
+
+
+# ====================================================================== worker side
+
+
+def worker_evaluate(session: Session, req: dict) -> dict:
+    from forge_pack.launch import LaunchError, load_module
+    from forge_pack.verify import fingerprint, fresh_sets, launch_error_verdict, verify
+
+    cand = Candidate.from_json(req["candidate"])
+    sig = Signature.from_json(req["signature"])
+    cfg = TimingConfig.from_json(req["timing"])
+    if req["key"] not in session.sets:
+        session.load(req)
+    static, _ = session.sets[req["key"]]
+    names = [k.name for k in cand.spec.kernels]
+    reply: dict = {}
+    try:
+        module = load_module(cand.backend, req["artifact"], names)
+    except LaunchError as e:
+        return {"verdict": launch_error_verdict(e, "loading the module").to_json(),
+                "poisoned": e.sticky and not session.healthy()}
+    poisoned = False
+    try:
+        fresh = fresh_sets(sig, session.device, req.get("seed", 0), cand.content_hash, req.get("final", False))
+        order = {"fresh": 0, "odd": 1, "adversarial": 2, "captured": 3}  # cheap and likely failures first
+        sets = sorted(fresh + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
+        verdict = verify(module, cand, sets, session.device)
+        if verdict.ok:
+            timing = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
+            bw = session.bandwidth(cfg)
+            floor = abi.floor_us(sig, bw)
+            reply.update(timing=timing.to_json(), floor_us=floor, copy_bandwidth_gbs=bw)
+            judged = floor >= cfg.implausible_min_floor_us and (
+                cand.backend == "cuda" or abi.bytes_moved(sig) >= cfg.cpu_implausible_min_bytes)
+            if judged and timing.median_us < cfg.implausible_margin * floor:
+                verdict = Verdict(False, "implausible_speedup",
+                                  f"median {timing.median_us:.2f} us is below {cfg.implausible_margin:g}x the bandwidth "
+                                  f"floor {floor:.2f} us ({abi.bytes_moved(sig)} bytes at {bw:.0f} GB/s): no kernel "
+                                  f"moves its bytes faster than a copy; review it (cached or skipped work?)",
+                                  verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
+        if cand.backend == "cuda":
+            reply["attributes"] = module.attributes()
+    except LaunchError as e:
+        verdict = launch_error_verdict(e)
+        poisoned = e.sticky or not session.healthy()
+    except RuntimeError as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
+        if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():
+            raise
+        verdict = launch_error_verdict(e)
+        poisoned = not session.healthy()
+    finally:
+        if not poisoned:
+            module.close()
+    if poisoned:
+        reply["poisoned"] = True
+    elif any(fingerprint(s) != s.fingerprint for s in static):
+        session.sets.pop(req["key"], None)  # a stray write hit the cached inputs: reload them next time
+        reply["sets_dropped"] = True
+    reply["verdict"] = verdict.to_json()
+    return reply
+
+
+def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str) -> Timing:
+    """Time the bound launch over rotating copies of one verified input set."""
+    import torch
+
+    from forge_pack import ops
+    from forge_pack.launch import plan
+    from forge_pack.timing import rotation_count, time_calls
+
+    p = plan(cand.spec, sig)
+    ws_bytes = sum(n for _, n, _ in p.workspaces)
+    k = rotation_count(abi.bytes_moved(sig) + ws_bytes, cfg)
+    calls, keep = [], []
+    for _ in range(k):
+        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        out = ops.empty_like_spec(sig.output, device)
+        ws = {name: torch.empty(max(n, 1), dtype=torch.uint8, device=device) for name, n, _ in p.workspaces}
+        run = module.bind(p, {**tensors, "out": out, **ws})
+        zeroed = [ws[name] for name, _, zero in p.workspaces if zero]
+        keep.append((tensors, out, ws))
+        calls.append(_with_zeroing(run, zeroed))
+    timing = time_calls(calls, device, cfg)
+    del keep
+    return timing
+
+
+def _with_zeroing(run, zeroed):
+    if not zeroed:
+        return run
+
+    def call() -> None:
+        for z in zeroed:  # the shipped launcher zeroes them per call too: it counts
+            z.zero_()
+        run()
+
+    return call
+
+
+def worker_baseline(session: Session, req: dict) -> dict:
+    from forge_pack import ops
+    from forge_pack.timing import Flusher, rotation_count, time_calls
+    from forge_pack.verify import seed_for
+
+    torch = session.torch
+    sig = Signature.from_json(req["signature"])
+    cfg = TimingConfig.from_json(req["timing"])
+    device = session.device
+    gen = torch.Generator().manual_seed(seed_for(req.get("seed", 0), "baseline", sig.key()))
+    base = ops.make_inputs(sig, "fresh", gen, device)
+    k = rotation_count(abi.bytes_moved(sig), cfg)
+    slots = [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k)]
+    fn = ops.eager(sig)
+    flusher = Flusher(device, cfg)
+    eager = time_calls([lambda t=t: fn(t) for t in slots], device, cfg, flusher)
+    compiled, error = None, req.get("compile_error", "")
+    if cfg.compile_baseline:
+        try:
+            cfn = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+            cfn(slots[0])
+            compiled = time_calls([lambda t=t: cfn(t) for t in slots], device, cfg, flusher)
+        except Exception as e:  # torch.compile failing is a fact about the baseline, not a crash
+            error = f"{type(e).__name__}: {str(e)[:2000]}"
+    bw = session.bandwidth(cfg)
+    base_ = Baseline(eager, compiled, error, abi.floor_us(sig, bw), bw)
+    return {"baseline": base_.to_json()}

@@ -1,0 +1,352 @@
+"""Host glue written from the launch spec: the candidate never writes host code.
+
+Two halves:
+- ``plan``: pure Python. Evaluates the spec's expressions for one signature into concrete
+  launches (kernel, typed arguments, grid, block, dynamic shared memory) and workspace sizes.
+  Shared by the static checks (parent process) and the launchers (worker).
+- launchers: CUDA through a small ctypes binding of the driver API (``libcuda.so.1``: load a
+  cubin, look up ``extern "C"`` kernels, launch on torch's current stream); CPU through ctypes
+  on the shared object. torch is imported lazily, only by the launchers.
+
+Argument rules (docs/candidate-format.md): a tensor name (an ABI input, ``out`` or a workspace)
+is a pointer (NULL for an absent optional input); a size variable of ``abi.env(sig)`` is int64; a
+scalar of ``abi.scalars(sig)`` is float; ``i32:``/``i64:``/``f32:`` prefix any expression.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from forge_pack import abi
+from forge_pack.candidate import LaunchSpec, evaluate, split_typed_arg
+from forge_pack.errors import ForgeError
+from forge_pack.signature import Signature
+
+GRID_MAX = (2**31 - 1, 65535, 65535)
+INT32 = (-(2**31), 2**31 - 1)
+
+
+class LaunchError(Exception):
+    """A launch failed. ``sticky``: the CUDA context is poisoned and the process must be replaced."""
+
+    def __init__(self, message: str, sticky: bool = False):
+        super().__init__(message)
+        self.sticky = sticky
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    name: str
+    args: tuple[tuple[str, Any], ...]  # (kind, value): ("ptr", tensor name) | ("i32"|"i64", int) | ("f32", float)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    arg_texts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    launches: tuple[PlannedLaunch, ...]
+    workspaces: tuple[tuple[str, int, bool], ...]  # (name, bytes, zero)
+
+
+def launch_env(sig: Signature) -> dict[str, int | float]:
+    env: dict[str, int | float] = dict(abi.env(sig))
+    env.update(abi.scalars(sig))
+    return env
+
+
+def tensor_names(spec: LaunchSpec, sig: Signature) -> tuple[str, ...]:
+    """Names that bind to pointers: every ABI input (absent ones are NULL), out, the workspaces."""
+    return (*abi.abi(sig.op).tensor_inputs, "out", *(w.name for w in spec.workspaces))
+
+
+def check_requires(spec: LaunchSpec, sig: Signature) -> str | None:
+    """The first `requires` expression the signature fails, or None. ForgeError on a bad expression."""
+    env = launch_env(sig)
+    for text in spec.requires:
+        if not evaluate(text, env):
+            return text
+    return None
+
+
+def plan(spec: LaunchSpec, sig: Signature) -> Plan:
+    """Concrete launches for one signature. ForgeError on anything that cannot be evaluated."""
+    env = launch_env(sig)
+    scalars = abi.scalars(sig)
+    pointers = set(tensor_names(spec, sig))
+    for w in spec.workspaces:
+        if w.name in env or w.name in abi.abi(sig.op).tensor_inputs or w.name == "out":
+            raise ForgeError(f"workspace name {w.name!r} shadows a tensor or size variable", "rename the workspace")
+    launches = []
+    for i, k in enumerate(spec.kernels):
+        args = []
+        for text in k.args:
+            prefix, expr = split_typed_arg(text)
+            if expr in pointers:
+                if prefix is not None:
+                    raise ForgeError(f"kernels[{i}] argument {text!r}: a tensor cannot take a type prefix",
+                                     f"pass the tensor as {expr!r}")
+                args.append(("ptr", expr))
+                continue
+            if prefix is None and expr in scalars:
+                args.append(("f32", float(scalars[expr])))
+                continue
+            value = evaluate(expr, env)
+            kind = prefix or ("f32" if isinstance(value, float) else ("i32" if isinstance(value, bool) else "i64"))
+            if kind == "f32":
+                args.append(("f32", float(value)))
+                continue
+            ivalue = _as_int(value, f"kernels[{i}] argument {text!r}")
+            if kind == "i32" and not INT32[0] <= ivalue <= INT32[1]:
+                raise ForgeError(f"kernels[{i}] argument {text!r} = {ivalue} does not fit in 32 bits",
+                                 "pass it as i64 and declare the parameter `long long`")
+            args.append((kind, ivalue))
+        grid = tuple(_as_int(evaluate(g, env), f"kernels[{i}].grid") for g in k.grid)
+        block = tuple(_as_int(evaluate(b, env), f"kernels[{i}].block") for b in k.block)
+        smem = _as_int(evaluate(k.shared_mem, env), f"kernels[{i}].shared_mem")
+        launches.append(PlannedLaunch(k.name, tuple(args), grid, block, smem, k.args))  # type: ignore[arg-type]
+    workspaces = tuple((w.name, _as_int(evaluate(w.bytes, env), f"workspace {w.name}.bytes"), w.zero)
+                       for w in spec.workspaces)
+    for name, nbytes, _ in workspaces:
+        if nbytes < 0:
+            raise ForgeError(f"workspace {name} has negative size {nbytes}", "check its bytes expression")
+    return Plan(tuple(launches), workspaces)
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ForgeError(f"{where} evaluates to {value}, not an integer", "use // for integer division")
+        return int(value)
+    return int(value)
+
+
+def check_dims(launch: PlannedLaunch, backend: str) -> str | None:
+    """Why a planned CUDA launch cannot start (empty or oversized grid/block), else None."""
+    if backend != "cuda":
+        return None
+    if any(g < 1 for g in launch.grid) or any(b < 1 for b in launch.block):
+        return f"kernel {launch.name}: grid {launch.grid} / block {launch.block} has a dimension < 1"
+    if any(g > m for g, m in zip(launch.grid, GRID_MAX)):
+        return f"kernel {launch.name}: grid {launch.grid} exceeds the limits {GRID_MAX}"
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    if threads > 1024 or launch.block[2] > 64:
+        return f"kernel {launch.name}: block {launch.block} has {threads} threads (at most 1024, z at most 64)"
+    if launch.shared_mem < 0:
+        return f"kernel {launch.name}: negative shared memory {launch.shared_mem}"
+    return None
+
+
+# ---------------------------------------------------------------- CUDA driver API (ctypes)
+
+_STICKY = {700, 702, 710, 714, 715, 716, 717, 718, 719, 999}  # context-poisoning errors
+FUNC_MAX_THREADS, FUNC_SHARED, FUNC_CONST, FUNC_LOCAL, FUNC_REGS = 0, 1, 2, 3, 4
+FUNC_MAX_DYNAMIC_SHARED = 8
+DEV_SMEM_OPTIN = 97
+DEV_SM_COUNT = 16
+DEV_L2 = 38
+
+
+class Driver:
+    """The handful of driver-API calls the launcher needs (no private torch API)."""
+
+    _instance: "Driver | None" = None
+
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        P = ctypes.POINTER
+        vp, ci, cu = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint
+        sig = {
+            "cuInit": [cu], "cuCtxGetCurrent": [P(vp)], "cuCtxSetCurrent": [vp], "cuCtxGetDevice": [P(ci)],
+            "cuDevicePrimaryCtxRetain": [P(vp), ci], "cuModuleLoadData": [P(vp), vp],
+            "cuModuleGetFunction": [P(vp), vp, ctypes.c_char_p], "cuModuleUnload": [vp],
+            "cuFuncSetAttribute": [vp, ci, ci], "cuFuncGetAttribute": [P(ci), ci, vp],
+            "cuLaunchKernel": [vp, cu, cu, cu, cu, cu, cu, cu, vp, P(vp), P(vp)],
+            "cuGetErrorString": [ci, P(ctypes.c_char_p)], "cuGetErrorName": [ci, P(ctypes.c_char_p)],
+            "cuDeviceGetAttribute": [P(ci), ci, ci],
+        }
+        for name, argtypes in sig.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ci
+        self.lib = lib
+        self.check(lib.cuInit(0), "cuInit")
+
+    @classmethod
+    def get(cls) -> "Driver":
+        if cls._instance is None:
+            cls._instance = Driver()
+        return cls._instance
+
+    def error_text(self, code: int) -> str:
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self.lib.cuGetErrorName(code, ctypes.byref(name))
+        self.lib.cuGetErrorString(code, ctypes.byref(text))
+        return f"{(name.value or b'CUDA_ERROR').decode()}: {(text.value or b'unknown error').decode()}"
+
+    def check(self, code: int, what: str) -> None:
+        if code != 0:
+            raise LaunchError(f"{what} failed: {self.error_text(code)}", sticky=code in _STICKY)
+
+    def ensure_context(self) -> None:
+        """Use torch's (primary) context on this thread."""
+        import torch
+
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the runtime makes the primary context current
+        ctx = ctypes.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            dev = torch.cuda.current_device()
+            self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    def device_attribute(self, attr: int) -> int:
+        import torch
+
+        v = ctypes.c_int()
+        self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(v), attr, torch.cuda.current_device()),
+                   "cuDeviceGetAttribute")
+        return v.value
+
+
+class CudaModule:
+    """A loaded cubin and its kernels."""
+
+    def __init__(self, image: bytes, names: list[str]):
+        self.driver = Driver.get()
+        self.driver.ensure_context()
+        self._image = ctypes.create_string_buffer(image, len(image))
+        self.handle = ctypes.c_void_p()
+        self.driver.check(self.driver.lib.cuModuleLoadData(ctypes.byref(self.handle), self._image),
+                          "cuModuleLoadData")
+        self.funcs: dict[str, ctypes.c_void_p] = {}
+        for name in dict.fromkeys(names):
+            f = ctypes.c_void_p()
+            code = self.driver.lib.cuModuleGetFunction(ctypes.byref(f), self.handle, name.encode())
+            if code != 0:
+                raise LaunchError(f"kernel {name!r} not found in the compiled module ({self.driver.error_text(code)})"
+                                  f"; declare it extern \"C\" __global__")
+            self.funcs[name] = f
+        self._smem_set: dict[str, int] = {}
+
+    def attributes(self) -> dict[str, dict]:
+        out = {}
+        for name, f in self.funcs.items():
+            vals = {}
+            for key, attr in (("max_threads", FUNC_MAX_THREADS), ("static_smem_bytes", FUNC_SHARED),
+                              ("local_bytes", FUNC_LOCAL), ("registers", FUNC_REGS)):
+                v = ctypes.c_int()
+                self.driver.lib.cuFuncGetAttribute(ctypes.byref(v), attr, f)
+                vals[key] = v.value
+            out[name] = vals
+        return out
+
+    def prepare(self, launch: PlannedLaunch) -> None:
+        """Per-kernel limits that depend on the compiled code: threads (registers), dynamic smem."""
+        f = self.funcs[launch.name]
+        v = ctypes.c_int()
+        self.driver.lib.cuFuncGetAttribute(ctypes.byref(v), FUNC_MAX_THREADS, f)
+        threads = launch.block[0] * launch.block[1] * launch.block[2]
+        if threads > v.value:
+            raise LaunchError(f"kernel {launch.name}: block of {threads} threads, but its register use allows "
+                              f"at most {v.value} per block")
+        if launch.shared_mem > 48 * 1024 and self._smem_set.get(launch.name, 0) < launch.shared_mem:
+            optin = self.driver.device_attribute(DEV_SMEM_OPTIN)
+            self.driver.lib.cuFuncGetAttribute(ctypes.byref(v), FUNC_SHARED, f)
+            if launch.shared_mem + v.value > optin:
+                raise LaunchError(f"kernel {launch.name}: {launch.shared_mem} bytes of dynamic shared memory "
+                                  f"(+{v.value} static) exceed the device limit of {optin}")
+            self.driver.check(self.driver.lib.cuFuncSetAttribute(f, FUNC_MAX_DYNAMIC_SHARED, launch.shared_mem),
+                              f"cuFuncSetAttribute({launch.name}, max dynamic shared memory)")
+            self._smem_set[launch.name] = launch.shared_mem
+
+    def bind(self, plan_: Plan, tensors: dict[str, Any]) -> Callable[[], None]:
+        """A no-argument callable that enqueues every launch on torch's current stream."""
+        import torch
+
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        calls = []
+        keep: list[Any] = []
+        for launch in plan_.launches:
+            problem = check_dims(launch, "cuda")
+            if problem:
+                raise LaunchError(problem)
+            self.prepare(launch)
+            values = [_ctype(kind, value, tensors) for kind, value in launch.args]
+            params = (ctypes.c_void_p * max(len(values), 1))(*[ctypes.addressof(v) for v in values])
+            keep.extend([values, params])
+            calls.append((self.funcs[launch.name], launch, params))
+        lib, check = self.driver.lib, self.driver.check
+
+        def run() -> None:
+            for f, l, params in calls:
+                code = lib.cuLaunchKernel(f, l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2],
+                                          l.shared_mem, stream, params, None)
+                if code:
+                    check(code, f"cuLaunchKernel({l.name})")
+
+        run._keep = keep  # type: ignore[attr-defined]
+        return run
+
+    def close(self) -> None:
+        if self.handle.value:
+            self.driver.lib.cuModuleUnload(self.handle)
+            self.handle = ctypes.c_void_p()
+
+
+# ---------------------------------------------------------------- CPU (ctypes on the .so)
+
+
+class CpuModule:
+    """A candidate's shared object, loaded from a private copy so its static state starts fresh."""
+
+    def __init__(self, so_path: str, names: list[str]):
+        self._dir = tempfile.mkdtemp(prefix="forge-cpu-")
+        self.path = os.path.join(self._dir, "kernel.so")
+        shutil.copyfile(so_path, self.path)
+        self.lib = ctypes.CDLL(self.path)
+        self.funcs = {}
+        for name in dict.fromkeys(names):
+            try:
+                f = getattr(self.lib, name)
+            except AttributeError:
+                raise LaunchError(f"function {name!r} not found in the shared object; declare it extern \"C\"")
+            f.restype = None
+            self.funcs[name] = f
+
+    def bind(self, plan_: Plan, tensors: dict[str, Any]) -> Callable[[], None]:
+        calls = [(self.funcs[l.name], [_ctype(k, v, tensors) for k, v in l.args]) for l in plan_.launches]
+
+        def run() -> None:
+            for f, args in calls:
+                f(*args)
+
+        return run
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)  # the mapping stays valid after unlink
+
+
+def _ctype(kind: str, value: Any, tensors: dict[str, Any]):
+    if kind == "ptr":
+        t = tensors.get(value)
+        return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+    if kind == "i32":
+        return ctypes.c_int32(value)
+    if kind == "i64":
+        return ctypes.c_int64(value)
+    return ctypes.c_float(value)
+
+
+def load_module(backend: str, artifact: str, names: list[str]):
+    if backend == "cuda":
+        with open(artifact, "rb") as f:
+            return CudaModule(f.read(), names)
+    return CpuModule(artifact, names)

@@ -1,0 +1,637 @@
+"""CUDA template families: parameters, applicability, defaults and launch specs per signature.
+
+The kernels themselves are in templates/kernels/cuda/ (read them: each file says what it does).
+Every family reads its input dtype and writes the signature's output dtype (so bf16 in, fp32 out
+is fused), takes 16-byte vector loads when sizes and pointers allow and falls back element-wise
+at run time when they do not, so a candidate is correct for any signature its `requires` accept.
+Pure Python, no torch import.
+"""
+
+from __future__ import annotations
+
+from forge_pack.abi import env as abi_env
+from forge_pack.candidate import Workspace
+from forge_pack.signature import Signature
+from forge_pack.template_kit import (Built, Family, Knob, cdiv, clamp, elem_bytes, launch, out_dtype, pow2_ceil,
+                                     present, spec)
+
+THREADS = Knob("threads", (64, 128, 256, 512, 1024), "threads per block")
+VEC = Knob("vec", (1, 2, 4, 8), "elements per vector access (16 bytes at most per load)")
+UNROLL = Knob("unroll", (1, 2, 4, 8), "vector loads in flight per thread and loop trip")
+FAST_EXP = Knob("fast_exp", (0, 1, 2), "exp: 0 expf, 1 __expf (MUFU), 2 exp2f of the difference times log2(e)")
+LOAD_HINT = Knob("load_hint", (0, 1, 2), "loads: 0 plain, 1 read-only __ldg, 2 streaming __ldcs (evict-first)")
+STORE_HINT = Knob("store_hint", (0, 1), "stores: 0 plain, 1 streaming __stcs")
+LANES = Knob("lanes", (2, 4, 8, 16), "threads per row (several short rows per warp)")
+LANES_ALL = Knob("lanes", (4, 8, 16, 32), "threads per row or plane (shuffle reductions only)")
+SPLIT = Knob("split", (4, 8, 16, 32, 64, 128, 256), "blocks per row / group (partials in a workspace)")
+ITEMS = Knob("items", (1, 2, 4, 8, 16), "vectors per thread kept in registers (chunk = threads*vec*items)")
+TILE_ITEMS = Knob("items", (1, 2, 4, 8), "loop trips per block of the normalise kernel (tile size)")
+PLANES = Knob("planes", (8, 16, 32, 64, 128), "planes per block staged through shared memory")
+SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threadIdx.y)")
+HINTS = (LOAD_HINT, STORE_HINT)
+
+SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
+MAX_REG_ELEMS = 64  # fp32 values a thread keeps in registers at most (beyond: spills)
+
+
+def _vec_ok(sig: Signature, p: dict) -> str | None:
+    v = p.get("vec", 1)
+    if v * elem_bytes(sig.x.dtype) > 16:
+        return f"vec {v} of {sig.x.dtype} exceeds 16 bytes"
+    if v * elem_bytes(out_dtype(sig)) > 32:
+        return f"vec {v} of {out_dtype(sig)} output exceeds 32 bytes"
+    return None
+
+
+def _regs_ok(threads: int, floats: int, overhead: int = 40) -> str | None:
+    """Values kept in registers per thread must fit the per-thread budget of a full block."""
+    budget = min(255, 65536 // threads) - overhead
+    if floats > min(MAX_REG_ELEMS, budget):
+        return f"{floats} register values per thread exceed the budget at {threads} threads"
+    return None
+
+
+def _vec_default(sig: Signature, divides: int) -> int:
+    v = 16 // elem_bytes(sig.x.dtype)
+    while v > 1 and divides % v:
+        v //= 2
+    return v
+
+
+def _sizes(sig: Signature) -> dict:
+    return abi_env(sig)
+
+
+# ================================================================= softmax / log_softmax
+
+
+def _sm_common(sig: Signature) -> dict:
+    return {"LOG": int(sig.op == "log_softmax")}
+
+
+def _rows_items(cols: int, group: int, vec: int) -> int:
+    return max(1, cdiv(cols, group * vec))
+
+
+def _sm_rows_build(kind: str):
+    """warp_row (32 lanes), multi_row (2..16 lanes) and block_row: the row in registers."""
+
+    def build(sig: Signature, p: dict):
+        e = _sizes(sig)
+        cols, threads, vec = e["cols"], p["threads"], p["vec"]
+        lanes = 32 if kind == "warp_row" else (threads if kind == "block_row" else p["lanes"])
+        if lanes > threads:
+            return "lanes exceed threads"
+        items = _rows_items(cols, lanes, vec)
+        why = _vec_ok(sig, p) or _regs_ok(threads, items * vec)
+        if why:
+            return why
+        params = {**p, "items": items}
+        defines = {**_sm_common(sig), "THREADS": threads, "VEC": vec, "ITEMS": items, "LANES": lanes,
+                   "FAST_EXP": p["fast_exp"], "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+        cap = lanes * vec * items
+        if kind == "block_row":
+            k = launch("softmax_block_row", ["x", "out", "i32:cols"], ["rows"], [threads])
+        else:
+            k = launch("softmax_warp_row", ["x", "out", "rows", "i32:cols"], [f"ceil_div(rows, {threads // lanes})"],
+                       [threads])
+        return Built(params, defines, spec([k], requires=[f"cols <= {cap}"]))
+
+    return build
+
+
+def _sm_online_build(sig: Signature, p: dict):
+    why = _vec_ok(sig, p)
+    if why:
+        return why
+    defines = {**_sm_common(sig), "THREADS": p["threads"], "VEC": p["vec"], "UNROLL": p["unroll"],
+               "FAST_EXP": p["fast_exp"], "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+    k = launch("softmax_online", ["x", "out", "i32:cols"], ["rows"], [p["threads"]])
+    return Built(dict(p), defines, spec([k]))
+
+
+def _sm_split_build(sig: Signature, p: dict):
+    why = _vec_ok(sig, p)
+    if why:
+        return why
+    e = _sizes(sig)
+    split, vec = p["split"], p["vec"]
+    if cdiv(e["cols"], split) < p["threads"] * vec:
+        return "chunks smaller than one pass of the block"
+    defines = {**_sm_common(sig), "THREADS": p["threads"], "VEC": vec, "UNROLL": p["unroll"], "SPLIT": split,
+               "FAST_EXP": p["fast_exp"], "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+    chunk = f"i32:round_up(ceil_div(cols, {split}), {vec})"
+    k1 = launch("softmax_split_stats", ["x", "ws", "i32:cols", chunk], [f"rows * {split}"], [p["threads"]])
+    k2 = launch("softmax_split_norm", ["x", "ws", "out", "i32:cols", chunk], [f"rows * {split}"], [p["threads"]])
+    return Built(dict(p), defines, spec([k1, k2], [Workspace("ws", f"rows * {split} * 8")]))
+
+
+def _sm_sync_build(sig: Signature, p: dict):
+    e = _sizes(sig)
+    threads, vec, items = p["threads"], p["vec"], p["items"]
+    why = _vec_ok(sig, p) or _regs_ok(threads, items * vec)
+    if why:
+        return why
+    chunk = threads * vec * items
+    split = cdiv(e["cols"], chunk)
+    if split < 2 or split > SM_COUNT:
+        return f"{split} blocks per row (needs 2..{SM_COUNT})"
+    defines = {**_sm_common(sig), "THREADS": threads, "VEC": vec, "ITEMS": items, "FAST_EXP": p["fast_exp"],
+               "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+    nsplit = f"ceil_div(cols, {chunk})"
+    k = launch("softmax_split_sync", ["x", "out", "ws", "sync", "i32:cols", f"i32:{nsplit}"],
+               [f"rows * {nsplit}"], [threads])
+    ws = [Workspace("ws", f"rows * {nsplit} * 8"), Workspace("sync", "(1 + 2 * rows) * 4", zero=True)]
+    return Built({**p, "split": split}, defines, spec([k], ws, [f"{nsplit} <= {SM_COUNT}"]))
+
+
+def _sm_defaults(kind: str):
+    def defaults(sig: Signature) -> dict:
+        e = _sizes(sig)
+        rows, cols = e["rows"], e["cols"]
+        vec = _vec_default(sig, cols)
+        p = {"vec": vec, "fast_exp": 1, "load_hint": 0, "store_hint": 0}
+        nvec = cdiv(cols, vec)
+        if kind == "warp_row":
+            p["threads"] = 128
+        elif kind == "multi_row":
+            p["lanes"] = clamp(pow2_ceil(cdiv(nvec, 2)), 2, 16)
+            p["threads"] = 128
+        elif kind == "block_row":
+            p["threads"] = clamp(pow2_ceil(cdiv(nvec, 2)), 64, 1024)
+        elif kind == "online":
+            p.update(threads=clamp(pow2_ceil(cdiv(nvec, 8)), 128, 1024), unroll=4)
+        elif kind == "split_row":
+            split = clamp(pow2_ceil(cdiv(4 * SM_COUNT, max(rows, 1))), 4, 256)
+            while split > 4 and cdiv(cols, split) < 256 * vec * 2:
+                split //= 2
+            p.update(threads=256, unroll=4, split=split, load_hint=0, store_hint=1)
+        elif kind == "split_sync":
+            p.update(threads=512, items=4 if vec >= 4 else 8, store_hint=1)
+            while p["threads"] > 128 and cdiv(cols, p["threads"] * vec * p["items"]) < 2 * max(1, cdiv(SM_COUNT, rows * 4)):
+                p["threads"] //= 2
+        return p
+
+    return defaults
+
+
+def _sm_applicable(kind: str):
+    def applicable(sig: Signature) -> str | None:
+        e = _sizes(sig)
+        cols, vec = e["cols"], 16 // elem_bytes(sig.x.dtype)
+        if kind == "multi_row" and cols > 16 * vec * 4:
+            return "rows too long for a fraction of a warp"
+        if kind == "warp_row" and cols > 32 * vec * 8:
+            return "rows too long for one warp's registers"
+        if kind == "block_row" and cols > 1024 * vec * 8:
+            return "rows too long for one block's registers"
+        if kind in ("split_row", "split_sync") and cols < 4096:
+            return "rows too short to split"
+        if kind == "split_sync" and cdiv(cols, 1024 * vec * 8) > SM_COUNT:
+            return "rows too long for one resident wave of blocks"
+        return None
+
+    return applicable
+
+
+def _sm_score(kind: str):
+    def score(sig: Signature) -> float:
+        e = _sizes(sig)
+        rows, cols = e["rows"], e["cols"]
+        few_rows = rows < 2 * SM_COUNT
+        order = {
+            "multi_row": 0 if cols <= 256 else 3,
+            "warp_row": 1 if cols <= 1024 else 4,
+            "block_row": 2 if not few_rows or cols <= 4096 else 5,
+            "online": 3.5,
+            "split_sync": 0.5 if few_rows else 6,
+            "split_row": 1.5 if few_rows else 7,
+        }
+        return order[kind]
+
+    return score
+
+
+_SM_KNOBS = {
+    "warp_row": (THREADS, VEC, FAST_EXP, *HINTS),
+    "multi_row": (LANES, THREADS, VEC, FAST_EXP, *HINTS),
+    "block_row": (THREADS, VEC, FAST_EXP, *HINTS),
+    "online": (THREADS, VEC, UNROLL, FAST_EXP, *HINTS),
+    "split_row": (SPLIT, THREADS, VEC, UNROLL, FAST_EXP, *HINTS),
+    "split_sync": (THREADS, ITEMS, VEC, FAST_EXP, *HINTS),
+}
+_SM_DOCS = {
+    "warp_row": "one warp per row, row in registers, shuffle reductions (rows up to 32*vec*8)",
+    "multi_row": "several short rows per warp (2-16 lanes each): MoE routers, short rows",
+    "block_row": "one block per row, row in registers: one read, one write",
+    "online": "one block per row, single-pass online max/sum, then a normalise pass: any length",
+    "split_row": "few long rows: each split over `split` blocks; stats kernel -> workspace -> normalise kernel",
+    "split_sync": "few long rows in one kernel and one read: chunks in registers, inter-block barrier per row",
+}
+_SM_FILES = {"warp_row": "softmax_warp_row.cu", "multi_row": "softmax_warp_row.cu",
+             "block_row": "softmax_block_row.cu", "online": "softmax_online.cu",
+             "split_row": "softmax_split_row.cu", "split_sync": "softmax_split_sync.cu"}
+
+
+def _sm_build(kind: str):
+    if kind in ("warp_row", "multi_row", "block_row"):
+        return _sm_rows_build(kind)
+    return {"online": _sm_online_build, "split_row": _sm_split_build, "split_sync": _sm_sync_build}[kind]
+
+
+SOFTMAX = [Family(("softmax", "log_softmax"), "cuda", kind, _SM_FILES[kind], _SM_KNOBS[kind], _SM_DOCS[kind],
+                  _sm_applicable(kind), _sm_defaults(kind), _sm_build(kind), _sm_score(kind))
+           for kind in _SM_KNOBS]
+
+
+# ================================================================= group_norm
+
+_GN_ARGS = ["x", "weight", "bias"]
+
+
+def _gn_hints(p: dict) -> dict:
+    return {"LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+
+
+def _gn_block_build(kernel: str):
+    def build(sig: Signature, p: dict):
+        why = _vec_ok(sig, p)
+        if why:
+            return why
+        defines = {"THREADS": p["threads"], "VEC": p["vec"], "UNROLL": p["unroll"], **_gn_hints(p)}
+        k = launch(kernel, [*_GN_ARGS, "out", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G", "eps"], ["N * G"],
+                   [p["threads"]])
+        return Built(dict(p), defines, spec([k], requires=["GROUP_SIZE <= 2000000000"]))
+
+    return build
+
+
+def _gn_split_build(sig: Signature, p: dict):
+    why = _vec_ok(sig, p)
+    if why:
+        return why
+    e = _sizes(sig)
+    threads, vec, split = p["threads"], p["vec"], p["split"]
+    if cdiv(e["GROUP_SIZE"], split) < threads * vec:
+        return "chunks smaller than one pass of the block"
+    tile = threads * vec * p["unroll"] * p["items"]
+    defines = {"THREADS": threads, "VEC": vec, "UNROLL": p["unroll"], "ITEMS": p["items"], "SPLIT": split,
+               **_gn_hints(p)}
+    chunk = f"i32:round_up(ceil_div(GROUP_SIZE, {split}), {vec})"
+    tiles = f"ceil_div(GROUP_SIZE, {tile})"
+    k1 = launch("group_norm_split_stats", ["x", "ws", "i32:GROUP_SIZE", "i32:HW", chunk], [f"N * G * {split}"],
+                [threads])
+    k2 = launch("group_norm_split_apply", [*_GN_ARGS, "ws", "out", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
+                                           f"i32:{tiles}", "eps"], [f"N * G * {tiles}"], [threads])
+    return Built(dict(p), defines, spec([k1, k2], [Workspace("ws", f"N * G * {split} * 16")],
+                                        ["GROUP_SIZE <= 2000000000"]))
+
+
+def _gn_sync_build(sig: Signature, p: dict):
+    e = _sizes(sig)
+    threads, vec, items = p["threads"], p["vec"], p["items"]
+    # the chunk stays in registers as raw input bits: 16-bit types pack two per register
+    regs = cdiv(items * vec * elem_bytes(sig.x.dtype), 4)
+    why = _vec_ok(sig, p) or _regs_ok(threads, regs, overhead=64)
+    if why:
+        return why
+    chunk = threads * vec * items
+    split = cdiv(e["GROUP_SIZE"], chunk)
+    if split < 2 or split > SM_COUNT - 4:
+        return f"{split} blocks per group (needs 2..{SM_COUNT - 4})"
+    # UNROLL: only for the element-wise path taken on misaligned pointers
+    defines = {"THREADS": threads, "VEC": vec, "ITEMS": items, "UNROLL": 4, **_gn_hints(p)}
+    nsplit = f"ceil_div(GROUP_SIZE, {chunk})"
+    k = launch("group_norm_split_sync", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG",
+                                          "i32:G", f"i32:{nsplit}", "eps"], [f"N * G * {nsplit}"], [threads])
+    ws = [Workspace("ws", f"N * G * {nsplit} * 16"), Workspace("sync", "(1 + 2 * N * G) * 4", zero=True)]
+    return Built({**p, "split": split}, defines,
+                 spec([k], ws, [f"{nsplit} <= {SM_COUNT - 4}", "GROUP_SIZE <= 2000000000"]))
+
+
+def _gn_defaults(kind: str):
+    def defaults(sig: Signature) -> dict:
+        e = _sizes(sig)
+        groups, gs = e["N"] * e["G"], e["GROUP_SIZE"]
+        vec = _vec_default(sig, e["HW"])
+        p = {"vec": vec, "load_hint": 0, "store_hint": 0}
+        if kind in ("welford", "two_pass"):
+            p.update(threads=clamp(pow2_ceil(cdiv(gs, vec * 4)), 64, 512), unroll=4)
+        elif kind == "split":
+            split = clamp(pow2_ceil(cdiv(4 * SM_COUNT, groups)), 4, 256)
+            while split > 4 and cdiv(gs, split) < 512 * vec * 2:
+                split //= 2
+            p.update(threads=512, unroll=4, items=2, split=split, store_hint=1)
+        elif kind == "split_sync":
+            p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1)
+            # smallest chunk that keeps a group within one resident wave, and >= 2 blocks per SM overall
+            while p["items"] > 1 and groups * cdiv(gs, 512 * vec * p["items"] // 2) <= 8 * SM_COUNT \
+                    and cdiv(gs, 512 * vec * p["items"] // 2) <= SM_COUNT - 4:
+                p["items"] //= 2
+        return p
+
+    return defaults
+
+
+def _gn_applicable(kind: str):
+    def applicable(sig: Signature) -> str | None:
+        e = _sizes(sig)
+        if e["C"] % max(e["G"], 1):
+            return "channels not divisible by groups"
+        vec = 16 // elem_bytes(sig.x.dtype)
+        if kind == "split" and e["GROUP_SIZE"] < 8192:
+            return "groups too small to split"
+        if kind == "split_sync" and (e["GROUP_SIZE"] < 8192 or cdiv(e["GROUP_SIZE"], 1024 * vec * 8) > SM_COUNT - 4):
+            return "groups too small to split, or too large for one resident wave"
+        return None
+
+    return applicable
+
+
+def _gn_score(kind: str):
+    def score(sig: Signature) -> float:
+        e = _sizes(sig)
+        few = e["N"] * e["G"] < 2 * SM_COUNT
+        return {"split_sync": 0 if few else 3, "split": 1 if few else 4, "welford": 2 if few else 0,
+                "two_pass": 5 if few else 1}[kind]
+
+    return score
+
+
+_GN = {
+    "welford": ((THREADS, VEC, UNROLL, *HINTS), "group_norm_welford_block.cu", _gn_block_build("group_norm_welford"),
+                "one block per group; one-pass Welford/Chan statistics, then normalise(+affine)"),
+    "two_pass": ((THREADS, VEC, UNROLL, *HINTS), "group_norm_two_pass.cu", _gn_block_build("group_norm_two_pass"),
+                 "one block per group; exact two-pass mean then variance, then normalise (small groups)"),
+    "split": ((SPLIT, THREADS, VEC, UNROLL, TILE_ITEMS, *HINTS), "group_norm_split.cu", _gn_split_build,
+              "huge groups: stats kernel with `split` blocks per group -> workspace -> normalise kernel"),
+    "split_sync": ((THREADS, ITEMS, VEC, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
+                   "large groups in one kernel and ONE read: chunks in registers, inter-block barrier per group"),
+}
+GROUP_NORM = [Family(("group_norm",), "cuda", k, f, knobs, doc, _gn_applicable(k), _gn_defaults(k), build, _gn_score(k))
+              for k, (knobs, f, build, doc) in _GN.items()]
+
+
+# ================================================================= batch_norm (inference)
+
+_BN_ARGS = ["x", "running_mean", "running_var", "weight", "bias", "out"]
+
+
+def _bn_build(kind: str):
+    def build(sig: Signature, p: dict):
+        why = _vec_ok(sig, p)
+        if why:
+            return why
+        e = _sizes(sig)
+        threads, vec = p["threads"], p["vec"]
+        defines = {"THREADS": threads, "VEC": vec, "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
+        if kind == "nchw_plane":
+            tile = threads * vec * p["unroll"]
+            defines["UNROLL"] = p["unroll"]
+            k = launch("batch_norm_nchw_plane", [*_BN_ARGS, "i32:C", "i32:HW", "eps"], ["N * C", f"ceil_div(HW, {tile})"],
+                       [threads])
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0", f"ceil_div(HW, {tile}) <= 65535"]))
+        if kind == "nchw_flat":
+            tile = threads * vec * p["unroll"]
+            defines["UNROLL"] = p["unroll"]
+            k = launch("batch_norm_nchw_flat", [*_BN_ARGS, "numel", "i32:C", "i32:HW", "eps"],
+                       [f"ceil_div(numel, {tile})"], [threads])
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0", "numel <= 2147483647"]))
+        bx = min(threads, pow2_ceil(cdiv(e["C"], vec)))
+        by = threads // bx
+        defines["ITEMS"] = p["items"]
+        k = launch("batch_norm_nhwc", [*_BN_ARGS, "i64:N * HW", "i32:C", "eps"],
+                   [f"ceil_div(N * HW, {by * p['items']})"], [bx, by])
+        return Built(dict(p), defines, spec([k], requires=["channels_last == 1"]))
+
+    return build
+
+
+def _bn_defaults(kind: str):
+    def defaults(sig: Signature) -> dict:
+        e = _sizes(sig)
+        if kind == "nhwc":
+            return {"threads": 256, "vec": _vec_default(sig, e["C"]), "items": 4, "load_hint": 2, "store_hint": 1}
+        vec = _vec_default(sig, e["HW"]) if kind == "nchw_plane" else 16 // elem_bytes(sig.x.dtype)
+        return {"threads": 256, "vec": vec, "unroll": 2 if kind == "nchw_flat" else 1, "load_hint": 2,
+                "store_hint": 1}
+
+    return defaults
+
+
+def _bn_applicable(kind: str):
+    def applicable(sig: Signature) -> str | None:
+        if not all(present(sig, n) for n in ("running_mean", "running_var")):
+            return "needs running statistics"
+        cl = _sizes(sig)["channels_last"]
+        if kind == "nhwc" and not cl:
+            return "input is not channels_last"
+        if kind != "nhwc" and cl:
+            return "input is channels_last"
+        return None
+
+    return applicable
+
+
+def _bn_score(kind: str):
+    def score(sig: Signature) -> float:
+        hw = _sizes(sig)["HW"]
+        return {"nhwc": 0, "nchw_plane": 0 if hw % 8 == 0 and hw >= 1024 else 1, "nchw_flat": 0.5}[kind]
+
+    return score
+
+
+_BN = {
+    "nchw_plane": ((THREADS, VEC, UNROLL, *HINTS), "batch_norm_nchw_plane.cu",
+                   "NCHW, grid over (plane, tile): scale/shift once per block, vectorised stream"),
+    "nchw_flat": ((THREADS, VEC, UNROLL, *HINTS), "batch_norm_nchw_flat.cu",
+                  "NCHW flat 16-byte stream for any HW (7x7 too): channel found per vector"),
+    "nhwc": ((THREADS, VEC, ITEMS, *HINTS), "batch_norm_nhwc.cu",
+             "channels_last: threads along channel vectors (scale/shift in registers), pixels along y"),
+}
+BATCH_NORM = [Family(("batch_norm",), "cuda", k, f, knobs, doc, _bn_applicable(k), _bn_defaults(k), _bn_build(k),
+                     _bn_score(k)) for k, (knobs, f, doc) in _BN.items()]
+
+
+# ================================================================= adaptive_avg_pool2d to (1, 1)
+
+
+def _pool_build(kind: str):
+    def build(sig: Signature, p: dict):
+        why = _vec_ok(sig, p)
+        if why:
+            return why
+        e = _sizes(sig)
+        threads, vec = p["threads"], p["vec"]
+        defines = {"THREADS": threads, "VEC": vec, "UNROLL": p["unroll"], "LOAD_HINT": p["load_hint"]}
+        if kind == "nchw_lanes":
+            lanes = p["lanes"]
+            if lanes > threads:
+                return "lanes exceed threads"
+            defines["LANES"] = lanes
+            k = launch("adaptive_avg_pool2d_nchw_lanes", ["x", "out", "i64:N * C", "i32:HW"],
+                       [f"ceil_div(N * C, {threads // lanes})"], [threads])
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0"]))
+        if kind == "nchw_tile":
+            planes = p["planes"]
+            if threads % planes or threads // planes > 32:
+                return "threads per plane must be a power of two <= 32"
+            defines["PLANES"] = planes
+            k = launch("adaptive_avg_pool2d_nchw_tile", ["x", "out", "i64:N * C", "i32:HW"],
+                       [f"ceil_div(N * C, {planes})"], [threads], f"{planes} * HW * 4")
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0", f"{planes} * HW * 4 <= 49152"]))
+        ty = p["ty"]
+        if ty > threads // 8:
+            return "too few threads along channels"
+        bx = threads // ty
+        smem = bx * ty * vec * 4 if ty > 1 else 0
+        k = launch("adaptive_avg_pool2d_nhwc", ["x", "out", "i32:C", "i32:HW"], [f"ceil_div(C, {bx * vec})", "N"],
+                   [bx, ty], smem)
+        return Built(dict(p), defines, spec([k], requires=["channels_last == 1", "N <= 65535"]))
+
+    return build
+
+
+def _pool_defaults(kind: str):
+    def defaults(sig: Signature) -> dict:
+        e = _sizes(sig)
+        hw, c = e["HW"], e["C"]
+        if kind == "nchw_lanes":
+            return {"threads": 256, "lanes": clamp(pow2_ceil(cdiv(hw, 8)), 4, 32), "vec": _vec_default(sig, hw),
+                    "unroll": 2, "load_hint": 2}
+        if kind == "nchw_tile":
+            planes = 64 if hw * 64 * 4 <= 49152 else 16
+            return {"threads": 256, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 2,
+                    "load_hint": 2}
+        vec = _vec_default(sig, c)
+        threads = 256
+        ty = clamp(pow2_ceil(cdiv(threads * vec, c)), 1, 16)  # spare threads go to the pixels
+        return {"threads": threads, "vec": vec, "ty": ty, "unroll": 4, "load_hint": 2}
+
+    return defaults
+
+
+def _pool_applicable(kind: str):
+    def applicable(sig: Signature) -> str | None:
+        e = _sizes(sig)
+        if kind == "nhwc" and not e["channels_last"]:
+            return "input is not channels_last"
+        if kind != "nhwc" and e["channels_last"]:
+            return "input is channels_last"
+        if kind == "nchw_tile" and e["HW"] * 8 * 4 > 49152:
+            return "planes too large to stage in shared memory"
+        return None
+
+    return applicable
+
+
+def _pool_score(kind: str):
+    def score(sig: Signature) -> float:
+        hw = _sizes(sig)["HW"]
+        return {"nhwc": 0, "nchw_tile": 0 if hw < 256 else 2, "nchw_lanes": 1}[kind]
+
+    return score
+
+
+_POOL = {
+    "nchw_lanes": ((THREADS, LANES_ALL, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nchw_lanes.cu",
+                   "NCHW: `lanes` threads per plane, shuffle reduction"),
+    "nchw_tile": ((THREADS, PLANES, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nchw_tile.cu",
+                  "NCHW small planes (7x7): 16-byte coalesced tile of planes through shared memory"),
+    "nhwc": ((THREADS, SPLIT_HW, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nhwc.cu",
+             "channels_last: threads along channel vectors, pixels split over threadIdx.y"),
+}
+POOL = [Family(("adaptive_avg_pool2d",), "cuda", k, f, knobs, doc, _pool_applicable(k), _pool_defaults(k),
+               _pool_build(k), _pool_score(k)) for k, (knobs, f, doc) in _POOL.items()]
+
+
+# ================================================================= layer_norm / rms_norm
+
+
+def _rn_build(kind: str):
+    def build(sig: Signature, p: dict):
+        why = _vec_ok(sig, p)
+        if why:
+            return why
+        e = _sizes(sig)
+        rms = sig.op == "rms_norm"
+        threads, vec = p["threads"], p["vec"]
+        defines = {"RMS": int(rms), "THREADS": threads, "VEC": vec, "LOAD_HINT": p["load_hint"],
+                   "STORE_HINT": p["store_hint"]}
+        if rms:
+            defines.update(T_BIAS="float", HAS_BIAS=0)  # rms_norm has no bias in its ABI
+        head = ["x", "weight"] + ([] if rms else ["bias"]) + ["out"]
+        tail = ["eps"] + (["weight_offset"] if rms else [])
+        params = dict(p)
+        requires: list[str] = []
+        if kind in ("warp_row", "block_row"):
+            lanes = threads if kind == "block_row" else p["lanes"]
+            if lanes > threads:
+                return "lanes exceed threads"
+            items = _rows_items(e["cols"], lanes, vec)
+            why = _regs_ok(threads, items * vec)
+            if why:
+                return why
+            params["items"] = items
+            defines.update(ITEMS=items, LANES=lanes)
+            requires.append(f"cols <= {lanes * vec * items}")
+        else:
+            defines["UNROLL"] = p["unroll"]
+        name = f"{sig.op}_{kind}"
+        if kind == "warp_row":
+            k = launch(name, [*head, "rows", "i32:cols", *tail], [f"ceil_div(rows, {threads // p['lanes']})"], [threads])
+        else:
+            k = launch(name, [*head, "i32:cols", *tail], ["rows"], [threads])
+        return Built(params, defines, spec([k], requires=requires))
+
+    return build
+
+
+def _rn_defaults(kind: str):
+    def defaults(sig: Signature) -> dict:
+        cols = _sizes(sig)["cols"]
+        vec = _vec_default(sig, cols)
+        nvec = cdiv(cols, vec)
+        p = {"vec": vec, "load_hint": 0, "store_hint": 0}
+        if kind == "warp_row":
+            p.update(threads=128, lanes=clamp(pow2_ceil(cdiv(nvec, 2)), 4, 32))
+        elif kind == "block_row":
+            p["threads"] = clamp(pow2_ceil(cdiv(nvec, 2)), 64, 1024)
+        else:
+            p.update(threads=clamp(pow2_ceil(cdiv(nvec, 8)), 128, 1024), unroll=4)
+        return p
+
+    return defaults
+
+
+def _rn_applicable(kind: str):
+    def applicable(sig: Signature) -> str | None:
+        cols, vec = _sizes(sig)["cols"], 16 // elem_bytes(sig.x.dtype)
+        if kind == "warp_row" and cols > 32 * vec * 8:
+            return "rows too long for one warp's registers"
+        if kind == "block_row" and cols > 1024 * vec * 8:
+            return "rows too long for one block's registers"
+        return None
+
+    return applicable
+
+
+def _rn_score(kind: str):
+    def score(sig: Signature) -> float:
+        cols = _sizes(sig)["cols"]
+        return {"warp_row": 0 if cols <= 1024 else 2, "block_row": 1 if cols <= 1024 else 0, "online": 3}[kind]
+
+    return score
+
+
+_RN = {
+    "warp_row": ((THREADS, LANES_ALL, VEC, *HINTS), "rownorm_warp_row.cu",
+                 "`lanes` threads per row, row in registers, shuffle reductions (short and medium rows)"),
+    "block_row": ((THREADS, VEC, *HINTS), "rownorm_block_row.cu", "one block per row, row in registers"),
+    "online": ((THREADS, VEC, UNROLL, *HINTS), "rownorm_online.cu",
+               "one block per row, statistics pass then normalise pass: any length"),
+}
+ROWNORM = [Family(("layer_norm", "rms_norm"), "cuda", k, f, knobs, doc, _rn_applicable(k), _rn_defaults(k),
+                  _rn_build(k), _rn_score(k)) for k, (knobs, f, doc) in _RN.items()]
+
+FAMILIES = [*SOFTMAX, *GROUP_NORM, *BATCH_NORM, *POOL, *ROWNORM]

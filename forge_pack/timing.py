@@ -1,0 +1,164 @@
+"""Honest timing: the same protocol for a candidate, the eager op and torch.compile of the op.
+
+CUDA: CUDA events around each call; warm-up first; before every timed call a write of a buffer
+of at least 2x the L2 size flushes the cache (and, as a side effect, keeps the GPU busy while the
+CPU enqueues the call, so launch latency is not counted as kernel time); inputs rotate over
+several copies; at least 30 timed calls; median, IQR, min and n. CPU: the same with
+``time.perf_counter_ns`` and a last-level-cache flush by touching a large buffer.
+
+The copy bandwidth (a large device-to-device copy, bytes read + written) is measured once per
+process: it gives the bandwidth floor of an op (``abi.floor_us``) and each kernel's achieved
+fraction of it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from forge_pack.verdict import Timing
+
+MIN_CUDA_REPS = 30  # the design's floor: fewer calls give a median that moves by several % run to run
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup: int = 10
+    reps: int = 50  # timed calls (CUDA: at least MIN_CUDA_REPS)
+    min_time_s: float = 0.0  # keep timing (up to max_reps) until this much kernel time was measured
+    max_reps: int = 2000
+    flush: bool = True  # flush L2 (CUDA) / the last-level cache (CPU) before every timed call
+    cpu_flush_bytes: int = 0  # 0: twice the last-level cache, capped at 256 MB
+    rotate: int = 4  # input/output copies timed in turn
+    rotate_max_bytes: int = 2 << 30  # bound on the memory the copies take
+    compile_baseline: bool = True  # time torch.compile(mode="max-autotune-no-cudagraphs") too
+    copy_bytes: int = 1 << 30  # CUDA copy-bandwidth probe (CPU uses a quarter of it, at most 256 MB)
+    implausible_margin: float = 0.8  # faster than 0.8x the bandwidth floor: no kernel moves bytes faster than a copy
+    implausible_min_floor_us: float = 2.0  # below ~2 us, launch overhead and timer resolution dominate
+    cpu_implausible_min_bytes: int = 64 << 20  # smaller CPU working sets sit in caches that beat DRAM copy speed
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict | None) -> "TimingConfig":
+        return TimingConfig(**(d or {}))
+
+
+def summarize(times_us: list[float], clock: str) -> Timing:
+    xs = sorted(times_us)
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = (xs[-1] - xs[0]) if xs else 0.0
+    return Timing(median_us=statistics.median(xs), iqr_us=iqr, n=len(xs), min_us=xs[0], clock=clock)
+
+
+def _cuda_l2_bytes() -> int:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 0) or (64 << 20)
+
+
+def _cpu_llc_bytes() -> int:
+    best = 0
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (idx / "size").read_text().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            best = max(best, int(text.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return best or (32 << 20)
+
+
+class Flusher:
+    """Writes a buffer larger than the cache between timed calls."""
+
+    def __init__(self, device: str, cfg: TimingConfig):
+        self.buf = None
+        if not cfg.flush:
+            return
+        if device == "cuda":
+            nbytes = 2 * _cuda_l2_bytes()
+        else:
+            nbytes = cfg.cpu_flush_bytes or min(2 * _cpu_llc_bytes(), 256 << 20)
+        self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        if self.buf is not None:
+            self.buf.add_(1) if self.buf.device.type == "cpu" else self.buf.zero_()
+
+
+def time_calls(calls: list[Callable[[], object]], device: str, cfg: TimingConfig,
+               flusher: Flusher | None = None) -> Timing:
+    """Time calls[i % len(calls)] repeatedly; every call must be self-contained (inputs bound)."""
+    flusher = flusher or Flusher(device, cfg)
+    if device == "cuda":
+        return _time_cuda(calls, cfg, flusher)
+    return _time_cpu(calls, cfg, flusher)
+
+
+def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
+    k = len(calls)
+    for i in range(max(cfg.warmup, 1)):
+        calls[i % k]()
+    torch.cuda.synchronize()
+    reps = max(cfg.reps, MIN_CUDA_REPS)
+    times: list[float] = []
+    while True:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            flusher()
+            starts[i].record()
+            calls[(len(times) + i) % k]()
+            ends[i].record()
+        torch.cuda.synchronize()  # device-wide: every stream's work is done before we read the events
+        times.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+        if sum(times) * 1e-6 >= cfg.min_time_s or len(times) >= cfg.max_reps:
+            break
+        reps = min(reps, cfg.max_reps - len(times))
+    return summarize(times, "cuda_events")
+
+
+def _time_cpu(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
+    k = len(calls)
+    for i in range(cfg.warmup):
+        calls[i % k]()
+    times: list[float] = []
+    clock = time.perf_counter_ns
+    while True:
+        for i in range(max(cfg.reps, 1)):
+            flusher()
+            t0 = clock()
+            calls[len(times) % k]()
+            times.append((clock() - t0) / 1000.0)
+        if sum(times) * 1e-6 >= cfg.min_time_s or len(times) >= cfg.max_reps:
+            break
+    return summarize(times, "monotonic")
+
+
+def copy_bandwidth_gbs(device: str, cfg: TimingConfig) -> float:
+    """Achieved copy bandwidth in GB/s (= bytes/ns), counting bytes read plus bytes written."""
+    nbytes = cfg.copy_bytes if device == "cuda" else min(cfg.copy_bytes // 4, 256 << 20)
+    try:
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+        dst = torch.empty_like(src)
+    except RuntimeError:  # not enough memory: a smaller probe is still far beyond any cache
+        nbytes //= 4
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+        dst = torch.empty_like(src)
+    probe = TimingConfig(warmup=2, reps=MIN_CUDA_REPS if device == "cuda" else 5, flush=False)
+    t = time_calls([lambda: dst.copy_(src)], device, probe)
+    del src, dst
+    return 2 * nbytes / (t.median_us * 1e3)
+
+
+def rotation_count(bytes_per_copy: int, cfg: TimingConfig) -> int:
+    return max(1, min(cfg.rotate, cfg.rotate_max_bytes // max(bytes_per_copy, 1)))

@@ -1,0 +1,300 @@
+"""Verification: the known ways generated kernels cheat or silently fail, and the guard for each.
+
+Runs inside a worker, on the candidate's device. Each input set (captured real tensors, fresh
+random draws made for this very evaluation, adversarial inputs, odd sizes) is run twice:
+
+| failure                              | guard here                                                     |
+| output never written / stale memory  | output pre-filled with a NaN sentinel bit pattern every call   |
+| out-of-bounds writes                 | canary bytes around the output and the workspaces              |
+| input mutated or zeroed              | bitwise compare of every input with a saved copy               |
+| output aliases an input              | storage ranges checked (static_check also rejects writable     |
+|                                      | parameters bound to inputs)                                    |
+| hard-coded / cached results          | fresh inputs seeded by the candidate's hash; another seed set  |
+|                                      | for the final check; captured real tensors                     |
+| lower precision than claimed         | tolerance table vs float64 reference, every element            |
+| NaN/Inf as a wildcard                | NaN/Inf parity position by position                            |
+| races, uninitialised workspaces      | second run with new garbage in workspaces: bitwise equal output|
+| side-stream / deferred work          | device-wide synchronisation before any check                   |
+
+The first failing check decides the verdict; every check made is kept in ``Verdict.checks``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from forge_pack import ops
+from forge_pack.candidate import Candidate
+from forge_pack.errors import ForgeError
+from forge_pack.launch import LaunchError, check_requires, plan
+from forge_pack.signature import Signature, TensorSpec
+from forge_pack.tolerance import EAGER_SLACK, compare
+from forge_pack.verdict import Check, Verdict
+
+# Quiet NaNs with a payload no arithmetic produces (CUDA's canonical NaN is 0x7fffffff, x86's
+# 0x7fc00000): an element still holding it after the call was never written.
+SENTINEL = {"float32": (torch.int32, 0x7FD5A5A5), "bfloat16": (torch.int16, 0x7FD5),
+            "float16": (torch.int16, 0x7E55), "float64": (torch.int64, 0x7FFA5A5A5A5A5A5A)}
+CANARY = 0xA5
+GUARD_BYTES = 512  # canary bytes on each side; keeps the allocator's 512-byte alignment
+
+
+def seed_for(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class InputSet:
+    kind: str  # captured[i] | fresh[i] | adversarial:<kind> | odd:<shape>
+    sig: Signature  # with output
+    tensors: dict[str, torch.Tensor | None]
+    ref: torch.Tensor  # float64
+    atol_floor: float = 0.0  # EAGER_SLACK x eager PyTorch's own max abs error on this input
+    fingerprint: tuple = field(default=())
+
+
+def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet | None:
+    """Reference and eager error for one input; None when eager itself breaks NaN/Inf parity there
+    (a kernel is not held to a standard PyTorch does not meet)."""
+    ref = ops.reference64(sig, tensors)
+    eager_out = ops.eager(sig)(tensors)
+    check = compare(eager_out, ref, sig.output.dtype if sig.output else None, sig.op)
+    del eager_out
+    if check.nonfinite_mismatches:
+        return None
+    s = InputSet(kind, sig, tensors, ref, EAGER_SLACK * check.max_abs_err)
+    s.fingerprint = fingerprint(s)
+    return s
+
+
+def static_sets(sig: Signature, captures: list[str], run_dir: str | None, device: str, seed: int,
+                final: bool) -> tuple[list[InputSet], list[str]]:
+    """Captured, adversarial and odd-size sets for one hotspot (cached by the worker)."""
+    from forge_pack.capture import load_capture
+
+    op = ops.get_op(sig.op)
+    sets: list[InputSet] = []
+    skipped: list[str] = []
+    mode = "final" if final else "search"
+    for i, rel in enumerate(captures):
+        path = Path(run_dir or ".") / rel
+        tensors, _ = load_capture(path, sig, device)
+        _add(sets, skipped, f"captured[{i}]", sig, tensors, device)
+    for kind in op.adversarial_kinds(sig):
+        gen = torch.Generator().manual_seed(seed_for(seed, mode, "adversarial", kind, sig.key()))
+        _add(sets, skipped, f"adversarial:{kind}", sig, op.make_inputs(sig, kind, gen, device), device)
+    for osig in op.odd_signatures(sig):
+        osig = ops.with_output(osig)
+        gen = torch.Generator().manual_seed(seed_for(seed, mode, "odd", osig.key()))
+        shape = "x".join(str(s) for s in osig.x.shape)
+        _add(sets, skipped, f"odd:{shape}", osig, op.make_inputs(osig, "fresh", gen, device), device)
+    return sets, skipped
+
+
+def fresh_sets(sig: Signature, device: str, seed: int, candidate_hash: str, final: bool, count: int = 1
+               ) -> list[InputSet]:
+    """Inputs drawn for this evaluation: seeded by the candidate's own hash, so no candidate can
+    have seen them, and by the mode, so the final check uses a different set than the search."""
+    op = ops.get_op(sig.op)
+    sets: list[InputSet] = []
+    for i in range(count):
+        gen = torch.Generator().manual_seed(seed_for(seed, "final" if final else "search", candidate_hash, i))
+        tensors = op.make_inputs(sig, "fresh", gen, device)
+        s = make_set(f"fresh[{i}]", sig, tensors, device)
+        if s is None:  # never expected for random inputs; keep the set (timing needs one) without slack
+            s = InputSet(f"fresh[{i}]", sig, tensors, ops.reference64(sig, tensors))
+        sets.append(s)
+    return sets
+
+
+def _add(sets: list, skipped: list, kind: str, sig: Signature, tensors: dict, device: str) -> None:
+    s = make_set(kind, sig, tensors, device)
+    if s is None:
+        skipped.append(f"{kind}: eager PyTorch itself differs from float64 in NaN/Inf positions")
+    else:
+        sets.append(s)
+
+
+def fingerprint(s: InputSet) -> tuple:
+    """Cheap content hash of a cached set, to notice a candidate's stray writes into it."""
+    out = []
+    for t in [*s.tensors.values(), s.ref]:
+        if t is None:
+            out.append(None)
+            continue
+        int_dtype = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        out.append(int(t.view(int_dtype).sum(dtype=torch.int64)))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- guarded buffers
+
+
+def guarded_empty(nbytes: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(payload bytes, whole buffer): the payload sits between canary zones."""
+    whole = torch.empty(nbytes + 2 * GUARD_BYTES, dtype=torch.uint8, device=device)
+    return whole[GUARD_BYTES:GUARD_BYTES + nbytes], whole
+
+
+def guarded_like(spec: TensorSpec, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = ops.TORCH_DTYPES[spec.dtype]
+    esize = torch.empty(0, dtype=dtype).element_size()
+    span = 1 + sum((s - 1) * st for s, st in zip(spec.shape, spec.strides)) if spec.numel else 0
+    payload, whole = guarded_empty(span * esize, device)
+    t = payload.view(dtype).as_strided(spec.shape, spec.strides)
+    return t, whole
+
+
+def set_canaries(whole: torch.Tensor) -> None:
+    whole[:GUARD_BYTES].fill_(CANARY)
+    whole[-GUARD_BYTES:].fill_(CANARY)
+
+
+def canaries_intact(whole: torch.Tensor) -> bool:
+    return bool((whole[:GUARD_BYTES] == CANARY).all()) and bool((whole[-GUARD_BYTES:] == CANARY).all())
+
+
+def fill_sentinel(out: torch.Tensor) -> None:
+    int_dtype, bits = SENTINEL[ops.dtype_name(out.dtype)]
+    out.view(int_dtype).fill_(bits)
+
+
+def count_sentinel(out: torch.Tensor) -> tuple[int, str]:
+    int_dtype, bits = SENTINEL[ops.dtype_name(out.dtype)]
+    hit = out.view(int_dtype) == bits
+    n = int(hit.sum())
+    if not n:
+        return 0, ""
+    idx = tuple(int(i) for i in torch.nonzero(hit)[0])
+    return n, f"first at index {idx}"
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()  # device-wide: work on any stream must be finished
+
+
+def _ranges_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return sa.nbytes() > 0 and sb.nbytes() > 0 and a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+# ---------------------------------------------------------------- the verification run
+
+
+def verify(module, candidate: Candidate, sets: list[InputSet], device: str) -> Verdict:
+    """Run every set through the candidate; the first failure is the verdict. LaunchError escapes
+    (the worker turns it into launch_error and decides whether the process is poisoned)."""
+    checks: list[Check] = []
+    for s in sets:
+        try:
+            if check_requires(candidate.spec, s.sig) is not None:
+                continue  # the candidate declares it does not handle this (odd) size
+            p = plan(candidate.spec, s.sig)
+        except ForgeError as e:
+            return Verdict(False, "static_check", f"{s.kind}: launch spec: {e.message}", checks=tuple(checks))
+        verdict, check = _run_set(module, p, s, device)
+        if check is not None:
+            checks.append(check)
+        if verdict is not None:
+            return _with_errors(Verdict(verdict.ok, verdict.reason, verdict.detail), checks)
+    if not checks:
+        return Verdict(False, "inapplicable", "no input set was applicable (requires excludes them all)")
+    return _with_errors(Verdict(True, "ok", f"{len(checks)} input sets verified"), checks)
+
+
+def _with_errors(v: Verdict, checks: list[Check]) -> Verdict:
+    finite = [c for c in checks if c.max_abs_err != float("inf")]
+    return Verdict(v.ok, v.reason, v.detail, max((c.max_abs_err for c in finite), default=None),
+                   max((c.max_rel_err for c in finite), default=None), tuple(checks))
+
+
+def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check | None]:
+    out_spec = s.sig.output
+    assert out_spec is not None
+    out, out_whole = guarded_like(out_spec, device)
+    workspaces, ws_wholes, zeroed = {}, [], []
+    for name, nbytes, zero in p.workspaces:
+        payload, whole = guarded_empty(nbytes, device)
+        workspaces[name] = payload
+        ws_wholes.append(whole)
+        if zero:
+            zeroed.append(payload)
+    inputs = {n: t for n, t in s.tensors.items()}
+    for n, t in inputs.items():
+        for other in (out_whole, *ws_wholes):
+            if t is not None and _ranges_overlap(t, other):
+                return Verdict(False, "aliasing", f"{s.kind}: out or a workspace shares memory with input {n}"), None
+    saved = {n: t.clone() for n, t in inputs.items() if t is not None}
+    call = module.bind(p, {**inputs, "out": out, **workspaces})
+    gen = torch.Generator(device=device).manual_seed(seed_for("garbage", s.kind))
+
+    def prepare(round_: int) -> None:
+        fill_sentinel(out)
+        set_canaries(out_whole)
+        for whole in ws_wholes:
+            set_canaries(whole)
+            payload = whole[GUARD_BYTES:-GUARD_BYTES]
+            if payload.numel():
+                # garbage, different each round: a kernel reading workspace it never wrote will differ
+                payload.copy_(torch.randint(0, 256, payload.shape, dtype=torch.uint8, device=device, generator=gen))
+        for z in zeroed:
+            z.zero_()
+
+    prepare(0)
+    call()
+    sync(device)
+    for n, t in saved.items():
+        cur = inputs[n]
+        if not _bitwise_equal(cur, t):
+            diff = _first_diff(cur, t)
+            cur.copy_(t)  # keep the cached set intact for the next candidate
+            return Verdict(False, "input_mutated", f"{s.kind}: input `{n}` changed during the call ({diff})"), None
+    if not canaries_intact(out_whole) or not all(canaries_intact(w) for w in ws_wholes):
+        return Verdict(False, "mismatch", f"{s.kind}: out-of-bounds write past the end of out or a workspace"), None
+    unwritten, where = count_sentinel(out)
+    check = compare(out, s.ref, out_spec.dtype, s.sig.op, atol_floor=s.atol_floor, input_kind=s.kind)
+    if unwritten:
+        return Verdict(False, "unwritten_output",
+                       f"{s.kind}: {unwritten} of {out.numel()} output elements never written ({where})"), check
+    value_bad = check.mismatches - check.nonfinite_mismatches
+    if value_bad:
+        also = f" (and {check.nonfinite_mismatches} NaN/Inf positions)" if check.nonfinite_mismatches else ""
+        return Verdict(False, "mismatch", f"{s.kind}: {value_bad} of {out.numel()} elements out of tolerance{also} "
+                                          f"(atol {check.atol:.3g}, rtol {check.rtol:.3g}); "
+                                          f"{check.first_mismatch}"), check
+    if check.nonfinite_mismatches:
+        return Verdict(False, "nan", f"{s.kind}: {check.nonfinite_mismatches} positions where NaN/Inf differ from "
+                                     f"the reference; {check.first_mismatch}"), check
+    first = out.clone()
+    prepare(1)
+    call()
+    sync(device)
+    if not _bitwise_equal(out, first):
+        return Verdict(False, "nondeterministic", f"{s.kind}: two runs on the same input differ bitwise "
+                                                  f"({_first_diff(out, first)}): a race or uninitialised memory"), check
+    return None, check
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    int_dtype = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.view(int_dtype), b.view(int_dtype)))
+
+
+def _first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    int_dtype = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    ne = a.view(int_dtype) != b.view(int_dtype)
+    n = int(ne.sum())
+    if not n:
+        return "no difference"
+    idx = tuple(int(i) for i in torch.nonzero(ne)[0])
+    return f"{n} elements, first at {idx}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}"
+
+
+def launch_error_verdict(err: LaunchError | Exception, where: str = "") -> Verdict:
+    return Verdict(False, "launch_error", (where + ": " if where else "") + str(err)[:2000])

@@ -1,0 +1,1 @@
+"""Data shipped with forge-pack: kernel families, package files, prompts (not code)."""

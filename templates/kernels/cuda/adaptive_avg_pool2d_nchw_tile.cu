@@ -1,0 +1,51 @@
+// adaptive_avg_pool2d to (1, 1), NCHW, for small unaligned planes (7x7 = 49): each block stages
+// PLANES consecutive planes (PLANES * HW contiguous elements) through shared memory with fully
+// coalesced 16-byte loads, then THREADS / PLANES threads per plane sum it from shared memory.
+// The vector path needs the tile start to be 16-byte aligned: (PLANES * HW) % VEC == 0.
+// Dynamic shared memory: PLANES * HW floats.
+//{{PARAMS}}
+//{{INCLUDE _prelude.cuh}}
+
+template <int V>
+__device__ __forceinline__ void pool_tile_impl(const T_X* __restrict__ x, T_OUT* __restrict__ out, long long planes,
+                                               int hw, float* tile) {
+  const long long p0 = (long long)blockIdx.x * PLANES;
+  const int np = (int)min((long long)PLANES, planes - p0);
+  const int n = np * hw;  // elements in this block's tile
+  const T_X* xt = x + p0 * hw;
+  for (int base = 0; base < n; base += THREADS * V * UNROLL) {
+    Vec<T_X, V> a[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + (u * THREADS + (int)threadIdx.x) * V;
+      if (i + V <= n) a[u].template load<LOAD_HINT>(xt + i);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int i = base + (u * THREADS + (int)threadIdx.x) * V;
+      if (i + V <= n) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) tile[i + k] = a[u].get(k);
+      } else {
+        for (int j = i; j < n; ++j) tile[j] = load1(xt + j);
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int TPP = THREADS / PLANES;  // threads per plane (a power of two <= 32)
+  const int p = (int)threadIdx.x / TPP, l = (int)threadIdx.x % TPP;
+  float acc = 0.f;
+  if (p < np)
+    for (int i = l; i < hw; i += TPP) acc += tile[p * hw + i];
+  acc = group_sum<TPP>(acc);
+  if (l == 0 && p < np) store1(out + p0 + p, __fdividef(acc, (float)hw));
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+adaptive_avg_pool2d_nchw_tile(const T_X* __restrict__ x, T_OUT* __restrict__ out, long long planes, int hw) {
+  extern __shared__ float tile[];
+  if (VEC > 1 && (PLANES * hw) % VEC == 0 && vec_aligned<T_X, VEC>(x))
+    pool_tile_impl<VEC>(x, out, planes, hw, tile);
+  else
+    pool_tile_impl<1>(x, out, planes, hw, tile);
+}

@@ -1,0 +1,52 @@
+"""Faster kernels for one model, found, verified and packaged by forge-pack.
+
+    import torch, PACKAGE_NAME
+    PACKAGE_NAME.apply(model)          # or PACKAGE_NAME.apply() for function-level targets only
+    with torch.inference_mode():
+        out = model(*inputs)
+    PACKAGE_NAME.revert()
+
+    with PACKAGE_NAME.patched(model):  # the same, as a context manager
+        ...
+
+What is accelerated, and by how much, is in ``manifest`` (manifest.json) and the README.
+``python -m PACKAGE_NAME verify | bench | info`` checks the kernels on this machine.
+Set FORGE_PACK_DISABLE=1 to turn the package off without touching code.
+"""
+
+from pathlib import Path as _Path
+
+from . import _patch
+
+_PATCHER = _patch.for_package(__name__, _Path(__file__).resolve().parent)
+manifest: dict = _PATCHER.manifest
+__version__: str = manifest["package"]["version"]
+
+
+def apply(model=None) -> bool:
+    """Patch every call path of the verified targets (and RMSNorm-like modules inside `model`).
+
+    Calls that differ from what was verified (device, GPU, dtype, shape, strides, arguments,
+    autograd) run the original op. Returns False, and warns once why, when nothing was patched.
+    """
+    return _PATCHER.apply(model)
+
+
+def revert() -> None:
+    """Undo apply(): every patched function, class and module gets back the very object it had."""
+    _PATCHER.revert()
+
+
+def patched(model=None):
+    """Context manager: apply(model) on entry, revert() on exit (if it was not applied before)."""
+    return _PATCHER.patched(model)
+
+
+def status() -> dict:
+    """Whether the extension loaded (and why not), what is patched, kernel and fallback call counts."""
+    return _PATCHER.status()
+
+
+def load() -> bool:
+    """Load the compiled kernels without patching anything; False (see status()) if they cannot load."""
+    return _PATCHER.load()

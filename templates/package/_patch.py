@@ -1,0 +1,615 @@
+"""Manifest-driven patching. Generic: this same file ships, unchanged, in every forge-pack package.
+
+The manifest lists targets: an op (softmax, layer_norm, ...) called with one exact signature
+(dtypes, shapes, strides, parameters) on one device kind, and the torch op of the package that
+computes it. ``Patcher.apply`` replaces every call path of each target op (``F.softmax``,
+``torch.softmax``, ``Tensor.softmax``; ``nn.Softmax`` goes through ``F.softmax``) and, for module
+composites (an RMSNorm written as eager ops), the module class's ``forward`` and matching
+instances in a given model. Each replacement checks the call against the verified signatures
+(device, GPU architecture, dtypes, shapes, strides, parameters, unknown keywords, whether
+autograd needs a graph) and calls the original for anything else. ``revert`` puts every patched
+object back exactly. ``FORGE_PACK_DISABLE=1`` turns the package off; an extension that cannot be
+loaded leaves everything untouched and says why once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+DISABLE_ENV = "FORGE_PACK_DISABLE"
+EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_MISS = object()
+
+
+class ManifestError(ValueError):
+    """The manifest is missing, not JSON, or does not match its schema."""
+
+
+# ------------------------------------------------------------------ call paths and arguments
+
+OWNERS: dict[str, Any] = {"torch.nn.functional": F, "torch": torch, "torch.Tensor": torch.Tensor}
+
+# (owner, attribute, argument style) for every function path that reaches an op; nn.Softmax,
+# nn.LayerNorm, nn.GroupNorm, nn.BatchNorm*d, nn.AdaptiveAvgPool2d, nn.RMSNorm call the F.* path.
+CALL_PATHS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "softmax": (("torch.nn.functional", "softmax", "F"), ("torch", "softmax", "torch"),
+                ("torch.Tensor", "softmax", "method")),
+    "log_softmax": (("torch.nn.functional", "log_softmax", "F"), ("torch", "log_softmax", "torch"),
+                    ("torch.Tensor", "log_softmax", "method")),
+    "layer_norm": (("torch.nn.functional", "layer_norm", "F"), ("torch", "layer_norm", "torch")),
+    "rms_norm": (("torch.nn.functional", "rms_norm", "F"), ("torch", "rms_norm", "torch")),
+    "group_norm": (("torch.nn.functional", "group_norm", "F"), ("torch", "group_norm", "torch")),
+    "batch_norm": (("torch.nn.functional", "batch_norm", "F"), ("torch", "batch_norm", "torch")),
+    "adaptive_avg_pool2d": (("torch.nn.functional", "adaptive_avg_pool2d", "F"),),
+}
+
+# The functions as they were when this module was imported: the reference for verify and bench.
+ORIGINALS: dict[tuple[str, str], Any] = {
+    (owner, attr): getattr(OWNERS[owner], attr)
+    for paths in CALL_PATHS.values() for owner, attr, _ in paths if hasattr(OWNERS[owner], attr)
+}
+
+
+def _bind(names: tuple[str, ...], defaults: dict, args: tuple, kwargs: dict) -> dict | None:
+    """Python's own binding rules, minus errors: None for anything unexpected (the original decides)."""
+    if len(args) > len(names):
+        return None
+    bound = dict(defaults)
+    for name, value in zip(names, args):
+        bound[name] = value
+    for key, value in kwargs.items():
+        if key not in names or names.index(key) < len(args):
+            return None  # unknown keyword (e.g. out=) or a duplicate: not what was verified
+        bound[key] = value
+    for name in names:
+        if name not in bound:
+            return None
+    return bound
+
+
+def _shape(s: Any) -> list | None:
+    if isinstance(s, int):
+        return [s]
+    if isinstance(s, (list, tuple, torch.Size)) and all(isinstance(v, int) for v in s):
+        return [int(v) for v in s]
+    return None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _softmax(style: str, args: tuple, kwargs: dict):
+    names = ("input", "dim", "_stacklevel", "dtype") if style == "F" else ("input", "dim", "dtype")
+    b = _bind(names, {"dim": None, "dtype": None, "_stacklevel": 3}, args, kwargs)
+    if b is None or not isinstance(b["input"], torch.Tensor):
+        return None
+    x, dim, dtype = b["input"], b["dim"], b["dtype"]
+    if (dim is not None and not isinstance(dim, int)) or (dtype is not None and not isinstance(dtype, torch.dtype)):
+        return None
+    nd = x.dim()
+    if dim is None:  # PyTorch's implicit-dim rule (deprecated, still honoured)
+        dim = 0 if nd in (0, 1, 3) else 1
+    elif dim < 0:
+        dim = dim + nd
+    return {"x": x}, {"dim": dim, "dtype": DTYPE_NAMES.get(dtype) if dtype is not None else None}
+
+
+def _layer_norm(style: str, args: tuple, kwargs: dict):
+    names = ("input", "normalized_shape", "weight", "bias", "eps")
+    if style == "torch":
+        names = names + ("cudnn_enable",)
+    b = _bind(names, {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True}, args, kwargs)
+    if b is None or not _number(b["eps"]) or _shape(b["normalized_shape"]) is None:
+        return None
+    return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
+            {"normalized_shape": _shape(b["normalized_shape"]), "eps": float(b["eps"])})
+
+
+def _rms_norm(style: str, args: tuple, kwargs: dict):
+    b = _bind(("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None}, args, kwargs)
+    if b is None or not isinstance(b["input"], torch.Tensor) or _shape(b["normalized_shape"]) is None:
+        return None
+    eps = b["eps"]
+    if eps is None:
+        if not b["input"].is_floating_point():
+            return None
+        eps = torch.finfo(b["input"].dtype).eps
+    if not _number(eps):
+        return None
+    return ({"x": b["input"], "weight": b["weight"]},
+            {"normalized_shape": _shape(b["normalized_shape"]), "eps": float(eps), "weight_offset": 0.0,
+             "composite": False})
+
+
+def _group_norm(style: str, args: tuple, kwargs: dict):
+    names = ("input", "num_groups", "weight", "bias", "eps")
+    if style == "torch":
+        names = names + ("cudnn_enabled",)
+    b = _bind(names, {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enabled": True}, args, kwargs)
+    if b is None or not isinstance(b["num_groups"], int) or not _number(b["eps"]):
+        return None
+    return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
+            {"num_groups": int(b["num_groups"]), "eps": float(b["eps"])})
+
+
+def _batch_norm(style: str, args: tuple, kwargs: dict):
+    if style == "torch":
+        b = _bind(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+                   "cudnn_enabled"), {}, args, kwargs)
+    else:
+        b = _bind(("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
+                  {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}, args, kwargs)
+    if b is None or b["training"] or b["running_mean"] is None or b["running_var"] is None or not _number(b["eps"]):
+        return None  # training mode updates running statistics: never targeted
+    return ({"x": b["input"], "running_mean": b["running_mean"], "running_var": b["running_var"],
+             "weight": b["weight"], "bias": b["bias"]}, {"eps": float(b["eps"]), "training": False})
+
+
+def _adaptive_avg_pool2d(style: str, args: tuple, kwargs: dict):
+    b = _bind(("input", "output_size"), {}, args, kwargs)
+    if b is None or not isinstance(b["input"], torch.Tensor) or b["input"].dim() < 2:
+        return None
+    x, size = b["input"], b["output_size"]
+    if isinstance(size, int):
+        size = (size, size)
+    if not isinstance(size, (list, tuple)) or len(size) != 2:
+        return None
+    out = []
+    for i, s in enumerate(size):
+        if s is None:
+            out.append(int(x.shape[-2 + i]))
+        elif isinstance(s, int):
+            out.append(int(s))
+        else:
+            return None
+    return {"x": x}, {"output_size": out}
+
+
+NORMALIZERS: dict[str, Callable] = {
+    "softmax": _softmax, "log_softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm,
+    "group_norm": _group_norm, "batch_norm": _batch_norm, "adaptive_avg_pool2d": _adaptive_avg_pool2d,
+}
+
+
+def module_eps(module: Any) -> float | None:
+    for name in EPS_ATTRS:
+        v = getattr(module, name, None)
+        if _number(v):
+            return float(v)
+    return None
+
+
+# ------------------------------------------------------------------ manifest
+
+
+def load_manifest(directory: str | Path) -> dict:
+    """Read and validate <package>/manifest.json against the schema shipped beside it."""
+    d = Path(directory)
+    path = d / "manifest.json"
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise ManifestError(f"cannot read {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); "
+                            "the package is corrupted: reinstall it or rebuild it with forge-pack") from None
+    try:
+        schema = json.loads((d / "manifest.schema.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ManifestError(f"the manifest schema next to {path} is missing or unreadable: {e}") from None
+    try:
+        import jsonschema
+    except ImportError:  # declared as a dependency; without it, check the parts this module relies on
+        if not isinstance(doc, dict) or doc.get("schema_version") != 1 or not isinstance(doc.get("targets"), list):
+            raise ManifestError(f"{path} is not a version-1 forge-pack manifest") from None
+        return doc
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        where = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise ManifestError(f"{path} does not match its schema at {where}: {first.message}{more}; "
+                            "the package is corrupted: reinstall it or rebuild it with forge-pack")
+    return doc
+
+
+def _capability_set(text: str | None) -> set[tuple[int, int]]:
+    caps = set()
+    for item in (text or "").replace(";", " ").split():
+        major, _, minor = item.rstrip("a").partition(".")
+        if major.isdigit() and minor.isdigit():
+            caps.add((int(major), int(minor)))
+    return caps
+
+
+# ------------------------------------------------------------------ the patcher
+
+
+class _Target:
+    """One manifest target, prepared for fast guard checks."""
+
+    def __init__(self, t: dict, backend: str):
+        sig = t["signature"]
+        self.id: str = t["id"]
+        self.op: str = t["op"]
+        self.torch_op: str = t["torch_op"]
+        self.backend = backend
+        self.specs = tuple((name, None if s is None else (DTYPES[s["dtype"]], tuple(s["shape"]), tuple(s["strides"])))
+                           for name, s in sig["inputs"])
+        self.present = tuple(name for name, s in self.specs if s is not None)
+        self.params = {k: v for k, v in sig["params"]}
+        self.composite = bool(self.params.get("composite"))
+        self.module_class: str = t.get("module_class") or ""
+        out = sig["output"]
+        self.out = (DTYPES[out["dtype"]], tuple(out["shape"]), tuple(out["strides"]))
+        self.fn: Callable | None = None
+
+
+class Patcher:
+    """Patches the call paths of the manifest's targets; one per package per process."""
+
+    def __init__(self, manifest: dict, package: str, load_extension: Callable[[], None],
+                 build_info: dict | None = None):
+        self.manifest = manifest
+        self.package = package
+        self.namespace = manifest["package"]["namespace"]
+        self.backend = manifest["backend"]
+        self.targets = [_Target(t, self.backend) for t in manifest["targets"]]
+        self.by_op: dict[str, tuple[_Target, ...]] = {}
+        for t in self.targets:
+            if not t.composite:
+                self.by_op[t.op] = self.by_op.get(t.op, ()) + (t,)
+        self.composites: dict[str, tuple[_Target, ...]] = {}
+        for t in self.targets:
+            if t.composite and t.module_class:
+                self.composites[t.module_class] = self.composites.get(t.module_class, ()) + (t,)
+        self.allowed_caps = _capability_set(manifest["build"].get("cuda_arch_list"))
+        self._load_extension = load_extension
+        self.build_info = build_info or {}
+        self.load_error: str | None = None
+        self._loaded: bool | None = None
+        self._caps: dict[int, bool] = {}
+        self._patches: list[tuple[Any, str, bool, Any]] = []
+        self._patched_ids: set[int] = set()
+        self._patched_classes: set[type] = set()
+        self._functions_patched = False
+        self._active = False
+        self._warned: set[str] = set()
+        self._lock = threading.RLock()
+        self.kernel_calls: dict[str, int] = {}
+        self.fallback_calls: dict[str, int] = {}
+
+    # ---- loading
+    def _environment_problem(self) -> str | None:
+        built = self.build_info.get("torch")
+        running = torch.__version__.split("+")[0]
+        if built and built.split("+")[0] != running:
+            return (f"the extension was built against torch {built} but this is torch {torch.__version__}; "
+                    f"reinstall the package: pip install --no-build-isolation --force-reinstall <package dir>")
+        if self.backend != "cuda":
+            return None
+        if torch.version.cuda is None:
+            return "the kernels are CUDA kernels but this torch build has no CUDA"
+        if not torch.cuda.is_available():
+            return "the kernels are CUDA kernels but no CUDA GPU is visible"
+        for i in range(torch.cuda.device_count()):
+            self._caps[i] = torch.cuda.get_device_capability(i) in self.allowed_caps
+        if not any(self._caps.values()):
+            have = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+            want = sorted("%d.%d" % c for c in self.allowed_caps)
+            return (f"the kernels were built and verified for compute capability {', '.join(want)}; "
+                    f"the visible GPUs have {', '.join(have)}")
+        return None
+
+    def load(self) -> bool:
+        """Load the compiled extension once; on failure remember why (and patch nothing)."""
+        with self._lock:
+            if self._loaded is not None:
+                return self._loaded
+            reason = self._environment_problem()
+            if reason is None:
+                try:
+                    self._load_extension()
+                except Exception as e:  # ImportError, OSError (undefined symbol), RuntimeError
+                    reason = f"its compiled extension failed to load: {type(e).__name__}: {e}"
+            if reason is None:
+                try:
+                    self._bind_ops()
+                except Exception as e:
+                    reason = f"its ops are not registered as expected: {type(e).__name__}: {e}"
+            self.load_error = reason
+            self._loaded = reason is None
+            return self._loaded
+
+    def _bind_ops(self) -> None:
+        ns = getattr(torch.ops, self.namespace)
+        for t in self.targets:
+            t.fn = getattr(ns, t.id).default
+            qualname = f"{self.namespace}::{t.id}"
+            try:
+                torch.library.register_fake(qualname)(_fake(t.out))
+            except RuntimeError as e:  # registered already (a second Patcher in this process): keep it
+                if "already" not in str(e):
+                    raise
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(f"{self.package}: {message}", RuntimeWarning, stacklevel=3)
+
+    # ---- guards
+    def _cap_ok(self, device: torch.device) -> bool:
+        ok = self._caps.get(device.index if device.index is not None else 0)
+        return bool(ok)
+
+    def _tensors_match(self, t: _Target, tensors: dict) -> bool:
+        x = tensors.get("x")
+        if not isinstance(x, torch.Tensor):
+            return False
+        dev = x.device
+        if dev.type != t.backend or (t.backend == "cuda" and not self._cap_ok(dev)):
+            return False
+        grad = torch.is_grad_enabled()
+        for name, spec in t.specs:
+            v = tensors.get(name)
+            if spec is None:
+                if v is not None:
+                    return False
+                continue
+            if not isinstance(v, torch.Tensor) or (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter
+                                                   and not isinstance(v, _tracing_types())):
+                return False  # tensor subclasses (DTensor, quantized, ...) keep their own semantics
+            if v.dtype != spec[0] or tuple(v.shape) != spec[1] or tuple(v.stride()) != spec[2] or v.device != dev:
+                return False
+            if grad and v.requires_grad:
+                return False  # autograd needs a graph: the kernels have no backward
+        return True
+
+    def _count(self, table: dict, key: str) -> None:
+        is_compiling = getattr(torch.compiler, "is_compiling", None)
+        if is_compiling is not None and is_compiling():
+            return
+        table[key] = table.get(key, 0) + 1
+
+    def dispatch(self, op: str, style: str, args: tuple, kwargs: dict) -> Any:
+        """The kernel's output for a call it was verified for, else the _MISS marker."""
+        if not self._active:
+            return _MISS
+        norm = NORMALIZERS[op](style, args, kwargs)
+        if norm is not None:
+            tensors, params = norm
+            for t in self.by_op.get(op, ()):
+                if params == t.params and self._tensors_match(t, tensors):
+                    self._count(self.kernel_calls, t.id)
+                    return t.fn(*[tensors[n] for n in t.present])
+        self._count(self.fallback_calls, op)
+        return _MISS
+
+    def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
+        if not self._active or len(args) != 1 or kwargs:
+            return _MISS
+        x = args[0]
+        eps = module_eps(module)
+        if eps is not None and isinstance(x, torch.Tensor):
+            tensors = {"x": x, "weight": getattr(module, "weight", None)}
+            for t in targets:
+                if eps == t.params.get("eps") and self._tensors_match(t, tensors):
+                    self._count(self.kernel_calls, t.id)
+                    return t.fn(*[tensors[n] for n in t.present])
+        self._count(self.fallback_calls, "module")
+        return _MISS
+
+    # ---- wrappers
+    def _function_wrapper(self, op: str, style: str, original: Callable) -> Callable:
+        patcher = self
+
+        def wrapper(*args, **kwargs):
+            out = patcher.dispatch(op, style, args, kwargs)
+            if out is _MISS:
+                return original(*args, **kwargs)
+            return out
+
+        _describe(wrapper, original, self.package)
+        return wrapper
+
+    def _class_forward(self, targets: tuple, original: Callable) -> Callable:
+        patcher = self
+
+        def forward(module, *args, **kwargs):
+            out = patcher.dispatch_module(targets, module, args, kwargs)
+            if out is _MISS:
+                return original(module, *args, **kwargs)
+            return out
+
+        _describe(forward, original, self.package)
+        return forward
+
+    def _instance_forward(self, targets: tuple, module: Any, original: Callable) -> Callable:
+        patcher = self
+
+        def forward(*args, **kwargs):
+            out = patcher.dispatch_module(targets, module, args, kwargs)
+            if out is _MISS:
+                return original(*args, **kwargs)
+            return out
+
+        _describe(forward, original, self.package)
+        return forward
+
+    def _set(self, owner: Any, attr: str, value: Any) -> None:
+        had = attr in vars(owner)
+        previous = vars(owner)[attr] if had else None
+        setattr(owner, attr, value)
+        self._patches.append((owner, attr, had, previous))
+
+    # ---- public
+    @property
+    def applied(self) -> bool:
+        return self._active
+
+    def apply(self, model: Any = None) -> bool:
+        """Patch every call path of the targets (and composites in `model`); False when nothing was patched."""
+        if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+            self._warn_once(f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}; nothing is patched")
+            return False
+        if not self.load():
+            self._warn_once(f"not applied, the model runs unchanged: {self.load_error}")
+            return False
+        with self._lock:
+            if not self._functions_patched:
+                _settle_dynamo()
+                _tracing_types()
+                for op in self.by_op:
+                    for owner_name, attr, style in CALL_PATHS[op]:
+                        owner = OWNERS[owner_name]
+                        if hasattr(owner, attr):
+                            self._set(owner, attr, self._function_wrapper(op, style, getattr(owner, attr)))
+                for class_path, targets in self.composites.items():
+                    cls = _import_class(class_path)
+                    if cls is not None and cls not in self._patched_classes and "forward" in vars(cls):
+                        self._set(cls, "forward", self._class_forward(targets, vars(cls)["forward"]))
+                        self._patched_classes.add(cls)
+                self._functions_patched = True
+            if model is not None:
+                self._patch_instances(model)
+            self._active = True
+        return True
+
+    def _patch_instances(self, model: Any) -> None:
+        if not self.composites or not hasattr(model, "modules"):
+            return
+        by_name = {}
+        for class_path, targets in self.composites.items():
+            by_name[class_path.partition(":")[2]] = by_name.get(class_path.partition(":")[2], ()) + targets
+        for m in model.modules():
+            cls = type(m)
+            targets = by_name.get(cls.__qualname__)
+            if not targets or cls in self._patched_classes or id(m) in self._patched_ids:
+                continue
+            self._set(m, "forward", self._instance_forward(targets, m, m.forward))
+            self._patched_ids.add(id(m))
+
+    def revert(self) -> None:
+        """Restore every patched function, class and instance to the very object it was."""
+        with self._lock:
+            while self._patches:
+                owner, attr, had, previous = self._patches.pop()
+                if had:
+                    setattr(owner, attr, previous)
+                else:
+                    delattr(owner, attr)
+            self._patched_ids.clear()
+            self._patched_classes.clear()
+            self._functions_patched = False
+            self._active = False
+
+    @contextlib.contextmanager
+    def patched(self, model: Any = None):
+        was = self._active
+        applied = self.apply(model)
+        try:
+            yield applied
+        finally:
+            if not was:
+                self.revert()
+
+    def status(self) -> dict:
+        return {"package": self.package, "backend": self.backend, "applied": self._active,
+                "disabled": os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"),
+                "loaded": self._loaded, "load_error": self.load_error,
+                "patched_objects": len(self._patches), "targets": [t.id for t in self.targets],
+                "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls)}
+
+
+_TRACING: tuple | None = None
+
+
+def _tracing_types() -> tuple:
+    """FakeTensor and FunctionalTensor: what torch.compile (AOTAutograd) traces a graph with. A call
+    seen while tracing a compiled graph becomes the package's custom op (via its fake kernel)."""
+    global _TRACING
+    if _TRACING is None:
+        found = []
+        for module, name in (("torch._subclasses.fake_tensor", "FakeTensor"),
+                             ("torch._subclasses.functional_tensor", "FunctionalTensor")):
+            try:  # private torch modules: guarded, a missing one only means that path is not traced
+                found.append(getattr(importlib.import_module(module), name))
+            except (ImportError, AttributeError):
+                pass
+        _TRACING = tuple(found)
+    return _TRACING
+
+
+def _settle_dynamo() -> None:
+    """torch.compile (Dynamo) keeps a cached map from torch functions to how it traces them, built
+    from whatever torch.nn.functional.softmax & co. are when first needed. Build it before patching,
+    so Dynamo traces into the wrappers (guards included) instead of taking them for torch's own."""
+    if "torch._dynamo" not in sys.modules:
+        return  # not imported yet: calls are then caught while AOTAutograd traces (see _tracing_types)
+    try:
+        from torch._dynamo import trace_rules
+
+        trace_rules.get_torch_obj_rule_map()
+    except Exception:  # private API that may move between torch versions: best effort only
+        pass
+
+
+def _describe(wrapper: Callable, original: Callable, package: str) -> None:
+    """Name and document the wrapper like the original, but keep its own __module__/__qualname__:
+    torch.compile recognises torch functions by qualified name, and must trace into the wrapper
+    (so its guards and the package's custom op land in the graph) rather than treat it as the op."""
+    wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
+    wrapper.__doc__ = getattr(original, "__doc__", None)
+    wrapper.__forge_pack__ = package  # type: ignore[attr-defined]
+    wrapper.__forge_pack_original__ = original  # type: ignore[attr-defined]
+
+
+def _fake(out: tuple) -> Callable:
+    dtype, shape, strides = out
+
+    def fake(*tensors):
+        return torch.empty_strided(shape, strides, dtype=dtype, device=tensors[0].device)
+
+    return fake
+
+
+def _import_class(class_path: str) -> type | None:
+    """'pkg.module:Outer.Class' -> the class, if that module imports; None otherwise."""
+    module_name, _, qualname = class_path.partition(":")
+    if not module_name or not qualname:
+        return None
+    try:
+        obj: Any = sys.modules.get(module_name) or importlib.import_module(module_name)
+    except Exception:  # not importable here (e.g. a model file forge-pack loaded under a private name)
+        return None
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, type) else None
+
+
+def for_package(package: str, directory: str | Path) -> Patcher:
+    """The Patcher of an installed package: manifest beside this file, extension ``<package>._C``."""
+    d = Path(directory)
+    manifest = load_manifest(d)
+    try:
+        build_info = json.loads((d / "_build_info.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        build_info = {}
+    return Patcher(manifest, package, lambda: importlib.import_module(f"{package}._C"), build_info)

@@ -1,0 +1,39 @@
+"""Shared helpers for the evaluator tests: fixture kernels in tests/kernels and small hotspots."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from forge_pack.candidate import load_candidate_files
+from forge_pack.hotspot import Hotspot
+from forge_pack.sigparse import parse_signature
+
+KERNELS = Path(__file__).resolve().parent / "kernels"
+CPU_SIGNATURE = "x: f32[64,1000], dim=-1"
+CUDA_SIGNATURE = "x: f32[512,2048], dim=-1"
+
+
+def fixture_files(prefix: str) -> list[Path]:
+    return sorted(KERNELS.glob(prefix + "*"))
+
+
+def expected_reasons(path: Path) -> set[str]:
+    m = re.search(r"^// expect: (.+)$", path.read_text(), flags=re.M)
+    assert m, f"{path.name} lacks an '// expect: reason' line"
+    return set(m.group(1).split())
+
+
+def fixture_signature(path: Path, default: str) -> str:
+    m = re.search(r"^// signature: (.+)$", path.read_text(), flags=re.M)
+    return m.group(1).strip() if m else default
+
+
+def load_fixture(path: Path, op: str = "softmax"):
+    backend = "cuda" if path.suffix == ".cu" else "cpu"
+    return load_candidate_files(str(path), None, op, backend)
+
+
+def hotspot(op: str, text: str, captures: tuple[str, ...] = (), device: str = "cpu") -> Hotspot:
+    sig = parse_signature(op, text)
+    return Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, captures, device)

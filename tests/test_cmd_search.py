@@ -1,0 +1,123 @@
+"""`forge-pack search`: hotspot choice, Amdahl projection, the table, --json, the plain 'no winner'."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pipeline_fakes import FakeEvaluator, fake_hotspots, fake_toolkit  # noqa: E402
+from search_fakes import Landscape  # noqa: E402
+
+from forge_pack.cmd_search import ProgressBar, search_command  # noqa: E402
+from forge_pack.errors import ForgeError  # noqa: E402
+from forge_pack.pipeline import amdahl, choose_hotspots  # noqa: E402
+from forge_pack.search import Progress  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def test_amdahl_per_hotspot_and_combined():
+    assert amdahl([(0.5, 2.0)]) == pytest.approx(1 / 0.75)
+    assert amdahl([(0.5, 2.0), (0.25, 4.0)]) == pytest.approx(1 / (0.25 + 0.25 + 0.0625))
+    assert amdahl([(0.3, 1.0)]) == pytest.approx(1.0)
+    assert amdahl([]) == 1.0
+
+
+def test_choose_hotspots_says_why_each_is_skipped():
+    hs = fake_hotspots()
+    chosen = choose_hotspots(hs, top=1, min_share=0.01)
+    assert chosen[0][1] == ""
+    assert "beyond --top 1" in chosen[1][1]
+    assert "not targeted" in chosen[2][1] and "other than the last" in chosen[2][1]
+    assert "under --min-share" in chosen[3][1]
+    assert [why == "" for _, why in choose_hotspots(hs, top=5, min_share=0.0)] == [True, True, False, True]
+
+
+def test_table_lists_every_searched_hotspot_with_projection(tmp_path):
+    out = []
+    s = search_command("m.py", run_dir=tmp_path / "r", budget=8, toolkit=fake_toolkit(), stdout=out.append)
+    text = out[0]
+    for col in ("hotspot", "share", "eager", "compile", "best kernel", "vs eager", "vs compile", "% copy BW", "model"):
+        assert col in text
+    assert "softmax(x: f32[64,512], dim=1)" in text and "60.0%" in text
+    assert "Projected whole-model speedup" in text
+    assert "not targeted" in text  # skipped hotspots named with their reason
+    assert s.projected >= 1.0
+
+
+class _SlowKernels(FakeEvaluator):
+    """Every correct kernel is slower than eager."""
+
+    def evaluate(self, cand, hotspot, baseline):
+        ev = super().evaluate(cand, hotspot, baseline)
+        if ev.verdict.ok:
+            ev = replace(ev, speedup_vs_eager=ev.speedup_vs_eager * 0.2)
+        return ev
+
+
+def test_no_winner_is_said_plainly_and_is_not_an_error(tmp_path):
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: _SlowKernels(run_dir, 0.0)
+    out = []
+    s = search_command("m.py", run_dir=tmp_path / "r", budget=6, toolkit=tk, stdout=out.append)
+    assert not s.winners and s.projected == 1.0
+    assert "no winner" in out[0]
+    assert "No faster kernel found" in out[0]
+
+
+def test_json_prints_exactly_one_document(tmp_path):
+    r = subprocess.run([sys.executable, str(HERE / "pipeline_fakes.py"), "m.py", "--run-dir", str(tmp_path / "r"),
+                        "--budget", "4", "--json"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["budget"] == 4 and len(doc["hotspots"]) == 4
+    searched = [h for h in doc["hotspots"] if not h["skipped"]]
+    assert all(h["search"]["evaluations"] == 4 for h in searched)
+    assert {"eager_us", "compile_us", "best", "projected_model_speedup", "verdict"} <= set(searched[0])
+    assert "[1/2]" in r.stderr  # progress went to stderr
+
+
+def test_resume_rejects_a_model_or_new_device(tmp_path):
+    with pytest.raises(ForgeError, match="--resume"):
+        search_command("m.py", resume=tmp_path, toolkit=fake_toolkit())
+    with pytest.raises(ForgeError, match="cannot change"):
+        search_command(None, resume=tmp_path, device="cuda", toolkit=fake_toolkit())
+    with pytest.raises(ForgeError, match="no model file"):
+        search_command(None, toolkit=fake_toolkit())
+    with pytest.raises(ForgeError, match="not a forge-pack run directory"):
+        search_command(None, resume=tmp_path / "missing", toolkit=fake_toolkit())
+
+
+def test_progress_bar_on_a_terminal_uses_carriage_returns():
+    class TTY(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = TTY()
+    bar = ProgressBar(stream)
+    from pipeline_fakes import fake_hotspots as fh
+    from forge_pack.pipeline import HotspotOutcome
+
+    out = HotspotOutcome(fh()[0], 1)
+    bar.hotspot(out, 1, 2)
+    bar.update(out, Progress(3, 10, 1, 1.25, 1, 2.0))
+    bar.update(out, Progress(4, 10, 1, 1.5, 1, 2.5))
+    bar.done()
+    text = stream.getvalue()
+    assert text.count("\r") == 2 and "4/10" in text and "best 1.50x" in text and "failures 1" in text
+    assert text.endswith("\n")
+
+
+def test_cli_search_on_a_missing_file_is_one_error_line(tmp_path, cli_env, forge_cmd):
+    r = subprocess.run([*forge_cmd, "search", str(tmp_path / "nope.py"), "--device", "cpu",
+                        "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, env=cli_env, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: ") and "hint: " in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "r").exists()  # nothing written for a model that does not load

@@ -1,0 +1,75 @@
+"""Evaluator behaviour beyond single verdicts: concurrency, worker isolation, torch.compile baseline."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from forge_pack.candidate import Candidate, parse_spec
+from forge_pack.evaluate import Evaluator
+from forge_pack.reference_kernels import reference_candidate
+from forge_pack.timing import TimingConfig, summarize
+from forge_pack.worker import worker_envs
+
+from eval_helpers import KERNELS, hotspot, load_fixture
+
+FAST = TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False)
+
+
+def _variant(cand: Candidate, i: int) -> Candidate:
+    return Candidate(cand.op, cand.backend, cand.source + f"\n// variant {i}\n", cand.spec, "reference", {"i": i})
+
+
+def test_evaluate_is_thread_safe_across_workers(tmp_path):
+    h = hotspot("softmax", "x: f32[32,256], dim=-1")
+    ref = reference_candidate(h.signature, "cpu")
+    cands = [_variant(ref, i) for i in range(4)] + [load_fixture(KERNELS / "cpu_low_precision.cpp"),
+                                                   load_fixture(KERNELS / "cpu_segfault.cpp")]
+    results: dict[int, object] = {}
+    with Evaluator("cpu", workers=2, timeout_s=10, timing=FAST, log_dir=tmp_path) as ev:
+        def run(i):
+            results[i] = ev.evaluate(cands[i], h)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cands))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        reasons = [results[i].verdict.reason for i in range(len(cands))]
+        assert reasons == ["ok"] * 4 + ["mismatch", "crash"]
+        # after the crash the pool is whole again
+        assert ev.evaluate(_variant(ref, 99), h).verdict.ok
+
+
+def test_worker_envs_split_cpu_threads_and_pin_gpus(monkeypatch):
+    monkeypatch.delenv("FORGE_PACK_CPU_THREADS", raising=False)
+    envs = worker_envs("cpu", 2)
+    assert len(envs) == 2 and all(int(e["OMP_NUM_THREADS"]) >= 1 for e in envs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert worker_envs("cuda", 8) == [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "5"}]
+    assert worker_envs("cuda", 1) == [{"CUDA_VISIBLE_DEVICES": "3"}]
+
+
+def test_compile_error_needs_no_worker_time(tmp_path):
+    h = hotspot("softmax", "x: f32[8,64], dim=-1")
+    with Evaluator("cpu", workers=1, timeout_s=10, timing=FAST, log_dir=tmp_path) as ev:
+        t0 = time.perf_counter()
+        e = ev.evaluate(load_fixture(KERNELS / "cpu_compile_error.cpp"), h)
+        assert e.verdict.reason == "compile_error" and e.compile_log and e.compile_cmd
+        assert time.perf_counter() - t0 < 30
+
+
+def test_summarize_median_iqr_min():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0], "monotonic")
+    assert (t.median_us, t.min_us, t.n) == (3.0, 1.0, 5) and t.iqr_us == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_baseline_times_torch_compile_on_cpu(tmp_path):
+    h = hotspot("softmax", "x: f32[64,512], dim=-1")
+    cfg = TimingConfig(warmup=2, reps=5, flush=False, compile_baseline=True)
+    with Evaluator("cpu", workers=1, timeout_s=30, timing=cfg, log_dir=tmp_path) as ev:
+        base = ev.baseline(h)
+    assert base.eager.n == 5
+    assert base.compiled is not None or base.compile_error  # a failing compile is recorded, never raised

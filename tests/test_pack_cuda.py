@@ -1,0 +1,165 @@
+"""The CUDA variant of an emitted package. CI (no GPU) compiles it for sm_90 with nvcc, so a broken
+CUDA build is caught without a GPU; on a GPU (marker `gpu`) it is installed, verified and round-tripped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
+import helpers  # noqa: E402
+
+from forge_pack.pack import pack  # noqa: E402
+
+
+def _nvcc_missing() -> str:
+    import torch
+
+    if torch.version.cuda is None:
+        return "this torch build has no CUDA"
+    if not (shutil.which("nvcc") or os.environ.get("CUDA_HOME") or Path("/usr/local/cuda/bin/nvcc").exists()):
+        return "nvcc is not installed"
+    return ""
+
+
+def _cuda_run(tmp_path: Path) -> Path:
+    run = helpers.make_cuda_run(tmp_path / "run")
+    try:  # on a GPU machine, pack for the GPU that is there
+        import torch
+
+        if torch.cuda.is_available():
+            import sqlite3
+
+            cc = "%d.%d" % torch.cuda.get_device_capability()
+            conn = sqlite3.connect(run / "run.db")
+            row = conn.execute("SELECT id, env_json FROM runs").fetchone()
+            env = {**json.loads(row[1]), "compute_capability": cc, "gpu": torch.cuda.get_device_name()}
+            conn.execute("UPDATE runs SET env_json=? WHERE id=?", (json.dumps(env), row[0]))
+            conn.commit()
+            conn.close()
+    except ImportError:
+        pass
+    return run
+
+
+@pytest.mark.skipif(bool(_nvcc_missing()), reason=_nvcc_missing() or "nvcc present")
+def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
+    run = helpers.make_cuda_run(tmp_path / "run")
+    out = tmp_path / "cuda_pkg"
+    assert pack(run, out, "cuda_pkg", confirm=False).written
+    env = dict(os.environ, TORCH_CUDA_ARCH_LIST="9.0")
+    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=out, capture_output=True, text=True,
+                       env=env, timeout=900)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-6000:]
+    assert list((out / "cuda_pkg").glob("_C*.so")), log[-3000:]
+    assert "arch=compute_90,code=sm_90" in log  # TORCH_CUDA_ARCH_LIST from the manifest reached nvcc
+    assert "-std=c++17" not in (out / "setup.py").read_text()
+    info = json.loads((out / "cuda_pkg" / "_build_info.json").read_text())
+    assert info["cuda_arch_list"] == "9.0" and info["nvcc"].split(".")[0] == info["cuda"].split(".")[0]
+
+
+@pytest.fixture(scope="module")
+def gpu_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gpu")
+    run = _cuda_run(root)
+    assert pack(run, root / "pkg", "cuda_pkg", confirm=False).written
+    r = helpers.pip_install(root / "pkg", root / "site")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    return root / "site"
+
+
+ROUNDTRIP = r"""
+import json, torch, torch.nn.functional as F, cuda_pkg
+from cuda_pkg._patch import DTYPES, ORIGINALS
+res = {}
+with torch.inference_mode():
+    assert cuda_pkg.apply(), cuda_pkg.status()
+    for t in cuda_pkg.manifest["targets"]:
+        p = dict(t["signature"]["params"])
+        x = {}
+        for name, s in t["signature"]["inputs"]:
+            if s is not None:
+                v = torch.randn(s["shape"], device="cuda")
+                x[name] = (v * 0.2 + 1.0 if name == "weight" else v).to(DTYPES[s["dtype"]])
+        op = t["op"]
+        if op in ("softmax", "log_softmax"):
+            dt = DTYPES[p["dtype"]] if p["dtype"] else None
+            call = lambda: getattr(F, op)(x["x"], dim=-1, dtype=dt)
+            ref = lambda: ORIGINALS[("torch.nn.functional", op)](x["x"], dim=-1, dtype=dt)
+        elif op == "group_norm":
+            call = lambda: F.group_norm(x["x"], p["num_groups"], x.get("weight"), x.get("bias"), p["eps"])
+            ref = lambda: ORIGINALS[("torch.nn.functional", op)](x["x"], p["num_groups"], x.get("weight"), x.get("bias"), p["eps"])
+        else:
+            call = lambda: F.adaptive_avg_pool2d(x["x"], 1)
+            ref = lambda: ORIGINALS[("torch.nn.functional", op)](x["x"], 1)
+        before = cuda_pkg.status()["kernel_calls"].get(t["id"], 0)
+        got = call()
+        torch.cuda.synchronize()
+        hit = cuda_pkg.status()["kernel_calls"].get(t["id"], 0) > before
+        expect = ref()
+        tol = t["tolerance"]
+        ok = torch.allclose(got.double(), expect.double(), atol=4 * tol["atol"], rtol=4 * tol["rtol"])
+        res[t["id"]] = {"op": op, "kernel": hit, "close": bool(ok), "max": float((got.double() - expect.double()).abs().max())}
+    cuda_pkg.revert()
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_package_round_trip_on_the_gpu(gpu_site):
+    r = subprocess.run([sys.executable, "-c", ROUNDTRIP], capture_output=True, text=True, timeout=600,
+                       env=helpers.env_with(gpu_site))
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(res) == 5 and all(v["kernel"] and v["close"] for v in res.values()), res
+
+
+@pytest.mark.gpu
+def test_cuda_package_verify_passes_on_the_gpu(gpu_site):
+    r = subprocess.run([sys.executable, "-m", "cuda_pkg", "verify"], capture_output=True, text=True, timeout=600,
+                       env=helpers.env_with(gpu_site))
+    print(r.stdout)
+    assert r.returncode == 0 and "PASS: 5 kernels" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+MODELS = sorted((Path(__file__).resolve().parent / "models").glob("*.py"))
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("model", MODELS, ids=[m.stem for m in MODELS])
+def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_cmd):
+    """forge-pack build on the GPU, pip install, apply, compare, revert bitwise, `python -m <pkg> verify`."""
+    name = f"{model.stem}_gpu"
+    out = tmp_path / name
+    r = subprocess.run([*forge_cmd, "build", str(model), "--device", "cuda", "--budget", "12", "--out", str(out),
+                        "--name", name, "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                       env=cli_env, timeout=3600)
+    print(r.stdout[-6000:])
+    assert r.returncode == 0, r.stderr[-6000:]
+    if not out.exists():
+        assert "No faster kernel" in r.stdout
+        pytest.skip(f"no kernel beat eager on {model.stem}")
+    doc = json.loads((out / name / "manifest.json").read_text())
+    assert doc["model_result"] is not None and doc["model_result"]["kernel_calls"], doc["model_result"]
+    site = tmp_path / "site"
+    r = helpers.pip_install(out, site)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    env = helpers.env_with(site)
+    r = subprocess.run([sys.executable, "-m", name, "verify"], capture_output=True, text=True, env=env, timeout=900)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "forge_pack.demo", "show", name, str(model), "--device", "cuda",
+                        "--json"], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    print(res)
+    assert res["applied"] and res["bitwise_after_revert"] and res["kernel_calls"]
+    assert res["within_tolerance"], res

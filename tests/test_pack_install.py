@@ -1,0 +1,147 @@
+"""The emitted CPU package, built and pip-installed (--no-build-isolation) into a fresh --target
+dir once, then used from fresh processes exactly as a user would: apply, compare, revert; every
+call path, every guard, revert identity, FORGE_PACK_DISABLE, a failing extension, a corrupted
+manifest, torch.compile of a patched model, and `python -m <pkg> verify | bench | info`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
+import helpers  # noqa: E402
+
+from forge_pack.pack import pack  # noqa: E402
+
+PKG = "tiny_kernels"
+DRIVER = Path(__file__).resolve().parent / "pack" / "driver.py"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("install")
+    run = helpers.make_cpu_run(root / "run")
+    result = pack(run, root / "pkg", PKG, confirm=False)
+    assert result.written
+    r = helpers.pip_install(root / "pkg", root / "site")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert list((root / "site" / PKG).glob("_C*.so"))
+    return root / "site"
+
+
+def scenario(site: Path, name: str, **env: str) -> dict:
+    r = subprocess.run([sys.executable, str(DRIVER), PKG, name], capture_output=True, text=True, timeout=600,
+                       env=helpers.env_with(site, **env))
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def copy_site(site: Path, dest: Path) -> Path:
+    shutil.copytree(site, dest)
+    return dest
+
+
+def test_apply_matches_the_original_and_revert_is_bitwise(site):
+    r = scenario(site, "roundtrip")
+    assert r["applied"] and r["changed"]
+    assert r["kernel_calls"] == {"softmax": 4, "layer_norm": 1, "rms_norm": 1, "group_norm": 1,
+                                 "adaptive_avg_pool2d": 1}
+    assert r["within_tolerance"], r["max_diff"]
+    assert r["bitwise_after_revert"] and r["identity_restored"] and not r["status_after_revert"]
+
+
+def test_every_call_path_reaches_the_kernel(site):
+    r = scenario(site, "paths")
+    assert all(v["kernel"] and v["close"] for v in r.values()), r
+
+
+def test_every_guard_falls_back_to_the_original_op(site):
+    r = scenario(site, "guards")
+    expect_kernel = {"requires_grad under no_grad"}
+    for label, v in r.items():
+        assert v["kernel"] == (label in expect_kernel), label
+        assert v["same_as_original"], label
+
+
+def test_forge_pack_disable_patches_nothing(site):
+    r = scenario(site, "apply_fails", FORGE_PACK_DISABLE="1")
+    assert r["applied"] == [False, False] and r["identity_unchanged"] and r["same_output"]
+    assert len(r["warnings"]) == 1 and "FORGE_PACK_DISABLE" in r["warnings"][0]
+
+
+def test_extension_that_fails_to_load_leaves_the_model_untouched(site, tmp_path):
+    broken = copy_site(site, tmp_path / "site")
+    for so in (broken / PKG).glob("_C*.so"):
+        so.write_bytes(b"not a shared object")
+    r = scenario(broken, "apply_fails")
+    assert r["applied"] == [False, False] and r["identity_unchanged"] and r["same_output"]
+    assert len(r["warnings"]) == 1, "said once"
+    assert "failed to load" in r["warnings"][0] and "the model runs unchanged" in r["warnings"][0]
+    assert r["status"]["loaded"] is False and "ImportError" in r["status"]["load_error"]
+
+
+def test_extension_built_for_another_torch_is_not_loaded(site, tmp_path):
+    other = copy_site(site, tmp_path / "site")
+    info = other / PKG / "_build_info.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "torch": "1.0.0"}))
+    r = scenario(other, "apply_fails")
+    assert r["applied"] == [False, False] and r["identity_unchanged"]
+    assert "built against torch 1.0.0" in r["warnings"][0] and "--no-build-isolation" in r["warnings"][0]
+
+
+@pytest.mark.parametrize("corrupt, expect", [
+    (lambda text: text[: len(text) // 2], "is not valid JSON"),
+    (lambda text: text.replace('"torch_op"', '"torch_opx"', 1), "does not match its schema"),
+])
+def test_corrupted_manifest_is_refused_at_import(site, tmp_path, corrupt, expect):
+    other = copy_site(site, tmp_path / "site")
+    path = other / PKG / "manifest.json"
+    path.write_text(corrupt(path.read_text()))
+    r = subprocess.run([sys.executable, "-c", f"import {PKG}"], capture_output=True, text=True, timeout=120,
+                       env=helpers.env_with(other))
+    assert r.returncode != 0
+    assert "ManifestError" in r.stderr and expect in r.stderr and "rebuild it with forge-pack" in r.stderr
+
+
+def test_torch_compile_of_a_patched_model(site):
+    r = scenario(site, "compile")
+    assert {f"{PKG}_ops.t{i}.default" for i in range(5)} <= set(r["custom_ops_in_graph"])
+    assert r["traced_matches_patched"] and r["inductor_close_to_original"]
+
+
+def test_cpp_op_rechecks_the_signature(site):
+    r = scenario(site, "op_checks")
+    assert r["raised"] and "verified for [4, 16, 64]" in r["message"]
+
+
+def test_python_m_verify_bench_info(site):
+    env = helpers.env_with(site)
+    r = subprocess.run([sys.executable, "-m", PKG, "verify"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS: 5 kernels, 0 failing checks" in r.stdout and "fixture:" in r.stdout
+    r = subprocess.run([sys.executable, "-m", PKG, "bench", "--n", "5", "--warmup", "1", "--json"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)["targets"]) == 5
+    r = subprocess.run([sys.executable, "-m", PKG, "info"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "extension: loaded" in r.stdout and ": softmax(x: f32[4,16,64]" in r.stdout
+
+
+def test_verify_fails_when_a_kernel_is_wrong(site, tmp_path):
+    """verify is a real check: against a reference with another eps, the layer_norm kernel is wrong."""
+    other = copy_site(site, tmp_path / "site")
+    path = other / PKG / "manifest.json"
+    doc = json.loads(path.read_text())
+    t = next(t for t in doc["targets"] if t["op"] == "layer_norm")
+    t["signature"]["params"] = [[k, 0.5 if k == "eps" else v] for k, v in t["signature"]["params"]]
+    path.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", PKG, "verify", "--random", "1"], capture_output=True, text=True,
+                       env=helpers.env_with(other), timeout=300)
+    failing = [line for line in r.stdout.splitlines() if line.endswith("FAIL") or " FAIL  " in line]
+    assert r.returncode == 1 and "FAIL: 5 kernels" in r.stdout
+    assert failing and all(line.startswith(t["id"] + " ") for line in failing), r.stdout

@@ -1,0 +1,131 @@
+"""Checks before compiling: source rules, spec/kernel agreement, aliasing, requires."""
+
+import pytest
+
+from forge_pack.candidate import Candidate, parse_spec
+from forge_pack.errors import ForgeError
+from forge_pack.launch import check_requires, plan
+from forge_pack.reference_kernels import reference_candidate
+from forge_pack.static_check import check, kernel_params
+
+from eval_helpers import KERNELS, expected_reasons, load_fixture
+from forge_pack.sigparse import parse_signature
+
+SIG = parse_signature("softmax", "x: bf16[64,1000], dim=-1, dtype=float32")
+GN = parse_signature("group_norm", "x: f32[2,64,8,8], num_groups=8, weight: f32[64], bias: f32[64]")
+
+
+def cuda(src: str, spec: str, op: str = "softmax") -> Candidate:
+    return Candidate(op, "cuda", src, parse_spec(spec))
+
+
+SPEC4 = '{"kernels": [{"name": "k", "args": ["x", "out", "rows", "cols"], "grid": ["rows"], "block": [128]}]}'
+
+
+def test_kernel_params_are_parsed_with_constness_and_kinds():
+    src = ('extern "C" __global__ void __launch_bounds__(256) k(const __nv_bfloat16* __restrict__ x, '
+           'float * out, long long rows, int cols, float eps, float const* w) {}')
+    ps = kernel_params(src, "k")
+    assert [(p.name, p.kind, p.const) for p in ps] == [("x", "ptr", True), ("out", "ptr", False),
+                                                      ("rows", "i64", False), ("cols", "i32", False),
+                                                      ("eps", "f32", False), ("w", "ptr", True)]
+    assert ps[0].base == "__nv_bfloat16"
+    assert kernel_params(src, "missing") is None
+
+
+def test_reference_kernels_pass_static_checks():
+    for op, text in [("softmax", "x: bf16[64,1000], dim=-1, dtype=float32"),
+                     ("log_softmax", "x: f16[8,100], dim=1"),
+                     ("group_norm", "x: bf16[2,64,8,8], num_groups=8, weight: bf16[64], bias: bf16[64]"),
+                     ("adaptive_avg_pool2d", "x: f32[4,32,7,7]{channels_last}, output_size=(1,1)")]:
+        sig = parse_signature(op, text)
+        for backend in ("cuda", "cpu"):
+            cand = reference_candidate(op, backend, sig)
+            assert cand is not None and cand.origin == "reference"
+            assert check(cand, sig) is None, (op, backend)
+    assert reference_candidate(SIG, "cuda") is not None  # the (signature, backend) form
+
+
+def test_arity_mismatch_is_static_check():
+    src = 'extern "C" __global__ void k(const __nv_bfloat16* x, float* out, long long rows) {}'
+    v = check(cuda(src, SPEC4), SIG)
+    assert v.reason == "static_check" and "declares 3 parameters" in v.detail and "passes 4" in v.detail
+
+
+def test_dtype_mismatch_of_a_pointer_is_static_check():
+    src = 'extern "C" __global__ void k(const float* x, float* out, long long rows, long long cols) {}'
+    v = check(cuda(src, SPEC4), SIG)
+    assert v.reason == "static_check" and "bfloat16" in v.detail
+
+
+def test_int_width_mismatch_names_the_fix():
+    v = check(load_fixture(KERNELS / "cuda_int_width.cu"), parse_signature("softmax", "x: f32[64,1000], dim=-1"))
+    assert v.reason == "static_check" and '"i32:rows"' in v.detail
+
+
+def test_input_bound_to_writable_parameter_is_aliasing():
+    for name in ("cuda_aliasing.cu", "cpu_aliasing.cpp"):
+        v = check(load_fixture(KERNELS / name), parse_signature("softmax", "x: f32[64,1000], dim=-1"))
+        assert v is not None and v.reason == "aliasing" and "`x`" in v.detail, name
+
+
+@pytest.mark.parametrize("name", ["cuda_side_stream.cu", "cpu_side_thread.cpp"])
+def test_side_stream_and_side_thread_work_is_rejected_before_compiling(name):
+    path = KERNELS / name
+    v = check(load_fixture(path), parse_signature("softmax", "x: f32[64,1000], dim=-1"))
+    assert v is not None and v.reason in expected_reasons(path)
+
+
+@pytest.mark.parametrize("src,needle", [
+    ('#include <torch/extension.h>\nextern "C" __global__ void k() {}', "not allowed"),
+    ('extern "C" __global__ void k() { cudaStream_t s; }', "CUDA runtime"),
+    ('int main() { return 0; }', "main"),
+])
+def test_forbidden_cuda_source(src, needle):
+    v = check(cuda(src, SPEC4), SIG)
+    assert v.reason == "static_check" and needle in v.detail
+
+
+def test_missing_out_argument_is_static_check():
+    src = 'extern "C" __global__ void k(const __nv_bfloat16* x, long long rows) {}'
+    v = check(cuda(src, '{"kernels": [{"name": "k", "args": ["x", "rows"]}]}'), SIG)
+    assert v.reason == "static_check" and "out" in v.detail
+
+
+def test_requires_false_is_inapplicable_and_bad_names_are_static_check():
+    spec = '{"kernels": [{"name": "k", "args": ["x", "out"]}], "requires": ["cols % 1024 == 0"]}'
+    v = check(cuda('extern "C" __global__ void k(const __nv_bfloat16* x, float* out) {}', spec), SIG)
+    assert v.reason == "inapplicable" and "cols % 1024 == 0" in v.detail
+    spec = '{"kernels": [{"name": "k", "args": ["x", "out", "colz"]}]}'
+    v = check(cuda('extern "C" __global__ void k(const __nv_bfloat16* x, float* out, long long c) {}', spec), SIG)
+    assert v.reason == "static_check" and "colz" in v.detail
+
+
+def test_oversized_block_is_a_launch_error_before_compiling():
+    spec = '{"kernels": [{"name": "k", "args": ["x", "out"], "block": [2048]}]}'
+    v = check(cuda('extern "C" __global__ void k(const __nv_bfloat16* x, float* out) {}', spec), SIG)
+    assert v.reason == "launch_error" and "2048" in v.detail
+
+
+def test_plan_types_arguments_and_evaluates_expressions():
+    spec = parse_spec('{"kernels": [{"name": "k", "args": ["x", "weight", "bias", "out", "C", "eps", "i32:HW", '
+                      '"f32:1.0/GROUP_SIZE", "CPG*HW"], "grid": ["N*G"], "block": [256], '
+                      '"shared_mem": "CPG*4"}], "workspaces": [{"name": "ws", "bytes": "N*G*8", "zero": true}]}')
+    p = plan(spec, GN)
+    (l,) = p.launches
+    assert l.args == (("ptr", "x"), ("ptr", "weight"), ("ptr", "bias"), ("ptr", "out"), ("i64", 64),
+                      ("f32", 1e-5), ("i32", 64), ("f32", 1.0 / 512), ("i64", 512))
+    assert l.grid == (16, 1, 1) and l.block == (256, 1, 1) and l.shared_mem == 32
+    assert p.workspaces == (("ws", 128, True),)
+
+
+def test_plan_errors_are_forge_errors():
+    with pytest.raises(ForgeError, match="not an integer"):
+        plan(parse_spec('{"kernels": [{"name": "k", "args": ["out"], "grid": ["rows / 3"]}]}'), SIG)
+    with pytest.raises(ForgeError, match="32 bits"):
+        plan(parse_spec('{"kernels": [{"name": "k", "args": ["i32:rows * 1000000000"]}]}'), SIG)
+    with pytest.raises(ForgeError, match="shadows"):
+        plan(parse_spec('{"kernels": [{"name": "k", "args": ["out"]}], "workspaces": [{"name": "x", "bytes": 4}]}'),
+             SIG)
+    assert check_requires(parse_spec('{"kernels": [{"name": "k", "args": ["out"]}], "requires": ["rows > 1"]}'),
+                          SIG) is None

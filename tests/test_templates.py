@@ -1,0 +1,392 @@
+"""The template proposer and its kernel families (templates/kernels/{cuda,cpu}/).
+
+- every family instantiates, for every op it serves, into a candidate that parses, round-trips
+  through JSON and passes the static checks;
+- every CUDA family compiles with ``nvcc -arch=sm_90 -cubin`` (defaults, and its knobs pushed to
+  their low and high ends), without register spills at the defaults;
+- every CPU family compiles with g++ and passes the evaluator's verification (fresh, adversarial
+  and odd-size inputs against float64) in-process;
+- proposer moves change exactly one parameter or the family, never repeat, respect max_moves;
+- on a GPU (marker ``gpu``): every CUDA family verifies on the issue's shapes and on odd shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from forge_pack import static_check
+from forge_pack.candidate import Candidate, parse_spec
+from forge_pack.hotspot import Hotspot
+from forge_pack.launch import launch_env
+from forge_pack.propose import NodeView, ProposeRequest
+from forge_pack.sigparse import parse_signature
+from forge_pack.template_kit import Family, check_spec
+from forge_pack.templates_proposer import (TemplateProposer, _build, _candidate, _registry, applicable_families,
+                                           families, instantiate)
+from forge_pack.verdict import Evaluation, Verdict
+
+# Signatures per op: several dtypes, layouts, optional inputs and sizes, so that every family
+# applies to at least one of them (checked below).
+SIGS = {
+    "softmax": ["x: bf16[64,2048], dim=-1, dtype=float32", "x: bf16[256,256], dim=-1, dtype=float32",
+                "x: f32[8,65536], dim=-1", "x: f16[33,1000], dim=-1"],
+    "log_softmax": ["x: f32[64,1024], dim=-1", "x: bf16[4,40000], dim=-1, dtype=float32",
+                    "x: f16[128,128], dim=-1"],
+    "group_norm": ["x: bf16[1,64,128,128], num_groups=32, weight: bf16[64], bias: bf16[64]",
+                   "x: f32[2,32,16,16], num_groups=8", "x: f16[2,64,15,15], num_groups=4, weight: f16[64], bias: f16[64]"],
+    "batch_norm": ["x: bf16[8,64,28,28], running_mean: f32[64], running_var: f32[64], weight: bf16[64], bias: bf16[64]",
+                   "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]",
+                   "x: bf16[8,64,14,14]{channels_last}, running_mean: f32[64], running_var: f32[64], "
+                   "weight: bf16[64], bias: bf16[64]"],
+    "adaptive_avg_pool2d": ["x: bf16[16,256,7,7], output_size=(1,1)", "x: f32[4,64,32,32], output_size=(1,1)",
+                            "x: f16[8,512,7,7]{channels_last}, output_size=(1,1)"],
+    "layer_norm": ["x: bf16[64,4096], normalized_shape=(4096,), weight: bf16[4096], bias: bf16[4096]",
+                   "x: f32[100,300], normalized_shape=(300,)", "x: f16[8,100000], normalized_shape=(100000,)"],
+    "rms_norm": ["x: bf16[64,2048], normalized_shape=(2048,), weight: bf16[2048], eps=1e-6, weight_offset=1.0",
+                 "x: f32[30,96], normalized_shape=(96,), eps=1e-6", "x: f16[4,70000], normalized_shape=(70000,), "
+                 "weight: f32[70000], eps=1e-6"],
+}
+OPS = list(SIGS)
+
+
+def _sig(op: str, text: str):
+    return parse_signature(op, text)
+
+
+def _cases(backend: str):
+    """(op, signature text, family name) for every family that applies to a listed signature."""
+    out = []
+    for op in OPS:
+        for text in SIGS[op]:
+            for fam in applicable_families(_sig(op, text), backend):
+                out.append((op, text, fam.name))
+    return out
+
+
+def _variant(fam: Family, sig, base: dict, end: int) -> dict:
+    """Push every knob toward one end of its domain (0: low, -1: high) while the result stays valid."""
+    params = dict(base)
+    for knob in fam.knobs:
+        values = list(knob.values) if end == 0 else list(reversed(knob.values))
+        for v in values:
+            if not isinstance(_build(fam, sig, {**params, knob.name: v}), str):
+                params[knob.name] = v
+                break
+    return params
+
+
+def _variants(backend: str) -> list[tuple[str, str, Candidate]]:
+    """(kind, where, candidate): defaults, low and high ends for every family x op x signature."""
+    out, seen = [], set()
+    for op, text, name in _cases(backend):
+        sig = _sig(op, text)
+        fam = next(f for f in _registry(backend) if f.name == name and op in f.ops)
+        base = instantiate(op, backend, name, None, sig).params
+        for kind, params in (("default", base), ("low", _variant(fam, sig, base, 0)),
+                             ("high", _variant(fam, sig, base, -1))):
+            built = _build(fam, sig, params)
+            assert not isinstance(built, str), (op, text, name, kind, built)
+            cand = _candidate(fam, sig, built)
+            if cand.source not in seen:
+                seen.add(cand.source)
+                out.append((kind, f"{op} {text} {name} {kind} {cand.label}", cand))
+    return out
+
+
+# ---------------------------------------------------------------- families and instantiation
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_every_op_has_families_and_every_family_applies_somewhere(backend):
+    covered = {(op, name) for op, _, name in _cases(backend)}
+    for op in OPS:
+        infos = families(op, backend)
+        assert infos, f"no {backend} family for {op}"
+        for info in infos:
+            assert (op, info.name) in covered, f"{backend} {op}/{info.name} applies to none of the test signatures"
+            assert (Path(__file__).resolve().parent.parent / "templates" / "kernels" / backend / info.template).is_file()
+            assert info.params and all(len(v) >= 2 for v in info.params.values()), info
+
+
+def test_issue_families_exist():
+    names = {op: {f.name for f in families(op, "cuda")} for op in OPS}
+    assert {"warp_row", "block_row", "online", "multi_row", "split_row", "split_sync"} <= names["softmax"]
+    assert names["log_softmax"] == names["softmax"]
+    assert {"welford", "two_pass", "split", "split_sync"} <= names["group_norm"]
+    assert {"nchw_plane", "nchw_flat", "nhwc"} <= names["batch_norm"]
+    assert {"nchw_lanes", "nchw_tile", "nhwc"} <= names["adaptive_avg_pool2d"]
+    assert names["layer_norm"] == names["rms_norm"] == {"warp_row", "block_row", "online"}
+    knobs = {k for op in OPS for f in families(op, "cuda") for k in f.params}
+    assert {"threads", "vec", "items", "lanes", "unroll", "fast_exp", "load_hint", "store_hint", "split"} <= knobs
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_every_family_instantiates_to_a_valid_candidate(backend):
+    for op, text, name in _cases(backend):
+        sig = _sig(op, text)
+        cand = instantiate(op, backend, name, None, sig)
+        assert cand.op == op and cand.backend == backend and cand.family == name and cand.origin == "template"
+        assert "{{" not in cand.source and "#define" in cand.source
+        assert Candidate.from_json(cand.to_json()).content_hash == cand.content_hash
+        assert parse_spec(cand.spec.to_json()) == cand.spec
+        assert check_spec(cand.spec, launch_env(sig), backend) is None
+        verdict = static_check.check(cand, sig)
+        assert verdict is None, (op, text, name, verdict.reason, verdict.detail)
+
+
+def test_long_rows_are_split_over_many_blocks():
+    """8 rows of 262,144 must not run on 8 blocks: the split families use >= 4 blocks per SM-row."""
+    sig = _sig("softmax", "x: f32[8,262144], dim=-1")
+    env = launch_env(sig)
+    from forge_pack.candidate import evaluate
+
+    for name in ("split_row", "split_sync"):
+        cand = instantiate("softmax", "cuda", name, None, sig)
+        assert evaluate(cand.spec.kernels[0].grid[0], env) >= 256, name
+    vae = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
+    env = launch_env(vae)
+    for name in ("split", "split_sync"):
+        cand = instantiate("group_norm", "cuda", name, None, vae)
+        assert evaluate(cand.spec.kernels[0].grid[0], launch_env(vae)) >= 4 * 132 // 2, name
+
+
+def test_instantiate_rejects_inapplicable_family_and_bad_values():
+    sig = _sig("batch_norm", "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]")
+    with pytest.raises(ValueError):
+        instantiate("batch_norm", "cuda", "nhwc", None, sig)  # the input is NCHW
+    sm = _sig("softmax", "x: f32[8,300], dim=-1")
+    with pytest.raises(ValueError):
+        instantiate("softmax", "cuda", "block_row", {"vec": 8}, sm)  # 32 bytes per f32 load
+    with pytest.raises(KeyError):
+        instantiate("softmax", "cuda", "no_such_family", None, sm)
+
+
+# ---------------------------------------------------------------- compilation
+
+
+def _nvcc_compile(cand: Candidate, folder: str) -> tuple[Candidate, int, str]:
+    src = Path(folder) / f"{cand.content_hash[:16]}.cu"
+    src.write_text(cand.source)
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(src) + ".cubin", str(src)],
+                         capture_output=True, text=True)
+    return cand, res.returncode, res.stdout + res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_every_cuda_family_compiles_with_nvcc():
+    items = _variants("cuda")
+    failures, spills = [], []
+    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(lambda it: (it, _nvcc_compile(it[2], d)), items))
+    for (kind, where, _), (_, rc, log) in results:
+        if rc != 0 or "warning" in log:
+            failures.append(f"{where}\n{log[-2000:]}")
+        if kind == "default" and any("spill" in l and " 0 bytes spill stores" not in l for l in log.splitlines()):
+            spills.append(where)
+    assert not failures, "\n\n".join(failures[:5])
+    assert not spills, spills
+
+
+def _cpu_verify(cand: Candidate, sig, build):
+    from forge_pack.launch import load_module
+    from forge_pack.verify import fresh_sets, static_sets, verify
+
+    assert build.ok, build.log[-3000:]
+    module = load_module("cpu", build.path, [k.name for k in cand.spec.kernels])
+    try:
+        sets = fresh_sets(sig, "cpu", 0, cand.content_hash, False)
+        sets += static_sets(sig, [], None, "cpu", 0, False)[0]
+        return verify(module, cand, sets, "cpu")
+    finally:
+        module.close()
+
+
+def _where_sig(where: str):
+    op = where.split(" ", 1)[0]
+    return _sig(op, next(t for t in SIGS[op] if t in where))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_every_cpu_family_compiles_and_matches_torch(tmp_path):
+    from forge_pack.compile import compile_many
+
+    items = _variants("cpu")
+    builds = compile_many([c for _, _, c in items], cache_dir=tmp_path, max_workers=max(2, os.cpu_count() or 2))
+    failures = []
+    for (kind, where, cand), build in zip(items, builds):
+        verdict = _cpu_verify(cand, _where_sig(where), build)
+        if not verdict.ok:
+            failures.append(f"{where}: {verdict.reason}: {verdict.detail}")
+    assert not failures, "\n".join(failures)
+
+
+# ---------------------------------------------------------------- proposer behaviour
+
+
+def _request(sig, backend="cuda", parent=None, tried=frozenset(), max_moves=4, evaluation=None, siblings=()):
+    hs = Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5)
+    node = NodeView(1, parent, evaluation, 1) if parent is not None else None
+    return ProposeRequest(hs, backend, node, tried_hashes=frozenset(tried), max_moves=max_moves, siblings=siblings)
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_roots_cover_every_applicable_family_once(backend):
+    for op in OPS:
+        for text in SIGS[op]:
+            sig = _sig(op, text)
+            moves = TemplateProposer().propose(_request(sig, backend, max_moves=20))
+            names = [m.candidate.family for m in moves]
+            assert sorted(names) == sorted(f.name for f in applicable_families(sig, backend)), (op, text)
+            assert len({m.candidate.content_hash for m in moves}) == len(moves)
+            assert all(m.kind == "root" and m.label.startswith(m.candidate.family) for m in moves)
+
+
+def test_roots_respect_max_moves_and_tried_hashes():
+    sig = _sig("softmax", "x: bf16[256,256], dim=-1, dtype=float32")
+    p = TemplateProposer()
+    first = p.propose(_request(sig, max_moves=2))
+    assert len(first) == 2
+    rest = p.propose(_request(sig, max_moves=20, tried={m.candidate.content_hash for m in first}))
+    assert not {m.candidate.content_hash for m in first} & {m.candidate.content_hash for m in rest}
+    assert len(first) + len(rest) == len(applicable_families(sig, "cuda"))
+    # the router shape starts with several short rows per warp
+    assert first[0].candidate.family == "multi_row"
+
+
+def _differs_by_one(a: Candidate, b: Candidate) -> bool:
+    fam = next(f for f in _registry(a.backend) if f.name == a.family and a.op in f.ops)
+    changed = [k.name for k in fam.knobs if a.params.get(k.name) != b.params.get(k.name)]
+    return len(changed) == 1
+
+
+@pytest.mark.parametrize("backend", ["cuda", "cpu"])
+def test_child_moves_change_one_parameter_or_the_family(backend):
+    for op, text, name in _cases(backend):
+        sig = _sig(op, text)
+        parent = instantiate(op, backend, name, None, sig)
+        moves = TemplateProposer().propose(_request(sig, backend, parent, tried={parent.content_hash}, max_moves=50))
+        hashes = [m.candidate.content_hash for m in moves]
+        assert len(set(hashes)) == len(hashes) and parent.content_hash not in hashes
+        for m in moves:
+            if m.label.startswith("family "):
+                assert m.candidate.family != name and m.label == f"family {name}->{m.candidate.family}"
+            else:
+                knob, change = m.label.split(" ")
+                old, new = change.split("->")
+                assert m.candidate.family == name and _differs_by_one(parent, m.candidate), m.label
+                assert str(parent.params[knob]) == old and str(m.candidate.params[knob]) == new
+
+
+def test_moves_respect_max_moves_are_deterministic_and_diverse():
+    sig = _sig("softmax", "x: bf16[64,2048], dim=-1, dtype=float32")
+    parent = instantiate("softmax", "cuda", "block_row", None, sig)
+    p = TemplateProposer()
+    a = p.propose(_request(sig, parent=parent, tried={parent.content_hash}, max_moves=4))
+    b = p.propose(_request(sig, parent=parent, tried={parent.content_hash}, max_moves=4))
+    assert [m.label for m in a] == [m.label for m in b]
+    assert len(a) == 4
+    kinds = {m.label.split(" ")[0] for m in a}
+    assert len(kinds) == 4, [m.label for m in a]  # four different knobs (or the family) first
+    every = p.propose(_request(sig, parent=parent, tried={parent.content_hash}, max_moves=100))
+    assert any(m.label.startswith("family ") for m in every)
+
+
+def test_repeated_expansion_never_repeats_and_runs_dry():
+    sig = _sig("group_norm", "x: f32[2,32,16,16], num_groups=8")
+    parent = instantiate("group_norm", "cuda", "welford", None, sig)
+    p, tried, total = TemplateProposer(), {parent.content_hash}, 0
+    for _ in range(100):
+        moves = p.propose(_request(sig, parent=parent, tried=tried, max_moves=3))
+        if not moves:
+            break
+        assert len(moves) <= 3
+        new = {m.candidate.content_hash for m in moves}
+        assert not new & tried
+        tried |= new
+        total += len(moves)
+    else:
+        pytest.fail("the proposer never ran dry")
+    assert total >= 5
+
+
+def test_accuracy_failure_tries_the_accurate_exp_first():
+    sig = _sig("softmax", "x: f32[64,1024], dim=-1")
+    parent = instantiate("softmax", "cuda", "warp_row", {"fast_exp": 2}, sig)
+    bad = Evaluation(Verdict(False, "mismatch", "fresh[0]: 3 elements out of tolerance"))
+    moves = TemplateProposer().propose(_request(sig, parent=parent, tried={parent.content_hash}, max_moves=2,
+                                                evaluation=bad))
+    assert moves[0].label == "fast_exp 2->1"
+
+
+def test_unsupported_signatures_get_no_moves():
+    sig = _sig("softmax", "x: f32[64,1024], dim=0")
+    assert TemplateProposer().propose(_request(sig)) == []
+    assert TemplateProposer().propose(_request(sig, backend="cpu")) == []
+
+
+# ---------------------------------------------------------------- on a GPU
+
+ISSUE_SHAPES = [
+    ("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]"),
+    ("group_norm", "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], bias: bf16[512]"),
+    ("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32"),
+    ("softmax", "x: bf16[2048,256], dim=-1, dtype=float32"),
+    ("softmax", "x: bf16[4096,256], dim=-1, dtype=float32"),
+    ("softmax", "x: f32[8,262144], dim=-1"),
+    ("adaptive_avg_pool2d", "x: bf16[256,2048,7,7], output_size=(1,1)"),
+    ("adaptive_avg_pool2d", "x: bf16[256,2048,7,7]{channels_last}, output_size=(1,1)"),
+    ("batch_norm", "x: bf16[256,64,112,112], running_mean: f32[64], running_var: f32[64], weight: bf16[64], "
+                   "bias: bf16[64]"),
+    ("batch_norm", "x: bf16[256,2048,7,7], running_mean: f32[2048], running_var: f32[2048], weight: bf16[2048], "
+                   "bias: bf16[2048]"),
+    ("batch_norm", "x: bf16[256,256,56,56]{channels_last}, running_mean: f32[256], running_var: f32[256], "
+                   "weight: bf16[256], bias: bf16[256]"),
+    ("rms_norm", "x: bf16[4096,4096], normalized_shape=(4096,), weight: bf16[4096], eps=1e-6, weight_offset=1.0"),
+    ("layer_norm", "x: bf16[4096,1024], normalized_shape=(1024,), weight: bf16[1024], bias: bf16[1024]"),
+]
+GPU_CASES = [(op, text, f.name) for op, text in ISSUE_SHAPES for f in applicable_families(_sig(op, text), "cuda")]
+GPU_CASES += _cases("cuda")
+
+
+@pytest.fixture(scope="module")
+def cuda_evaluator(tmp_path_factory):
+    from forge_pack.evaluate import Evaluator
+    from forge_pack.timing import TimingConfig
+
+    ev = Evaluator("cuda", workers=1, timeout_s=120, timing=TimingConfig(warmup=3, reps=30, compile_baseline=False),
+                   log_dir=tmp_path_factory.mktemp("workers"))
+    yield ev
+    ev.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,text,family", GPU_CASES, ids=lambda v: str(v)[:48])
+def test_cuda_family_verifies_on_gpu(cuda_evaluator, op, text, family):
+    sig = _sig(op, text)
+    hs = Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
+    cand = instantiate(op, "cuda", family, None, sig)
+    e = cuda_evaluator.evaluate(cand, hs)
+    assert e.verdict.ok, f"{cand.label}: {e.verdict.reason}: {e.verdict.detail[:2000]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["low", "high"])
+def test_cuda_knob_extremes_verify_on_gpu(cuda_evaluator, kind):
+    failures = []
+    for k, where, cand in _variants("cuda"):
+        if k != kind:
+            continue
+        hs = Hotspot(_where_sig(where), ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
+        e = cuda_evaluator.evaluate(cand, hs)
+        if not e.verdict.ok:
+            failures.append(f"{where}: {e.verdict.reason}: {e.verdict.detail[:500]}")
+    assert not failures, "\n".join(failures)

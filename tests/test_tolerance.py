@@ -1,0 +1,82 @@
+import math
+
+import pytest
+import torch
+
+from forge_pack import tolerance
+from forge_pack.tolerance import compare
+
+
+def test_every_tolerance_entry_has_a_reason():
+    for key, tol in [*tolerance.TABLE.items(), *tolerance.OP_TABLE.items()]:
+        assert tol.reason and len(tol.reason) > 20, key
+        assert 0 <= tol.atol < 1 and 0 < tol.rtol < 0.1, key
+
+
+def test_compare_passes_within_tolerance_and_records_errors():
+    ref = torch.linspace(-3, 3, 1000, dtype=torch.float64)
+    out = (ref * (1 + 5e-6)).float()
+    c = compare(out, ref, op="layer_norm")
+    assert c.passed and c.mismatches == 0
+    assert 0 < c.max_abs_err < 1e-4 and 0 < c.max_rel_err < 1e-5
+
+
+def test_compare_reports_first_mismatch_with_index():
+    ref = torch.zeros(4, 5, dtype=torch.float64)
+    out = torch.zeros(4, 5)
+    out[2, 3] = 0.5
+    c = compare(out, ref)
+    assert not c.passed and c.mismatches == 1
+    assert c.first_mismatch.startswith("index (2, 3): got 0.5, expected 0")
+
+
+def test_nan_must_match_position_by_position():
+    ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    good = torch.tensor([1.0, float("nan"), 3.0])
+    assert compare(good, ref).passed
+    wildcard = torch.tensor([float("nan"), float("nan"), 3.0])
+    c = compare(wildcard, ref)
+    assert not c.passed and c.nonfinite_mismatches == 1 and c.first_mismatch.startswith("NaN/Inf parity")
+    missing = torch.tensor([1.0, 2.0, 3.0])
+    assert compare(missing, ref).nonfinite_mismatches == 1
+
+
+def test_inf_must_match_with_its_sign():
+    ref = torch.tensor([float("inf"), float("-inf"), 0.0], dtype=torch.float64)
+    assert compare(torch.tensor([float("inf"), float("-inf"), 0.0]), ref).passed
+    assert not compare(torch.tensor([float("-inf"), float("-inf"), 0.0]), ref).passed
+    assert not compare(torch.tensor([float("inf"), float("-inf"), float("inf")]), ref).passed
+
+
+def test_softmax_atol_rejects_all_zero_probabilities():
+    ref = torch.full((4, 262144), 1 / 262144, dtype=torch.float64)
+    c = compare(torch.zeros(4, 262144, dtype=torch.bfloat16), ref, op="softmax")
+    assert not c.passed and c.mismatches == ref.numel()
+
+
+def test_bf16_rounding_passes_but_fp16_rounding_of_fp32_claim_fails():
+    ref = torch.rand(10000, dtype=torch.float64) + 0.5
+    assert compare(ref.to(torch.bfloat16), ref).passed
+    assert not compare(ref.to(torch.bfloat16).float(), ref).passed  # fp32 output with bf16 precision
+
+
+def test_atol_floor_relaxes_to_eager_error():
+    ref = torch.ones(10, dtype=torch.float64)
+    out = torch.full((10,), 1.001)
+    assert not compare(out, ref).passed
+    c = compare(out, ref, atol_floor=2e-3)
+    assert c.passed and c.atol == pytest.approx(2e-3)
+
+
+def test_shape_mismatch_is_a_failed_check_not_an_exception():
+    c = compare(torch.zeros(3), torch.zeros(4, dtype=torch.float64))
+    assert not c.passed and math.isinf(c.max_abs_err) and "shape" in c.first_mismatch
+
+
+def test_chunked_comparison_counts_every_element(monkeypatch):
+    monkeypatch.setattr(tolerance, "_CHUNK", 7)
+    ref = torch.arange(100, dtype=torch.float64)
+    out = ref.float().clone()
+    out[50:] += 1
+    c = compare(out, ref)
+    assert c.mismatches == 50 and c.first_mismatch.startswith("index (50,)")

@@ -1,0 +1,136 @@
+"""The CUDA evaluator on a real GPU: cheating fixtures, faults, reference kernels, timing.
+
+Needs a CUDA GPU (marker `gpu`; skipped centrally without one). Static and compile-time CUDA
+fixtures (aliasing, side stream, int width, compile error) are covered without a GPU in
+test_static_check.py and test_compile.py.
+"""
+
+import pytest
+
+from forge_pack.candidate import Candidate, parse_spec
+from forge_pack.evaluate import Evaluator
+from forge_pack.reference_kernels import reference_candidate
+from forge_pack.timing import TimingConfig
+
+from eval_helpers import CUDA_SIGNATURE, expected_reasons, fixture_files, fixture_signature, hotspot, load_fixture
+
+pytestmark = pytest.mark.gpu
+
+CFG = TimingConfig(warmup=5, reps=30, compile_baseline=False)
+STATIC = {"static_check", "aliasing", "compile_error"}
+FAULTS = {"launch_error", "timeout", "crash"}
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    ev = Evaluator("cuda", workers=1, timeout_s=30, timing=CFG, log_dir=tmp_path_factory.mktemp("workers"))
+    yield ev
+    ev.close()
+
+
+def _reference_ok(evaluator, h):
+    e = evaluator.evaluate(reference_candidate(h.signature, "cuda"), h)
+    assert e.verdict.ok, e.verdict.detail
+    return e
+
+
+CHEATS = [p for p in fixture_files("cuda_") if not expected_reasons(p) & (STATIC | FAULTS)]
+FAULTY = [p for p in fixture_files("cuda_") if expected_reasons(p) & FAULTS]
+
+
+@pytest.mark.parametrize("path", CHEATS, ids=lambda p: p.stem)
+def test_verify_rejects_cuda_cheating_kernel(evaluator, path):
+    h = hotspot("softmax", fixture_signature(path, CUDA_SIGNATURE), device="cuda")
+    e = evaluator.evaluate(load_fixture(path), h)
+    assert not e.verdict.ok
+    assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("path", FAULTY, ids=lambda p: p.stem)
+def test_cuda_faults_become_verdicts_and_the_next_candidate_is_judged(evaluator, path):
+    h = hotspot("softmax", CUDA_SIGNATURE, device="cuda")
+    e = evaluator.evaluate(load_fixture(path), h)
+    assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
+    _reference_ok(evaluator, h)
+
+
+@pytest.mark.parametrize("path", [p for p in fixture_files("cuda_") if expected_reasons(p) & STATIC],
+                         ids=lambda p: p.stem)
+def test_static_cuda_fixtures_are_rejected_by_the_evaluator(evaluator, path):
+    e = evaluator.evaluate(load_fixture(path), hotspot("softmax", CUDA_SIGNATURE, device="cuda"))
+    assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("op,text", [
+    ("softmax", "x: f32[512,2048], dim=-1"),
+    ("softmax", "x: bf16[1,8,256,2048], dim=-1, dtype=float32"),
+    ("softmax", "x: bf16[4096,256], dim=-1, dtype=float32"),
+    ("softmax", "x: f16[8,262144], dim=-1"),
+    ("log_softmax", "x: bf16[64,1000], dim=-1"),
+    ("group_norm", "x: f32[1,512,32,32], num_groups=32, weight: f32[512], bias: f32[512]"),
+    ("group_norm", "x: bf16[2,128,64,64], num_groups=32, weight: bf16[128], bias: bf16[128]"),
+    ("adaptive_avg_pool2d", "x: f32[32,2048,7,7], output_size=(1,1)"),
+    ("adaptive_avg_pool2d", "x: bf16[32,2048,7,7]{channels_last}, output_size=(1,1)"),
+])
+def test_reference_kernels_pass_on_gpu(evaluator, op, text):
+    h = hotspot(op, text, device="cuda")
+    e = _reference_ok(evaluator, h)
+    assert e.timing is not None and e.timing.n >= 30 and e.timing.clock == "cuda_events"
+    assert e.extra["attributes"] and e.extra["resources"]
+    assert 0 < e.bandwidth_fraction < 1.25
+
+
+def test_dynamic_shared_memory_above_48k_is_opted_in(evaluator):
+    src = r'''
+extern "C" __global__ void copy_rows_smem(const float* __restrict__ x, float* __restrict__ out, long long cols) {
+  extern __shared__ float row[];
+  const long long r = blockIdx.x;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) row[c] = x[r * cols + c];
+  __syncthreads();
+  __shared__ float red[32];
+  float m = -1e30f;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, row[c]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  m = red[0];
+  for (int i = 1; i < (int)(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
+  __syncthreads();
+  float s = 0.f;
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) s += expf(row[c] - m);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+  __syncthreads();
+  s = 0.f;
+  for (int i = 0; i < (int)(blockDim.x >> 5); ++i) s += red[i];
+  for (long long c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = expf(row[c] - m) / s;
+}
+'''
+    spec = parse_spec('{"kernels": [{"name": "copy_rows_smem", "args": ["x", "out", "cols"], "grid": ["rows"], '
+                      '"block": [256], "shared_mem": "cols * 4"}], "requires": ["cols <= 16384"]}')
+    h = hotspot("softmax", "x: f32[64,16384], dim=-1", device="cuda")
+    e = evaluator.evaluate(Candidate("softmax", "cuda", src, spec, "test"), h)
+    assert e.verdict.ok, e.verdict.detail  # 64 KB of dynamic shared memory needs cuFuncSetAttribute
+
+
+def test_baseline_times_eager_and_torch_compile_and_measures_bandwidth(tmp_path):
+    h = hotspot("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32", device="cuda")
+    with Evaluator("cuda", workers=1, timeout_s=60, timing=TimingConfig(compile_baseline=True),
+                   log_dir=tmp_path) as ev:
+        base = ev.baseline(h)
+        e = ev.evaluate(reference_candidate(h.signature, "cuda"), h, base)
+        info = ev.device_info()
+    assert base.eager.n >= 30 and base.eager.clock == "cuda_events"
+    assert base.compiled is not None or base.compile_error
+    assert base.copy_bandwidth_gbs > 500 and base.floor_us > 0
+    assert e.verdict.ok and e.speedup_vs_eager and e.speedup_vs_eager > 0
+    assert info["arch"].startswith("sm_") and info["smem_optin_bytes"] > 48 * 1024
+
+
+def test_same_kernel_timed_twice_agrees(evaluator):
+    h = hotspot("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32", device="cuda")
+    ref = reference_candidate(h.signature, "cuda")
+    a = evaluator.evaluate(ref, h)
+    b = evaluator.evaluate(Candidate(ref.op, ref.backend, ref.source + "\n// again\n", ref.spec), h)
+    assert a.verdict.ok and b.verdict.ok
+    assert abs(a.timing.median_us - b.timing.median_us) / a.timing.median_us < 0.10

@@ -37,6 +37,13 @@ def format_result(r: PackResult) -> str:
                      f" ms patched ({m['speedup']:.2f}x), max output difference {m['max_abs_diff']:.3g}{agree}")
         if m.get("note"):
             lines.append(f"  note: {m['note']}")
+        if m["speedup"] < 1.0:
+            lines.append("  note: the patched model is slower end to end here: the kernels' gains do not survive the "
+                         "whole forward (Python dispatch per call, timing noise); measure on the target machine "
+                         "(`python -m forge_pack.demo show`) before deploying it")
+        if not m["within_tolerance"]:
+            lines.append("  note: the patched model's outputs differ from the original by more than the tolerance "
+                         "allows; see model_result in the manifest")
     for n in r.notes:
         lines.append(f"note: {n}")
     if r.wheel:

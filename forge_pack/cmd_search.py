@@ -148,7 +148,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
                    seed: Optional[int] = None, workers: Optional[int] = None, parallel: Optional[int] = None,
                    timeout: Optional[float] = None, as_json: bool = False, llm: Optional[str] = None,
                    llm_budget_usd: Optional[float] = None, llm_budget_tokens: Optional[int] = None,
-                   toolkit: Toolkit | None = None, stdout: Callable[[str], None] = typer.echo) -> RunSummary:
+                   toolkit: Toolkit | None = None, stdout: Callable[[str], None] = typer.echo,
+                   ui: dict | None = None) -> RunSummary:
     """The command's body, callable with a fake toolkit (tests)."""
     overrides = dict(budget=budget, time_limit_s=time_limit, top=top, min_share=min_share, seed=seed,
                      workers=workers, parallel=parallel, timeout_s=timeout, llm_model=llm,
@@ -178,7 +179,7 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     bar = ProgressBar()
     try:
         summary = run(config, resume=resume is not None, toolkit=toolkit, say=bar.say, on_progress=bar.update,
-                      on_hotspot=bar.hotspot)
+                      on_hotspot=bar.hotspot, ui=ui)
     finally:
         bar.done()
     if as_json:
@@ -188,6 +189,20 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     else:
         stdout(format_summary(summary))
     return summary
+
+
+UI_OPTION = typer.Option(False, "--ui", help="Serve the live dashboard beside the search (127.0.0.1).")
+UI_PORT_OPTION = typer.Option(None, "--ui-port", help="Dashboard port (default: the first free one from 8765).")
+ALLOW_CONTROL_OPTION = typer.Option(False, "--allow-control", help="Let the dashboard pause, resume and stop.")
+
+
+def ui_options(with_ui: bool, port: Optional[int], allow_control: bool) -> dict | None:
+    """The keyword arguments of start_ui_in_background for --ui, or None without it."""
+    if not with_ui:
+        if port is not None or allow_control:
+            raise ForgeError("--ui-port and --allow-control need --ui", "add --ui to open the dashboard")
+        return None
+    return {"port": port, "allow_control": allow_control}
 
 
 def register(app: typer.Typer) -> None:
@@ -218,9 +233,13 @@ def register(app: typer.Typer) -> None:
         llm: Optional[str] = LLM_OPTION,
         llm_budget_usd: Optional[float] = LLM_BUDGET_USD_OPTION,
         llm_budget_tokens: Optional[int] = LLM_BUDGET_TOKENS_OPTION,
+        with_ui: bool = UI_OPTION,
+        ui_port: Optional[int] = UI_PORT_OPTION,
+        allow_control: bool = ALLOW_CONTROL_OPTION,
     ) -> None:
         """Profile MODEL, then search faster kernels for its hottest ops (MCTS over kernel templates)."""
         search_command(model, device=device, dtype=dtype, budget=budget, time_limit=time_limit, top=top,
                        min_share=min_share, run_dir=run_dir, resume=resume, seed=seed, workers=workers,
                        parallel=parallel, timeout=timeout, as_json=as_json, llm=llm, llm_budget_usd=llm_budget_usd,
-                       llm_budget_tokens=llm_budget_tokens)
+                       llm_budget_tokens=llm_budget_tokens,
+                       ui=ui_options(with_ui, ui_port, allow_control))

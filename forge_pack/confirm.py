@@ -119,7 +119,13 @@ def confirm_kernels(info, winners: list, *, say: Callable[[str], None] = lambda 
             todo.append(w)
     if todo:
         backend = "cuda" if info.device == "cuda" else "cpu"
-        evaluator = (evaluator_factory or _default_evaluator)(info, backend)
+        try:
+            evaluator = (evaluator_factory or _default_evaluator)(info, backend)
+        except ForgeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - e.g. no worker process could start
+            raise ForgeError(f"the {backend} evaluator for the confirmation could not start: {type(e).__name__}: {e}",
+                             "`forge-pack doctor` checks the toolchain; --no-confirm packs without confirmation")
         try:
             for w in todo:
                 sig = w.hotspot.signature.pretty()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 
 from forge_pack import abi, static_check
@@ -146,7 +145,7 @@ class Evaluator:
                     loaded = w.request(load, self.load_timeout_s)
                     if "error" in loaded:
                         raise RuntimeError(f"loading the inputs of {sig.pretty()} failed:\n{loaded['error']}")
-                    w.loaded.add(key)
+                    w.mark_loaded(key)
                     extra["skipped_sets"] = loaded.get("skipped", [])
             except (WorkerTimeout, WorkerDied) as e:
                 raise RuntimeError(f"loading the inputs of {sig.pretty()} failed: {e}") from e
@@ -161,7 +160,9 @@ class Evaluator:
                 return Evaluation(Verdict(False, "crash", f"{e} while running the candidate\n{_tail(e.log_tail, 2000)}"),
                                   eval_s=time.perf_counter() - t0, extra=extra, **common)
             if reply.get("sets_dropped"):
-                w.loaded.discard(key)
+                w.loaded.pop(key, None)
+            elif key in w.loaded:
+                w.loaded.move_to_end(key)
         if "error" in reply:
             reason = "launch_error" if reply.get("poisoned") else "internal_error"
             return Evaluation(Verdict(False, reason, _tail(reply["error"], 4000)), eval_s=time.perf_counter() - t0,
@@ -198,8 +199,7 @@ def worker_evaluate(session: Session, req: dict) -> dict:
     cand = Candidate.from_json(req["candidate"])
     sig = Signature.from_json(req["signature"])
     cfg = TimingConfig.from_json(req["timing"])
-    if req["key"] not in session.sets:
-        session.load(req)
+    session.load(req)  # a no-op (LRU touch) when the parent already had the sets loaded
     static, _ = session.sets[req["key"]]
     names = [k.name for k in cand.spec.kernels]
     reply: dict = {}

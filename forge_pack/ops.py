@@ -348,7 +348,10 @@ def odd_signatures(sig: Signature) -> list[Signature]:
             else:
                 new = others.get(n, s.shape)
                 inputs.append((n, TensorSpec(s.dtype, new, contiguous_strides(new))))
-        return Signature(sig.op, tuple(inputs), sig.params, None)
+        params = dict(sig.params)
+        if "dim" in params:  # the reduced dim stays the last one on the new shape
+            params["dim"] = len(shape) - 1
+        return Signature(sig.op, tuple(inputs), tuple(sorted(params.items())), None)
 
     if sig.op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
         ncols = len(sig.param("normalized_shape") or [0]) if sig.op in ("layer_norm", "rms_norm") else 1

@@ -318,6 +318,12 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     return doc
 
 
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def _sha256(text: str) -> str:
     import hashlib
 
@@ -363,6 +369,13 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     check_out_dir(out, force)
     winners, dropped = collect(info.run_dir)
     confirmations: dict = {}
+    if confirm and winners and info.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ForgeError("this run's kernels are CUDA kernels: confirming them needs a CUDA GPU, and none is visible",
+                             "run `forge-pack pack` on the GPU machine, or pass --no-confirm to package the search's "
+                             "own measurements unconfirmed")
     if confirm and winners:
         say(f"confirming {len(winners)} winning kernel{'s' if len(winners) != 1 else ''} on unseen inputs, "
             f"in a fresh process")
@@ -387,11 +400,13 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     try:
         doc = stage_package(stage, name, info, winners, confirmations, dropped)
         model_path = Path(info.model_path)
-        if model_check and confirm and model_path.is_file():
+        if model_check and confirm and not model_path.is_file():
+            result.notes.append(f"whole-model check skipped: the model file {model_path} is not there any more")
+        elif model_check and confirm and info.model_hash and _file_sha256(model_path) != info.model_hash:
+            result.notes.append(f"whole-model check skipped: {model_path} changed since the run was profiled")
+        elif model_check and confirm:
             say("checking the whole model: patched vs original, end-to-end latency")
             doc["model_result"] = confirm_mod.check_model(stage, name, info)
-        elif model_check and confirm:
-            result.notes.append(f"whole-model check skipped: the model file {model_path} is not there any more")
         manifest_mod.write(stage / name / "manifest.json", doc)
         (stage / "README.md").write_text(readme.render(doc))
         if out.exists():

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -206,11 +207,25 @@ class HotspotOutcome:
         if self.winner is None:
             best = f"; the best correct kernel ran at {self.best.speedup:.2f}x eager" if self.best else \
                 "; no candidate passed verification"
-            top = max(r.verdicts.items(), key=lambda kv: kv[1]) if r.verdicts else None
-            fails = f" (most common failure: {top[0]}, {top[1]}x)" if top and top[0] != "ok" and not self.best else ""
+            fails = "" if self.best else self._common_failure()
             margin = int(round((WIN_MARGIN - 1) * 100))
             return f"no winner: nothing beat eager by {margin}% in {r.evaluations} evaluations{best}{fails}{ended}"
         return f"winner: {self.winner.candidate.label} at {self.speedup:.2f}x eager{ended}"
+
+    def _common_failure(self) -> str:
+        """' (most common failure: reason, Nx: last line of its detail)' for a hotspot with nothing correct."""
+        r = self.result
+        fails = {k: v for k, v in (r.verdicts if r else {}).items() if k != "ok"}
+        if not fails:
+            return ""
+        reason, count = max(fails.items(), key=lambda kv: kv[1])
+        detail = ""
+        for n in r.nodes:  # type: ignore[union-attr]
+            if n.evaluation is not None and n.evaluation.verdict.reason == reason:
+                lines = [ln.strip() for ln in (n.evaluation.verdict.detail or "").splitlines() if ln.strip()]
+                detail = lines[-1][:160] if lines else ""
+                break
+        return f" (most common failure: {reason}, {count}x" + (f": {detail}" if detail else "") + ")"
 
     def to_json(self) -> dict:
         b, w, best = self.baseline, self.winner, self.best
@@ -462,10 +477,35 @@ def _plan_resumed(config: RunConfig, tk: Toolkit, store: Store, run_row):
     return run_id, env, float(store.get_meta("forward_us") or 0.0), plan
 
 
+class _Heartbeat:
+    """Beats the run's heartbeat every few seconds from a daemon thread, so that long phases with no
+    evaluation (profiling, a torch.compile baseline) do not look like a crashed run on the dashboard."""
+
+    def __init__(self, store: Store, every_s: float = 3.0):
+        self.store, self.every_s = store, every_s
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="forge-heartbeat", daemon=True)
+            self.thread.start()
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every_s):
+            rows = self.store.query("SELECT id FROM runs WHERE status='running' ORDER BY id DESC LIMIT 1")
+            if rows:
+                self.store.heartbeat(rows[0]["id"])
+
+    def close(self) -> None:
+        self.stop.set()
+
+
 def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = None,
         say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
         on_progress: Callable[[HotspotOutcome, Progress], None] | None = None,
-        on_hotspot: Callable[[HotspotOutcome, int, int], None] | None = None, quiet: bool = False) -> RunSummary:
+        on_hotspot: Callable[[HotspotOutcome, int, int], None] | None = None, quiet: bool = False,
+        ui: dict | None = None) -> RunSummary:
     """Profile (or, resuming, read back) the hotspots and search each chosen one; returns the summary."""
     tk = toolkit or Toolkit()
     t0 = time.monotonic()
@@ -490,8 +530,14 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
     run_id = None
     evaluator = None
     status = "failed"
+    beat = _Heartbeat(store)
+    beat.start()
     try:
         _save_config(run_dir, config)
+        if ui is not None:  # --ui: the dashboard beside the search, reading the same run store
+            from forge_pack.ui_server import start_ui_in_background
+
+            start_ui_in_background(run_dir, echo=say, **ui)
         if run_row is not None:
             run_id, env, forward_us, plan = _plan_resumed(config, tk, store, run_row)
             device = run_row["device"]
@@ -554,6 +600,7 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
         status = "interrupted"
         raise
     finally:
+        beat.close()
         if evaluator is not None:
             evaluator.close()
         if run_id is not None:

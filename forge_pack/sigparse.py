@@ -70,8 +70,6 @@ def _value(text: str) -> Any:
 
 def parse_signature(op: str | None, text: str, dtype: str | None = None) -> Signature:
     """A Signature (with its output spec) from the pretty text; ForgeError on anything malformed."""
-    import torch
-
     body = text.strip()
     m = re.match(r"^(\w+)\s*\((.*)\)\s*(?:->\s*\w+)?$", body, flags=re.S)
     if m and m.group(1) in TARGET_OPS:
@@ -82,7 +80,7 @@ def parse_signature(op: str | None, text: str, dtype: str | None = None) -> Sign
         raise ForgeError("no op given", f"pass --op (one of {', '.join(TARGET_OPS)}) or write op(...)")
     if op not in TARGET_OPS:
         raise ForgeError(f"unknown op {op!r}", f"known ops: {', '.join(TARGET_OPS)}")
-    tensors: dict[str, torch.Tensor | None] = {}
+    tensors: dict = {}
     params: dict[str, Any] = {}
     for i, item in enumerate(_split(body)):
         tm = _TENSOR.match(item)

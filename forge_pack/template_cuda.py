@@ -86,6 +86,8 @@ def _sm_rows_build(kind: str):
         why = _vec_ok(sig, p) or _regs_ok(threads, items * vec)
         if why:
             return why
+        if kind != "block_row" and items * vec > 32:
+            return "more than 32 values per lane: use a block per row"
         params = {**p, "items": items}
         defines = {**_sm_common(sig), "THREADS": threads, "VEC": vec, "ITEMS": items, "LANES": lanes,
                    "FAST_EXP": p["fast_exp"], "LOAD_HINT": p["load_hint"], "STORE_HINT": p["store_hint"]}
@@ -181,9 +183,9 @@ def _sm_applicable(kind: str):
         cols, vec = e["cols"], 16 // elem_bytes(sig.x.dtype)
         if kind == "multi_row" and cols > 16 * vec * 4:
             return "rows too long for a fraction of a warp"
-        if kind == "warp_row" and cols > 32 * vec * 8:
+        if kind == "warp_row" and cols > 32 * 32:
             return "rows too long for one warp's registers"
-        if kind == "block_row" and cols > 1024 * vec * 8:
+        if kind == "block_row" and cols > 1024 * 24:
             return "rows too long for one block's registers"
         if kind in ("split_row", "split_sync") and cols < 4096:
             return "rows too short to split"
@@ -572,6 +574,8 @@ def _rn_build(kind: str):
             why = _regs_ok(threads, items * vec)
             if why:
                 return why
+            if kind == "warp_row" and items * vec > 32:
+                return "more than 32 values per lane: use a block per row"
             params["items"] = items
             defines.update(ITEMS=items, LANES=lanes)
             requires.append(f"cols <= {lanes * vec * items}")
@@ -606,10 +610,10 @@ def _rn_defaults(kind: str):
 
 def _rn_applicable(kind: str):
     def applicable(sig: Signature) -> str | None:
-        cols, vec = _sizes(sig)["cols"], 16 // elem_bytes(sig.x.dtype)
-        if kind == "warp_row" and cols > 32 * vec * 8:
+        cols = _sizes(sig)["cols"]
+        if kind == "warp_row" and cols > 32 * 32:
             return "rows too long for one warp's registers"
-        if kind == "block_row" and cols > 1024 * vec * 8:
+        if kind == "block_row" and cols > 1024 * 24:
             return "rows too long for one block's registers"
         return None
 

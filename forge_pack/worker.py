@@ -77,7 +77,7 @@ class WorkerProcess:
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
         self.info: dict | None = None
-        self.loaded: set = set()  # hotspot keys whose input sets the child holds
+        self.loaded: OrderedDict = OrderedDict()  # hotspot keys whose input sets the child holds (its LRU)
         self.dead = False
 
     @property
@@ -92,7 +92,12 @@ class WorkerProcess:
             return ""
 
     def _recv(self, timeout: float):
-        if not self.conn.poll(timeout):
+        try:
+            ready = self.conn.poll(timeout)
+        except (OSError, ValueError):  # the connection is gone (a failed restart)
+            self.dead = True
+            raise WorkerDied("worker connection closed", self.log_tail())
+        if not ready:
             self.kill()
             raise WorkerTimeout(f"no answer within {timeout:.0f} s")
         try:
@@ -140,6 +145,13 @@ class WorkerProcess:
         except OSError:
             pass
 
+    def mark_loaded(self, key: str) -> None:
+        """Mirror the child's LRU of loaded hotspots (Session.MAX_CACHED)."""
+        self.loaded[key] = True
+        self.loaded.move_to_end(key)
+        while len(self.loaded) > Session.MAX_CACHED:
+            self.loaded.popitem(last=False)
+
     def restart(self) -> None:
         self.kill()
         self.start()
@@ -171,9 +183,11 @@ class WorkerPool:
         try:
             yield w
         finally:
-            if not w.alive:
-                w.restart()  # the replacement boots while the next candidate compiles
-            self.idle.put(w)
+            try:
+                if not w.alive:
+                    w.restart()  # the replacement boots while the next candidate compiles
+            finally:
+                self.idle.put(w)  # never shrink the pool, even if a restart failed (the next request says why)
 
     def info(self) -> dict:
         with self.acquire() as w:

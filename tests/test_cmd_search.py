@@ -13,7 +13,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_fakes import FakeEvaluator, fake_hotspots, fake_toolkit  # noqa: E402
-from search_fakes import Landscape  # noqa: E402
 
 from forge_pack.cmd_search import ProgressBar, search_command  # noqa: E402
 from forge_pack.errors import ForgeError  # noqa: E402
@@ -121,3 +120,32 @@ def test_cli_search_on_a_missing_file_is_one_error_line(tmp_path, cli_env, forge
     assert r.returncode == 1
     assert r.stderr.startswith("error: ") and "hint: " in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "r").exists()  # nothing written for a model that does not load
+
+
+class _AllWrong(FakeEvaluator):
+    def evaluate(self, cand, hotspot, baseline):
+        from search_fakes import fail_eval
+
+        return fail_eval("mismatch")
+
+
+def test_no_correct_candidate_names_the_most_common_failure(tmp_path):
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: _AllWrong(run_dir, 0.0)
+    out = []
+    search_command("m.py", run_dir=tmp_path / "r", budget=3, top=1, toolkit=tk, stdout=out.append)
+    assert "no candidate passed verification (most common failure: mismatch, 3x: fake mismatch)" in out[0]
+
+
+class _NoBaseline(FakeEvaluator):
+    def baseline(self, hotspot):
+        raise RuntimeError("torch.compile exploded")
+
+
+def test_a_hotspot_whose_baseline_fails_is_reported_not_fatal(tmp_path):
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: _NoBaseline(run_dir, 0.0)
+    out = []
+    s = search_command("m.py", run_dir=tmp_path / "r", budget=3, toolkit=tk, stdout=out.append)
+    assert all(o.result is None for o in s.searched)
+    assert "baseline could not be measured (RuntimeError: torch.compile exploded)" in out[0]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from forge_pack.candidate import Candidate, parse_spec
+from forge_pack.candidate import Candidate
 from forge_pack.evaluate import Evaluator
 from forge_pack.reference_kernels import reference_candidate
 from forge_pack.timing import TimingConfig, summarize

@@ -1,5 +1,5 @@
-"""The emitted CPU package, built and pip-installed (--no-build-isolation) into a fresh --target
-dir once, then used from fresh processes exactly as a user would: apply, compare, revert; every
+"""The emitted CPU package, built as a wheel (--no-build-isolation) and pip-installed into a fresh
+--target dir once, then used from fresh processes exactly as a user would: apply, compare, revert; every
 call path, every guard, revert identity, FORGE_PACK_DISABLE, a failing extension, a corrupted
 manifest, torch.compile of a patched model, and `python -m <pkg> verify | bench | info`."""
 
@@ -26,9 +26,9 @@ DRIVER = Path(__file__).resolve().parent / "pack" / "driver.py"
 def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("install")
     run = helpers.make_cpu_run(root / "run")
-    result = pack(run, root / "pkg", PKG, confirm=False)
-    assert result.written
-    r = helpers.pip_install(root / "pkg", root / "site")
+    result = pack(run, root / "pkg", PKG, confirm=False, wheel=True)  # --wheel: pip wheel --no-build-isolation
+    assert result.written and result.wheel and Path(result.wheel).parent == root / "pkg" / "dist"
+    r = helpers.pip_install(Path(result.wheel), root / "site")
     assert r.returncode == 0, r.stdout + r.stderr
     assert list((root / "site" / PKG).glob("_C*.so"))
     return root / "site"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_importing_search_does_not_import_torch():
-    code = ("import sys, forge_pack.search, forge_pack.store; "
+    code = ("import sys, forge_pack.search, forge_pack.store, forge_pack.pipeline; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("vae_decoder.py", "llm_block.py", "vision_net.py")
-BUDGET = 5
+BUDGET = 4
 
 
 @pytest.mark.slow

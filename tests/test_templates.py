@@ -41,9 +41,9 @@ SIGS = {
                     "x: f16[128,128], dim=-1"],
     "group_norm": ["x: bf16[1,64,128,128], num_groups=32, weight: bf16[64], bias: bf16[64]",
                    "x: f32[2,32,16,16], num_groups=8", "x: f16[2,64,15,15], num_groups=4, weight: f16[64], bias: f16[64]"],
-    "batch_norm": ["x: bf16[8,64,28,28], running_mean: f32[64], running_var: f32[64], weight: bf16[64], bias: bf16[64]",
+    "batch_norm": ["x: bf16[8,64,28,28], running_mean: bf16[64], running_var: bf16[64], weight: bf16[64], bias: bf16[64]",
                    "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]",
-                   "x: bf16[8,64,14,14]{channels_last}, running_mean: f32[64], running_var: f32[64], "
+                   "x: bf16[8,64,14,14]{channels_last}, running_mean: bf16[64], running_var: bf16[64], "
                    "weight: bf16[64], bias: bf16[64]"],
     "adaptive_avg_pool2d": ["x: bf16[16,256,7,7], output_size=(1,1)", "x: f32[4,64,32,32], output_size=(1,1)",
                             "x: f16[8,512,7,7]{channels_last}, output_size=(1,1)"],
@@ -82,15 +82,19 @@ def _variant(fam: Family, sig, base: dict, end: int) -> dict:
     return params
 
 
-def _variants(backend: str) -> list[tuple[str, str, Candidate]]:
-    """(kind, where, candidate): defaults, low and high ends for every family x op x signature."""
-    out, seen = [], set()
+def _variants(backend: str, extremes_everywhere: bool = True) -> list[tuple[str, str, Candidate]]:
+    """(kind, where, candidate): defaults for every family x op x signature, plus the knobs' low
+    and high ends (for every signature, or only the first one a family applies to)."""
+    out, seen, extremes_done = [], set(), set()
     for op, text, name in _cases(backend):
         sig = _sig(op, text)
         fam = next(f for f in _registry(backend) if f.name == name and op in f.ops)
         base = instantiate(op, backend, name, None, sig).params
-        for kind, params in (("default", base), ("low", _variant(fam, sig, base, 0)),
-                             ("high", _variant(fam, sig, base, -1))):
+        kinds = [("default", base)]
+        if extremes_everywhere or (op, name) not in extremes_done:
+            extremes_done.add((op, name))
+            kinds += [("low", _variant(fam, sig, base, 0)), ("high", _variant(fam, sig, base, -1))]
+        for kind, params in kinds:
             built = _build(fam, sig, params)
             assert not isinstance(built, str), (op, text, name, kind, built)
             cand = _candidate(fam, sig, built)
@@ -182,7 +186,7 @@ def _nvcc_compile(cand: Candidate, folder: str) -> tuple[Candidate, int, str]:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_every_cuda_family_compiles_with_nvcc():
-    items = _variants("cuda")
+    items = _variants("cuda", extremes_everywhere=False)
     failures, spills = [], []
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(lambda it: (it, _nvcc_compile(it[2], d)), items))
@@ -219,7 +223,7 @@ def _where_sig(where: str):
 def test_every_cpu_family_compiles_and_matches_torch(tmp_path):
     from forge_pack.compile import compile_many
 
-    items = _variants("cpu")
+    items = _variants("cpu", extremes_everywhere=False)
     builds = compile_many([c for _, _, c in items], cache_dir=tmp_path, max_workers=max(2, os.cpu_count() or 2))
     failures = []
     for (kind, where, cand), build in zip(items, builds):

@@ -297,8 +297,7 @@ class Patcher:
     # ---- loading
     def _environment_problem(self) -> str | None:
         built = self.build_info.get("torch")
-        running = torch.__version__.split("+")[0]
-        if built and built.split("+")[0] != running:
+        if built and built != torch.__version__:  # torch's C++ ABI is not stable across builds
             return (f"the extension was built against torch {built} but this is torch {torch.__version__}; "
                     f"reinstall the package: pip install --no-build-isolation --force-reinstall <package dir>")
         if self.backend != "cuda":

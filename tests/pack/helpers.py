@@ -20,6 +20,7 @@ from forge_pack.verdict import Baseline, Check, Evaluation, Timing, Verdict
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 TINY_MODEL = HERE / "tiny_model.py"
+E2E_MODEL = HERE / "e2e_model.py"
 
 CPU_LAYER_NORM = r"""
 #include <cmath>

@@ -1,7 +1,7 @@
 // group_norm (CPU): groups in parallel (OpenMP over N * G). Statistics per group: STATS = 0 exact
 // two-pass (mean, then squared deviations), STATS = 1 one pass of sum and sum of squares
 // accumulated in double (52-bit mantissa: no cancellation at realistic offsets). Then per
-// channel a = rstd * weight, b = bias - mean * a and a vectorised x * a + b over HW.
+// channel a = rstd * weight and a vectorised (x - mean) * a + bias over HW.
 //{{PARAMS}}
 //{{INCLUDE _cpu_prelude.h}}
 
@@ -31,11 +31,11 @@ static void gn_group(const T_X* FP_RESTRICT x, const T_WEIGHT* weight, const T_B
   for (long long c = 0; c < cpg; ++c) {
     const float w = HAS_WEIGHT ? to_float(weight[c0 + c]) : 1.0f;
     const float b = HAS_BIAS ? to_float(bias[c0 + c]) : 0.0f;
-    const float a = rstd * w, sh = b - (float)mean * a;
+    const float a = rstd * w, fm = (float)mean;
     const T_X* FP_RESTRICT xc = x + c * hw;
     T_OUT* FP_RESTRICT oc = out + c * hw;
 #pragma omp simd
-    for (long long i = 0; i < hw; ++i) forge_store(oc + i, to_float(xc[i]) * a + sh);
+    for (long long i = 0; i < hw; ++i) forge_store(oc + i, (to_float(xc[i]) - fm) * a + b);
   }
 }
 

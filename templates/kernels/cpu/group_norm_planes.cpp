@@ -1,7 +1,7 @@
 // group_norm (CPU) for few, large groups (fewer groups than cores): parallel over the N * C
 // channel planes instead. Pass 1 (parallel over planes): per plane, sum and sum of squares around
 // the plane's first value (shifted, in double: no cancellation). Then each group merges its
-// planes' moments (Chan's formula). Pass 2 (parallel over planes): x * a + b per channel.
+// planes' moments (Chan's formula). Pass 2 (parallel over planes): (x - mean) * a + bias.
 // Plane statistics live in a small heap buffer (2 doubles per plane, plus the shift).
 //{{PARAMS}}
 //{{INCLUDE _cpu_prelude.h}}
@@ -21,7 +21,7 @@ extern "C" void group_norm_planes(const T_X* x, const T_WEIGHT* weight, const T_
     mean[p] = k + s / (double)HW;
     m2[p] = q - s * s / (double)HW;
   }
-  std::vector<float> a(planes), b(planes);
+  std::vector<float> a(planes), b(planes), mu_p(planes);
 #pragma omp parallel for schedule(static)
   for (long long g = 0; g < N * G; ++g) {
     double n = 0.0, mu = 0.0, q = 0.0;
@@ -38,15 +38,16 @@ extern "C" void group_norm_planes(const T_X* x, const T_WEIGHT* weight, const T_
       const float w = HAS_WEIGHT ? to_float(weight[c]) : 1.0f;
       const float bb = HAS_BIAS ? to_float(bias[c]) : 0.0f;
       a[p] = rstd * w;
-      b[p] = bb - (float)mu * a[p];
+      b[p] = bb;
+      mu_p[p] = (float)mu;
     }
   }
 #pragma omp parallel for schedule(static, GRAIN)
   for (long long p = 0; p < planes; ++p) {
     const T_X* FP_RESTRICT xp = x + p * HW;
     T_OUT* FP_RESTRICT op = out + p * HW;
-    const float ap = a[p], bp = b[p];
+    const float ap = a[p], bp = b[p], mp = mu_p[p];
 #pragma omp simd
-    for (long long i = 0; i < HW; ++i) forge_store(op + i, to_float(xp[i]) * ap + bp);
+    for (long long i = 0; i < HW; ++i) forge_store(op + i, (to_float(xp[i]) - mp) * ap + bp);
   }
 }

@@ -1,6 +1,7 @@
 // ---- batch_norm (inference) helpers ----------------------------------------------------------
-// out = x * a[c] + b[c], a = weight[c] * rsqrt(running_var[c] + eps), b = bias[c] - running_mean[c] * a.
-// weight / bias are always kernel parameters (NULL when the call has none: HAS_WEIGHT / HAS_BIAS = 0).
+// out = (x - running_mean[c]) * a[c] + bias[c], a = weight[c] * rsqrt(running_var[c] + eps).
+// (x - mean first: folding the mean into the shift, x * a + b, cancels when |mean| >> std.)
+// weight / bias are always kernel parameters (NULL when the call has none: HAS_WEIGHT / HAS_BIAS).
 #define WEIGHT_PARAM const T_WEIGHT* __restrict__ weight,
 #define WEIGHT_ARG weight,
 #define BIAS_PARAM const T_BIAS* __restrict__ bias,
@@ -19,7 +20,9 @@
                   WEIGHT_PARAM BIAS_PARAM
 #define BN_ARGS running_mean, running_var, WEIGHT_ARG BIAS_ARG
 
-__device__ __forceinline__ float2 bn_coef(BN_PARAMS int c, float eps) {
+// Per-channel (mean, scale, shift); apply with bn_apply(x, coef).
+__device__ __forceinline__ float3 bn_coef(BN_PARAMS int c, float eps) {
   const float a = WEIGHT_AT(c) * rsqrtf(load1(running_var + c) + eps);
-  return make_float2(a, BIAS_AT(c) - load1(running_mean + c) * a);
+  return make_float3(load1(running_mean + c), a, BIAS_AT(c));
 }
+FP_DEV float bn_apply(float x, float3 k) { return fmaf(x - k.x, k.y, k.z); }

@@ -13,6 +13,8 @@ __device__ __forceinline__ void rn_block_impl(const T_X* __restrict__ x, WEIGHT_
   const T_X* xr = x + (long long)blockIdx.x * cols;
   T_OUT* orow = out + (long long)blockIdx.x * cols;
   float v[NV][V];
+  // layer_norm sums x - shift (the row's first value): small sums even when |mean| >> std
+  const float shift = (RMS) ? 0.f : load1(xr);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -21,7 +23,7 @@ __device__ __forceinline__ void rn_block_impl(const T_X* __restrict__ x, WEIGHT_
       Vec<T_X, V> a;
       a.template load<LOAD_HINT>(xr + c);
 #pragma unroll
-      for (int k = 0; k < V; ++k) { v[i][k] = a.get(k); s += RMS ? v[i][k] * v[i][k] : v[i][k]; }
+      for (int k = 0; k < V; ++k) { v[i][k] = a.get(k); s += RMS ? v[i][k] * v[i][k] : v[i][k] - shift; }
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) v[i][k] = 0.f;
@@ -32,7 +34,7 @@ __device__ __forceinline__ void rn_block_impl(const T_X* __restrict__ x, WEIGHT_
   if (RMS) {
     rstd = rsqrtf(__fdividef(s, (float)cols) + eps);
   } else {
-    mean = __fdividef(s, (float)cols);
+    mean = shift + __fdividef(s, (float)cols);
     float q = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {

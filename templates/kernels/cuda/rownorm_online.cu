@@ -11,7 +11,8 @@ __device__ __forceinline__ void rn_online_impl(const T_X* __restrict__ x, WEIGHT
   __shared__ float red[96];
   const T_X* xr = x + (long long)blockIdx.x * cols;
   T_OUT* orow = out + (long long)blockIdx.x * cols;
-  Moments st{0.f, 0.f, 0.f};
+  Moments st{0.f, 0.f, 0.f};  // layer_norm: moments of x - shift (the row's first value)
+  const float shift = RMS ? 0.f : load1(xr);
   float sq = 0.f;
   for (int base = 0; base < cols; base += THREADS * V * UNROLL) {
     Vec<T_X, V> a[UNROLL];
@@ -27,7 +28,10 @@ __device__ __forceinline__ void rn_online_impl(const T_X* __restrict__ x, WEIGHT
       const int c = base + (u * THREADS + (int)threadIdx.x) * V;
       valid += (c < cols) ? V : 0;
 #pragma unroll
-      for (int k = 0; k < V; ++k) { vals[u * V + k] = (c < cols) ? a[u].get(k) : 0.f; sq += vals[u * V + k] * vals[u * V + k]; }
+      for (int k = 0; k < V; ++k) {
+        vals[u * V + k] = (c < cols) ? a[u].get(k) - shift : 0.f;
+        sq += vals[u * V + k] * vals[u * V + k];
+      }
     }
     if (!RMS) st = moments_merge(st, moments_of<UNROLL * V>(vals, valid));
   }
@@ -36,7 +40,7 @@ __device__ __forceinline__ void rn_online_impl(const T_X* __restrict__ x, WEIGHT
     rstd = rsqrtf(__fdividef(block_sum<THREADS>(sq, red), (float)cols) + eps);
   } else {
     st = block_moments<THREADS>(st, red);
-    mean = st.mean;
+    mean = shift + st.mean;
     rstd = rsqrtf(__fdividef(st.m2, (float)cols) + eps);
   }
   for (int base = 0; base < cols; base += THREADS * V * UNROLL) {

@@ -16,6 +16,8 @@ __device__ __forceinline__ void rn_warp_impl(const T_X* __restrict__ x, WEIGHT_P
   const T_X* xr = x + row * cols;
   T_OUT* orow = out + row * cols;
   float v[NV][V];
+  // layer_norm sums x - shift (the row's first value): small sums even when |mean| >> std
+  const float shift = (RMS || ncols == 0) ? 0.f : load1(xr);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
@@ -24,7 +26,7 @@ __device__ __forceinline__ void rn_warp_impl(const T_X* __restrict__ x, WEIGHT_P
       Vec<T_X, V> a;
       a.template load<LOAD_HINT>(xr + c);
 #pragma unroll
-      for (int k = 0; k < V; ++k) { v[i][k] = a.get(k); s += RMS ? v[i][k] * v[i][k] : v[i][k]; }
+      for (int k = 0; k < V; ++k) { v[i][k] = a.get(k); s += RMS ? v[i][k] * v[i][k] : v[i][k] - shift; }
     } else {
 #pragma unroll
       for (int k = 0; k < V; ++k) v[i][k] = 0.f;
@@ -35,7 +37,7 @@ __device__ __forceinline__ void rn_warp_impl(const T_X* __restrict__ x, WEIGHT_P
   if (RMS) {
     rstd = rsqrtf(__fdividef(s, (float)cols) + eps);
   } else {
-    mean = __fdividef(s, (float)cols);
+    mean = shift + __fdividef(s, (float)cols);
     float q = 0.f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {

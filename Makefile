@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
 	touch $(STAMP)
 
+# profile → search → confirm → package, pip install it here, apply it, print before/after.
 demo: $(STAMP)
-	$(BIN)/forge-pack profile $(DEMO_MODEL) --device cpu --run-dir runs/demo
+	rm -rf runs/demo
+	$(BIN)/python -m forge_pack.demo $(DEMO_MODEL) --device cpu --budget 8 --out out/demo_package --run-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

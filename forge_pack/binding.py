@@ -170,7 +170,8 @@ def _op_function(t: TargetCode, package: str) -> str:
                 f"x.options().dtype({CPP_DTYPES[out.dtype]}));")
     for w in t.launch["workspaces"]:
         fn = "at::zeros" if w["zero"] else "at::empty"
-        body.append(f"  at::Tensor ws_{w['name']} = {fn}({{{int(w['bytes'])}}}, x.options().dtype(at::kByte));")
+        nbytes = max(int(w["bytes"]), 1)  # as the evaluator allocates it: never a null pointer
+        body.append(f"  at::Tensor ws_{w['name']} = {fn}({{{nbytes}}}, x.options().dtype(at::kByte));")
     if cuda:
         body.append("  void* stream = (void*)c10::cuda::getCurrentCUDAStream(x.device().index()).stream();")
     for i, k in enumerate(t.launch["kernels"]):

@@ -32,9 +32,10 @@ def format_result(r: PackResult) -> str:
         lines.append(f"  not packed: {d['pretty']}: {d['reason']}")
     m = r.model_result
     if m:
-        agree = f", argmax agreement {100 * m['argmax_agreement']:.2f}%" if m.get("argmax_agreement") is not None else ""
-        lines.append(f"Whole model: {m['eager']['median_us'] / 1e3:.3f} ms eager -> {m['patched']['median_us'] / 1e3:.3f}"
-                     f" ms patched ({m['speedup']:.2f}x), max output difference {m['max_abs_diff']:.3g}{agree}")
+        a = m.get("argmax_agreement")
+        agree = f", argmax agreement {100 * a:.2f}%" if a is not None else ""
+        lines.append(f"Whole model: {m['eager']['median_us'] / 1e3:.3f} ms eager -> "
+                     f"{m['patched']['median_us'] / 1e3:.3f} ms patched ({m['speedup']:.2f}x), max output difference {m['max_abs_diff']:.3g}{agree}")
         if m.get("note"):
             lines.append(f"  note: {m['note']}")
         if m["speedup"] < 1.0:
@@ -117,7 +118,8 @@ def register(app: typer.Typer) -> None:
         name: Optional[str] = typer.Option(None, "--name", help="Python name of the package (default: <model>_forge)."),
         device: Optional[str] = typer.Option(None, "--device", help=DEVICE_HELP),
         dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
-        budget: Optional[int] = typer.Option(None, "--budget", help=f"Evaluations per hotspot (default: {DEFAULT_BUDGET})."),
+        budget: Optional[int] = typer.Option(None, "--budget",
+                                             help=f"Evaluations per hotspot (default: {DEFAULT_BUDGET})."),
         wheel: bool = typer.Option(False, "--wheel", help="Also build a wheel into OUT/dist."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the run store goes (default: runs/...)."),

@@ -373,7 +373,8 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
         import torch
 
         if not torch.cuda.is_available():
-            raise ForgeError("this run's kernels are CUDA kernels: confirming them needs a CUDA GPU, and none is visible",
+            raise ForgeError("this run's kernels are CUDA kernels: confirming them needs a CUDA GPU, and none is "
+                             "visible",
                              "run `forge-pack pack` on the GPU machine, or pass --no-confirm to package the search's "
                              "own measurements unconfirmed")
     if confirm and winners:

@@ -16,7 +16,7 @@ def us(v: float | None) -> str:
 def timing(t: dict | None) -> str:
     if not t:
         return "n/a"
-    return f"{us(t['median_us'])} (±{us(t['iqr_us'])}, n={t['n']})"
+    return f"{us(t['median_us'])} (IQR {us(t['iqr_us'])}, n={t['n']})"
 
 
 def x(v: float | None) -> str:
@@ -33,7 +33,8 @@ def target_table(doc: dict) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in doc["targets"]:
         tm, s, tol = t["timing"], t["speedup"], t["tolerance"]
-        rows.append(f"| {t['id']} | `{t['signature']['pretty']}` | {100 * t['time_share']:.1f}% | {timing(tm['eager'])} "
+        rows.append(f"| {t['id']} | `{t['signature']['pretty']}` | {100 * t['time_share']:.1f}% "
+                    f"| {timing(tm['eager'])} "
                     f"| {timing(tm['compiled'])} | {timing(tm['kernel'])} | **{x(s['vs_eager'])}** | {x(s['vs_compile'])} "
                     f"| {err(t['errors']['captured'])} / {err(t['errors']['fresh'])} | {tol['atol']:g}, {tol['rtol']:g} "
                     f"| {', '.join(t['call_paths'])} |")
@@ -59,7 +60,9 @@ def render(doc: dict) -> str:
     where = env["gpu_name"] or env.get("cpu") or doc["model"]["device"]
     if env.get("compute_capability"):
         where += f" (compute capability {env['compute_capability']})"
-    where += f", torch {env['torch']}" + (f", CUDA {env['cuda']}" if env.get("cuda") and doc["backend"] == "cuda" else "")
+    where += f", torch {env['torch']}"
+    if env.get("cuda") and doc["backend"] == "cuda":
+        where += f", CUDA {env['cuda']}"
     n = len(doc["targets"])
     r = doc["model_result"]
     summary = (f"{n} kernel{'s' if n != 1 else ''} replace{'s' if n == 1 else ''} "

@@ -28,7 +28,9 @@ ITEMS = Knob("items", (1, 2, 4, 8, 16), "vectors per thread kept in registers (c
 TILE_ITEMS = Knob("items", (1, 2, 4, 8), "loop trips per block of the normalise kernel (tile size)")
 PLANES = Knob("planes", (8, 16, 32, 64, 128), "planes per block staged through shared memory")
 SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threadIdx.y)")
+STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
 HINTS = (LOAD_HINT, STORE_HINT)
+SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
 SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
 MAX_REG_ELEMS = 64  # fp32 values a thread keeps in registers at most (beyond: spills)
@@ -49,6 +51,14 @@ def _regs_ok(threads: int, floats: int, overhead: int = 40) -> str | None:
     if floats > min(MAX_REG_ELEMS, budget):
         return f"{floats} register values per thread exceed the budget at {threads} threads"
     return None
+
+
+def _stream_ok(sig: Signature, p: dict, per_thread_floats: int = 0, loads: int | None = None) -> str | None:
+    """Streaming kernels: `loads` raw vectors in flight (default: unroll) plus some fp32 values per
+    thread must fit the register budget (beyond it ptxas spills)."""
+    n = p.get("unroll", 1) if loads is None else loads
+    raw = n * cdiv(p.get("vec", 1) * elem_bytes(sig.x.dtype), 4)
+    return _vec_ok(sig, p) or _regs_ok(p["threads"], raw + per_thread_floats)
 
 
 def _vec_default(sig: Signature, divides: int) -> int:
@@ -103,7 +113,7 @@ def _sm_rows_build(kind: str):
 
 
 def _sm_online_build(sig: Signature, p: dict):
-    why = _vec_ok(sig, p)
+    why = _stream_ok(sig, p, p["vec"])
     if why:
         return why
     defines = {**_sm_common(sig), "THREADS": p["threads"], "VEC": p["vec"], "UNROLL": p["unroll"],
@@ -113,7 +123,7 @@ def _sm_online_build(sig: Signature, p: dict):
 
 
 def _sm_split_build(sig: Signature, p: dict):
-    why = _vec_ok(sig, p)
+    why = _stream_ok(sig, p, p["vec"])
     if why:
         return why
     e = _sizes(sig)
@@ -131,7 +141,7 @@ def _sm_split_build(sig: Signature, p: dict):
 def _sm_sync_build(sig: Signature, p: dict):
     e = _sizes(sig)
     threads, vec, items = p["threads"], p["vec"], p["items"]
-    why = _vec_ok(sig, p) or _regs_ok(threads, items * vec)
+    why = _vec_ok(sig, p) or _regs_ok(threads, items * vec, overhead=72)
     if why:
         return why
     chunk = threads * vec * items
@@ -257,7 +267,7 @@ def _gn_hints(p: dict) -> dict:
 
 def _gn_block_build(kernel: str):
     def build(sig: Signature, p: dict):
-        why = _vec_ok(sig, p)
+        why = _stream_ok(sig, p, p["unroll"] * p["vec"])
         if why:
             return why
         defines = {"THREADS": p["threads"], "VEC": p["vec"], "UNROLL": p["unroll"], **_gn_hints(p)}
@@ -269,7 +279,7 @@ def _gn_block_build(kernel: str):
 
 
 def _gn_split_build(sig: Signature, p: dict):
-    why = _vec_ok(sig, p)
+    why = _stream_ok(sig, p, p["unroll"] * p["vec"])
     if why:
         return why
     e = _sizes(sig)
@@ -291,10 +301,12 @@ def _gn_split_build(sig: Signature, p: dict):
 
 def _gn_sync_build(sig: Signature, p: dict):
     e = _sizes(sig)
-    threads, vec, items = p["threads"], p["vec"], p["items"]
-    # the chunk stays in registers as raw input bits: 16-bit types pack two per register
-    regs = cdiv(items * vec * elem_bytes(sig.x.dtype), 4)
-    why = _vec_ok(sig, p) or _regs_ok(threads, regs, overhead=64)
+    threads, vec, items, stage = p["threads"], p["vec"], p["items"], p["stage"]
+    chunk_bytes = threads * vec * items * elem_bytes(sig.x.dtype)
+    if stage:  # the chunk waits in shared memory; registers only hold the vectors in flight
+        why = _vec_ok(sig, p) or (None if chunk_bytes <= SMEM_MAX else "chunk exceeds shared memory")
+    else:  # the chunk stays in registers as raw input bits: 16-bit types pack two per register
+        why = _vec_ok(sig, p) or _regs_ok(threads, cdiv(items * vec * elem_bytes(sig.x.dtype), 4), overhead=72)
     if why:
         return why
     chunk = threads * vec * items
@@ -302,10 +314,11 @@ def _gn_sync_build(sig: Signature, p: dict):
     if split < 2 or split > SM_COUNT - 4:
         return f"{split} blocks per group (needs 2..{SM_COUNT - 4})"
     # UNROLL: only for the element-wise path taken on misaligned pointers
-    defines = {"THREADS": threads, "VEC": vec, "ITEMS": items, "UNROLL": 4, **_gn_hints(p)}
+    defines = {"THREADS": threads, "VEC": vec, "ITEMS": items, "STAGE": stage, "UNROLL": 4, **_gn_hints(p)}
     nsplit = f"ceil_div(GROUP_SIZE, {chunk})"
     k = launch("group_norm_split_sync", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG",
-                                          "i32:G", f"i32:{nsplit}", "eps"], [f"N * G * {nsplit}"], [threads])
+                                          "i32:G", f"i32:{nsplit}", "eps"], [f"N * G * {nsplit}"], [threads],
+               chunk_bytes if stage else 0)
     ws = [Workspace("ws", f"N * G * {nsplit} * 16"), Workspace("sync", "(1 + 2 * N * G) * 4", zero=True)]
     return Built({**p, "split": split}, defines,
                  spec([k], ws, [f"{nsplit} <= {SM_COUNT - 4}", "GROUP_SIZE <= 2000000000"]))
@@ -325,11 +338,15 @@ def _gn_defaults(kind: str):
                 split //= 2
             p.update(threads=512, unroll=4, items=2, split=split, store_hint=1)
         elif kind == "split_sync":
-            p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1)
+            p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1, stage=0)
             # smallest chunk that keeps a group within one resident wave, and >= 2 blocks per SM overall
             while p["items"] > 1 and groups * cdiv(gs, 512 * vec * p["items"] // 2) <= 8 * SM_COUNT \
                     and cdiv(gs, 512 * vec * p["items"] // 2) <= SM_COUNT - 4:
                 p["items"] //= 2
+            if cdiv(gs, 512 * vec * p["items"]) * 2 > SM_COUNT:
+                # a group fills the GPU: stage chunks in shared memory (256 threads x 64 KB: 3 blocks
+                # per SM) so that about three groups are resident and their phases overlap
+                p.update(threads=256, items=p["items"] * 2, stage=1)
         return p
 
     return defaults
@@ -367,7 +384,7 @@ _GN = {
                  "one block per group; exact two-pass mean then variance, then normalise (small groups)"),
     "split": ((SPLIT, THREADS, VEC, UNROLL, TILE_ITEMS, *HINTS), "group_norm_split.cu", _gn_split_build,
               "huge groups: stats kernel with `split` blocks per group -> workspace -> normalise kernel"),
-    "split_sync": ((THREADS, ITEMS, VEC, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
+    "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
                    "large groups in one kernel and ONE read: chunks in registers, inter-block barrier per group"),
 }
 GROUP_NORM = [Family(("group_norm",), "cuda", k, f, knobs, doc, _gn_applicable(k), _gn_defaults(k), build, _gn_score(k))
@@ -381,7 +398,10 @@ _BN_ARGS = ["x", "running_mean", "running_var", "weight", "bias", "out"]
 
 def _bn_build(kind: str):
     def build(sig: Signature, p: dict):
-        why = _vec_ok(sig, p)
+        if kind == "nhwc":  # ITEMS vectors in flight, three fp32 coefficients per channel
+            why = _stream_ok(sig, p, 3 * p["vec"], loads=p["items"])
+        else:
+            why = _stream_ok(sig, p, p["vec"])
         if why:
             return why
         e = _sizes(sig)
@@ -460,7 +480,7 @@ BATCH_NORM = [Family(("batch_norm",), "cuda", k, f, knobs, doc, _bn_applicable(k
 
 def _pool_build(kind: str):
     def build(sig: Signature, p: dict):
-        why = _vec_ok(sig, p)
+        why = _stream_ok(sig, p, p["vec"])
         if why:
             return why
         e = _sizes(sig)
@@ -552,7 +572,7 @@ POOL = [Family(("adaptive_avg_pool2d",), "cuda", k, f, knobs, doc, _pool_applica
 
 def _rn_build(kind: str):
     def build(sig: Signature, p: dict):
-        why = _vec_ok(sig, p)
+        why = _stream_ok(sig, p, p.get("unroll", 1) * p["vec"] * 2) if kind == "online" else _vec_ok(sig, p)
         if why:
             return why
         e = _sizes(sig)

@@ -65,6 +65,81 @@ def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
     assert info["cuda_arch_list"] == "9.0" and info["nvcc"].split(".")[0] == info["cuda"].split(".")[0]
 
 
+def _big_signatures() -> list:
+    from forge_pack.signature import Signature, TensorSpec, contiguous_strides
+
+    def spec(d, shape, strides=None):
+        return TensorSpec(d, shape, strides or contiguous_strides(shape))
+
+    nhwc = (64 * 28 * 28, 1, 28 * 64, 64)
+    return [
+        Signature("softmax", (("x", spec("float32", (8, 262144))),), (("dim", 1), ("dtype", None)),
+                  spec("float32", (8, 262144))),
+        Signature("group_norm", (("x", spec("bfloat16", (1, 128, 1024, 1024))), ("weight", spec("bfloat16", (128,))),
+                                 ("bias", spec("bfloat16", (128,)))), (("eps", 1e-6), ("num_groups", 32)),
+                  spec("bfloat16", (1, 128, 1024, 1024))),
+        Signature("batch_norm", (("x", spec("bfloat16", (32, 64, 28, 28), nhwc)), ("running_mean", spec("float32", (64,))),
+                                 ("running_var", spec("float32", (64,))), ("weight", spec("float32", (64,))),
+                                 ("bias", spec("float32", (64,)))), (("eps", 1e-5), ("training", False)),
+                  spec("bfloat16", (32, 64, 28, 28), nhwc)),
+        Signature("rms_norm", (("x", spec("bfloat16", (4096, 4096))), ("weight", spec("bfloat16", (4096,)))),
+                  (("composite", True), ("eps", 1e-6), ("normalized_shape", [4096]), ("weight_offset", 1.0)),
+                  spec("bfloat16", (4096, 4096))),
+    ]
+
+
+def _stage_all_families(tmp_path: Path, arch: str) -> tuple[Path, int]:
+    """One package holding every CUDA starting point of the search for a range of signatures."""
+    from forge_pack.hotspot import Hotspot
+    from forge_pack.pack import RunInfo, Winner, stage_package
+    from forge_pack.propose import ProposeRequest
+    from forge_pack.templates_proposer import TemplateProposer
+    from forge_pack.verdict import Baseline, Timing
+
+    proposer = TemplateProposer()
+    hotspots = helpers.cuda_hotspots()[0] + [Hotspot(s, ("F.x",), 1.0, 1.0, 1.0, 0.1, (), "cuda",
+                                                     "tests:FakeNorm" if s.param("composite") else "")
+                                             for s in _big_signatures()]
+    winners = []
+    for h in hotspots:
+        for move in proposer.propose(ProposeRequest(h, "cuda", None, max_moves=8)):
+            winners.append(Winner(h, len(winners), len(winners), move.candidate, helpers._evaluation(2.0),
+                                  Baseline(Timing(10.0, 0.1, 30), Timing(12.0, 0.1, 30)),
+                                  {"evaluations": 1, "verdicts": {"ok": 1}}))
+    families = {(w.hotspot.op, w.candidate.family) for w in winners}
+    assert len(winners) >= 15 and ("softmax", "split_row") in families and ("group_norm", "split") in families
+    assert any(w.candidate.spec.workspaces for w in winners) and any(len(w.candidate.spec.kernels) > 1 for w in winners)
+    info = RunInfo(tmp_path, str(helpers.TINY_MODEL), None, "cuda", None,
+                   {"compute_capability": arch, "gpu": "NVIDIA H200", "cuda": "13.0"}, {}, None)
+    out = tmp_path / "all_families"
+    stage_package(out, "all_families", info, winners, {}, [])
+    r = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=out, capture_output=True, text=True,
+                       env=dict(os.environ, TORCH_CUDA_ARCH_LIST=arch, MAX_JOBS="2"), timeout=1800)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-8000:]
+    assert list((out / "all_families").glob("_C*.so"))
+    return out, len(winners)
+
+
+@pytest.mark.slow  # ~80 s on 2 cores: nvcc compiles ~25 kernels
+@pytest.mark.skipif(bool(_nvcc_missing()), reason=_nvcc_missing() or "nvcc present")
+def test_every_cuda_template_family_builds_inside_a_package(tmp_path):
+    """The search's CUDA starting points (multi-kernel, workspaces, vector loads, bf16) build verbatim in one package."""
+    _stage_all_families(tmp_path, "9.0")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_every_cuda_template_family_verifies_on_the_gpu(tmp_path):
+    """...and each one, launched by the generated binding, matches a float64 reference on the GPU."""
+    import torch
+
+    out, n = _stage_all_families(tmp_path, "%d.%d" % torch.cuda.get_device_capability())
+    r = subprocess.run([sys.executable, "-m", "all_families", "verify", "--random", "2"], capture_output=True,
+                       text=True, env=helpers.env_with(out), timeout=1800)
+    print(r.stdout)
+    assert r.returncode == 0 and f"PASS: {n} kernels" in r.stdout, r.stdout[-8000:] + r.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def gpu_site(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpu")

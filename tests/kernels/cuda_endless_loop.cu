@@ -11,8 +11,10 @@ __device__ float block_reduce(float v, bool is_max) {
   return v;
 }
 extern "C" __global__ void softmax_spin(const float* __restrict__ x, float* __restrict__ out, long long rows, long long cols) {
-  volatile int spin = 1;
-  while (spin) {}
+  // clock64() is a volatile read the compiler must keep; a plain `while (1) {}` is undefined
+  // behaviour in C++ and ptxas deletes it (seen on the H200: the kernel returned at once).
+  long long start = clock64();
+  while (clock64() >= start) {}
 }
 /* forge-pack-spec
 {"kernels": [{"name": "softmax_spin", "args": ["x", "out", "rows", "cols"], "grid": ["rows"], "block": [256]}]}

@@ -74,7 +74,8 @@ def scenario_roundtrip() -> dict:
     tol = [t["tolerance"] for t in PKG.manifest["targets"]]
     atol, rtol = 10 * max(t["atol"] for t in tol), 10 * max(t["rtol"] for t in tol)  # errors compound over layers
     op_of = {t["id"]: t["op"] for t in PKG.manifest["targets"]}
-    return {"applied": applied, "kernel_calls": {op_of[k]: v for k, v in calls.items()}, "changed": mid != before, "identity_restored": after == before,
+    return {"applied": applied, "kernel_calls": {op_of[k]: v for k, v in calls.items()}, "changed": mid != before,
+            "identity_restored": after == before,
             "max_diff": max(float((a - b).abs().max()) for a, b in zip(ref, got)),
             "within_tolerance": all(close(a, b, atol, rtol) for a, b in zip(ref, got)),
             "bitwise_after_revert": all(torch.equal(a, c) for a, c in zip(ref, back)),

@@ -10,11 +10,16 @@
 
 #define FP_RESTRICT __restrict__
 
+// max that ignores NaN (like fmaxf) and vectorises to one instruction
+static inline float fp_max(float a, float b) { return b > a ? b : a; }
+
 // exp that vectorises: exp(x) = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 (Cody-Waite),
 // p a degree-6 polynomial (Cephes expf, ~1 ulp). exp(-inf) = 0 exactly, NaN stays NaN.
 static inline float fp_exp_poly(float x) {
-  const float xc = std::fmin(std::fmax(x, -87.33654f), 88.72283f);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  const float lo = x > -87.33654f ? x : -87.33654f;  // ternaries vectorise; std::fmax may call libm
+  const float xc = lo < 88.72283f ? lo : 88.72283f;
+  // round to nearest with the 1.5 * 2^23 trick: std::floor is a libm call without -fno-trapping-math
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;

@@ -10,7 +10,7 @@ static void softmax_row(const T_X* FP_RESTRICT x, T_OUT* FP_RESTRICT out, long l
     const long long b1 = b0 + BLOCK < n ? b0 + BLOCK : n;
     float bm = -INFINITY;
 #pragma omp simd reduction(max : bm)
-    for (long long i = b0; i < b1; ++i) bm = std::fmax(bm, to_float(x[i]));
+    for (long long i = b0; i < b1; ++i) bm = fp_max(bm, to_float(x[i]));
     if (bm > m) { s *= FP_EXP(m - bm); m = bm; }
     float bs = 0.0f;
     if (m == -INFINITY) {  // only NaN may count while the max is -inf

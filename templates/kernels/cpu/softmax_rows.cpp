@@ -9,7 +9,7 @@
 static void softmax_row(const T_X* FP_RESTRICT x, T_OUT* FP_RESTRICT out, long long n) {
   float m = -INFINITY;
 #pragma omp simd reduction(max : m)
-  for (long long i = 0; i < n; ++i) m = std::fmax(m, to_float(x[i]));
+  for (long long i = 0; i < n; ++i) m = fp_max(m, to_float(x[i]));
   float s = 0.0f;
   if (!LOG && std::is_same<T_OUT, float>::value) {
     float* o = reinterpret_cast<float*>(out);

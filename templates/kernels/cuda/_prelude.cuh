@@ -23,8 +23,12 @@ template <> struct Elem<float> {
 template <> struct Elem<__nv_bfloat16> {
   typedef unsigned short bits;
   // bf16 -> f32 is exact: the bf16 bits are the high half of the f32 bits.
-  static __device__ __forceinline__ float to_f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-  static __device__ __forceinline__ unsigned short from_f(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+  static __device__ __forceinline__ float to_f(unsigned short b) {
+    return __uint_as_float(((unsigned int)b) << 16);
+  }
+  static __device__ __forceinline__ unsigned short from_f(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
 };
 template <> struct Elem<__half> {
   typedef unsigned short bits;
@@ -109,7 +113,8 @@ template <typename T, int N> struct Vec {
 
 // True when p can be accessed with V-element vectors of T (vector path), else use the scalar path.
 template <typename T, int V> FP_DEV bool vec_aligned(const void* p) {
-  constexpr unsigned long long A = (sizeof(typename Elem<T>::bits) * V) < 16 ? (sizeof(typename Elem<T>::bits) * V) : 16;
+  constexpr unsigned long long B = sizeof(typename Elem<T>::bits) * V;
+  constexpr unsigned long long A = B < 16 ? B : 16;
   return (reinterpret_cast<unsigned long long>(p) % A) == 0;
 }
 
@@ -168,7 +173,8 @@ template <int WIDTH, typename ExpF> FP_DEV MaxSum group_maxsum(MaxSum v, ExpF ex
   }
   return v;
 }
-template <int NT, typename ExpF> __device__ __forceinline__ MaxSum block_maxsum(MaxSum v, float* red_m, float* red_s, ExpF ex) {
+template <int NT, typename ExpF>
+__device__ __forceinline__ MaxSum block_maxsum(MaxSum v, float* red_m, float* red_s, ExpF ex) {
   v = group_maxsum<32>(v, ex);
   if (NT == 32) return v;
   __syncthreads();

@@ -43,7 +43,8 @@ __device__ __forceinline__ void rn_store(T_OUT* __restrict__ o, WEIGHT_PARAM BIA
   out.template store<STORE_HINT>(o);
 }
 
-template <int V> __device__ __forceinline__ bool rn_vec_ok(const void* x, WEIGHT_PARAM BIAS_PARAM const void* out, int cols) {
+template <int V>
+__device__ __forceinline__ bool rn_vec_ok(const void* x, WEIGHT_PARAM BIAS_PARAM const void* out, int cols) {
   bool ok = VEC > 1 && cols % VEC == 0 && vec_aligned<T_X, V>(x) && vec_aligned<T_OUT, V>(out);
 #if HAS_WEIGHT
   ok = ok && vec_aligned<T_WEIGHT, V>(weight);

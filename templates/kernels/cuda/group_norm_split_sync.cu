@@ -1,12 +1,13 @@
 // group_norm for large groups in ONE kernel with ONE read of x: each group is split over `split`
-// blocks (a runtime argument; the launch spec bounds it to what the GPU holds at once); every
-// block keeps its chunk (THREADS * VEC * ITEMS elements, as raw input bits: 4 registers per 8
-// bf16) in registers, computes its exact two-pass moments (relative to the group's first
-// element), publishes them to the workspace `ws`, waits for the group's other blocks at an
-// inter-block barrier (see the prelude), merges the group's partials in a fixed order and writes
-// its normalised(+affine) chunk from registers. `sync` is a zero-filled int workspace
-// (1 + 2 * N * G ints) that the kernel leaves zero again. If the barrier times out (a GPU too
-// small for a group's blocks) the block recomputes the group statistics from memory.
+// blocks (a runtime argument; the launch spec bounds it to what the GPU holds at once). Every
+// block keeps its chunk (THREADS * VEC * ITEMS elements, as raw input bits) in registers
+// (STAGE = 0: 4 registers per 8 bf16) or in dynamic shared memory (STAGE = 1), computes its
+// exact two-pass moments (relative to the group's first element), publishes them to the
+// workspace `ws`, waits for the group's other blocks at an inter-block barrier (see the
+// prelude), merges the group's partials in a fixed order and writes its normalised(+affine)
+// chunk from the kept copy. `sync` is a zero-filled int workspace (1 + 2 * N * G ints) that the
+// kernel leaves zero again. If the barrier times out (a GPU too small for a group's blocks) the
+// block recomputes the group statistics from memory.
 //{{PARAMS}}
 //{{INCLUDE _prelude.cuh}}
 //{{INCLUDE _group_norm.cuh}}
@@ -43,11 +44,20 @@ __device__ __forceinline__ void gn_split_sync_impl(const T_X* __restrict__ x, WE
   const int begin = (vid % split) * CHUNK;
   GN_GROUP_PTRS(grp)
   const float shift = load1(xg);
+#if STAGE
+  // The chunk waits in (dynamic) shared memory instead of registers: blocks need few registers,
+  // so several groups are resident at once and one group's loads overlap another's stores.
+  extern __shared__ uint4 stage_smem[];
+  Vec<T_X, V>* a = reinterpret_cast<Vec<T_X, V>*>(stage_smem) + threadIdx.x;
+#define A(i) a[(i) * THREADS]
+#else
   Vec<T_X, V> a[NV];
+#define A(i) a[i]
+#endif
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int e = begin + (i * THREADS + (int)threadIdx.x) * V;
-    if (e < gs) a[i].template load<LOAD_HINT>(xg + e);
+    if (e < gs) A(i).template load<LOAD_HINT>(xg + e);
   }
   // exact two-pass moments of the chunk, from registers (get_fresh: convert on use, see prelude)
   float s = 0.f;
@@ -55,7 +65,7 @@ __device__ __forceinline__ void gn_split_sync_impl(const T_X* __restrict__ x, WE
   for (int i = 0; i < NV; ++i) {
     const bool valid = begin + (i * THREADS + (int)threadIdx.x) * V < gs;
 #pragma unroll
-    for (int k = 0; k < V; ++k) s += valid ? a[i].get_fresh(k) - shift : 0.f;
+    for (int k = 0; k < V; ++k) s += valid ? A(i).get_fresh(k) - shift : 0.f;
   }
   const float n = (float)min(CHUNK, gs - begin);
   const float cmean = __fdividef(block_sum<THREADS>(s, red), n);
@@ -65,7 +75,7 @@ __device__ __forceinline__ void gn_split_sync_impl(const T_X* __restrict__ x, WE
     const bool valid = begin + (i * THREADS + (int)threadIdx.x) * V < gs;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const float d = a[i].get_fresh(k) - shift - cmean;
+      const float d = A(i).get_fresh(k) - shift - cmean;
       q += valid ? d * d : 0.f;
     }
   }
@@ -84,10 +94,11 @@ __device__ __forceinline__ void gn_split_sync_impl(const T_X* __restrict__ x, WE
       const float sa = rstd * WEIGHT_AT(c), sb = BIAS_AT(c);
       Vec<T_OUT, V> o;
 #pragma unroll
-      for (int k = 0; k < V; ++k) o.set(k, fmaf(a[i].get_fresh(k) - mean, sa, sb));
+      for (int k = 0; k < V; ++k) o.set(k, fmaf(A(i).get_fresh(k) - mean, sa, sb));
       o.template store<STORE_HINT>(og + e);
     }
   }
+#undef A
 }
 
 // Misaligned pointers or HW % VEC != 0: same barrier, but statistics and output stream from

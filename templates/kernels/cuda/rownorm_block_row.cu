@@ -6,8 +6,8 @@
 //{{INCLUDE _rownorm.cuh}}
 
 template <int V>
-__device__ __forceinline__ void rn_block_impl(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM T_OUT* __restrict__ out,
-                                              int cols, float eps OFFSET_PARAM) {
+__device__ __forceinline__ void rn_block_impl(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
+                                              T_OUT* __restrict__ out, int cols, float eps OFFSET_PARAM) {
   constexpr int NV = ITEMS * VEC / V;
   __shared__ float red[32];
   const T_X* xr = x + (long long)blockIdx.x * cols;

@@ -6,8 +6,8 @@
 //{{INCLUDE _rownorm.cuh}}
 
 template <int V>
-__device__ __forceinline__ void rn_online_impl(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM T_OUT* __restrict__ out,
-                                               int cols, float eps OFFSET_PARAM) {
+__device__ __forceinline__ void rn_online_impl(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
+                                               T_OUT* __restrict__ out, int cols, float eps OFFSET_PARAM) {
   __shared__ float red[96];
   const T_X* xr = x + (long long)blockIdx.x * cols;
   T_OUT* orow = out + (long long)blockIdx.x * cols;

@@ -62,7 +62,9 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                   dtype: Optional[str] = None, budget: Optional[int] = None, wheel: bool = False, force: bool = False,
                   run_dir: Optional[Path] = None, top: Optional[int] = None, min_share: Optional[float] = None,
                   seed: Optional[int] = None, workers: Optional[int] = None, timeout: Optional[float] = None,
-                  llm: Optional[str] = None, as_json: bool = False, toolkit=None,
+                  llm: Optional[str] = None, llm_budget_usd: Optional[float] = None,
+                  llm_budget_tokens: Optional[int] = None, time_limit: Optional[float] = None,
+                  as_json: bool = False, toolkit=None, ui: dict | None = None,
                   stdout: Callable[[str], None] = typer.echo) -> PackResult:
     from forge_pack.cmd_search import ProgressBar, format_summary
     from forge_pack.pipeline import RunConfig, run, with_overrides
@@ -74,10 +76,11 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
     config = with_overrides(RunConfig(model=model, device=device, dtype=dtype, budget=DEFAULT_BUDGET,
                                       run_dir=str(run_dir or default_run_dir(model))),
                             budget=budget, top=top, min_share=min_share, seed=seed, workers=workers,
-                            parallel=workers, timeout_s=timeout, llm_model=llm)
+                            parallel=workers, timeout_s=timeout, llm_model=llm, llm_budget_usd=llm_budget_usd,
+                            llm_budget_tokens=llm_budget_tokens, time_limit_s=time_limit)
     bar = ProgressBar()
     try:
-        summary = run(config, toolkit=toolkit, say=bar.say, on_progress=bar.update, on_hotspot=bar.hotspot)
+        summary = run(config, toolkit=toolkit, say=bar.say, on_progress=bar.update, on_hotspot=bar.hotspot, ui=ui)
     finally:
         bar.done()
     if not as_json:
@@ -88,7 +91,7 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                          f"`forge-pack pack {config.run_dir} --out {out}`")
     result = pack(config.run_dir, out, pkg, force=force, wheel=wheel, say=bar.say)
     if as_json:
-        from forge_pack.manifest import finite
+        from forge_pack.store import finite
 
         stdout(json.dumps(finite({"run_dir": config.run_dir, "search": summary.to_json(), "pack": result.to_json()})))
     else:
@@ -100,7 +103,7 @@ def pack_command(run_dir: Path, out: Path, *, name: Optional[str] = None, force:
                  confirm: bool = True, as_json: bool = False, stdout: Callable[[str], None] = typer.echo) -> PackResult:
     result = pack(run_dir, out, name, force=force, wheel=wheel, confirm=confirm)
     if as_json:
-        from forge_pack.manifest import finite
+        from forge_pack.store import finite
 
         stdout(json.dumps(finite(result.to_json())))
     else:
@@ -109,7 +112,9 @@ def pack_command(run_dir: Path, out: Path, *, name: Optional[str] = None, force:
 
 
 def register(app: typer.Typer) -> None:
-    from forge_pack.cmd_search import DEVICE_HELP, DTYPE_HELP
+    from forge_pack.cmd_search import (ALLOW_CONTROL_OPTION, DEVICE_HELP, DTYPE_HELP, UI_OPTION, UI_PORT_OPTION,
+                                       ui_options)
+    from forge_pack.llm_options import LLM_BUDGET_TOKENS_OPTION, LLM_BUDGET_USD_OPTION, LLM_OPTION
 
     @app.command("build")
     def build_cmd(
@@ -128,13 +133,20 @@ def register(app: typer.Typer) -> None:
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the search and its random inputs."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Evaluator worker processes (default: 1)."),
         timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per candidate evaluation."),
-        llm: Optional[str] = typer.Option(None, "--llm", help="Also let this LLM propose kernels (OpenAI-compatible)."),
+        time_limit: Optional[float] = typer.Option(None, "--time-limit", help="Seconds of search per hotspot."),
+        llm: Optional[str] = LLM_OPTION,
+        llm_budget_usd: Optional[float] = LLM_BUDGET_USD_OPTION,
+        llm_budget_tokens: Optional[int] = LLM_BUDGET_TOKENS_OPTION,
+        with_ui: bool = UI_OPTION,
+        ui_port: Optional[int] = UI_PORT_OPTION,
+        allow_control: bool = ALLOW_CONTROL_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     ) -> None:
         """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
         build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
                       run_dir=run_dir, top=top, min_share=min_share, seed=seed, workers=workers, timeout=timeout,
-                      llm=llm, as_json=as_json)
+                      llm=llm, llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
+                      time_limit=time_limit, as_json=as_json, ui=ui_options(with_ui, ui_port, allow_control))
 
     @app.command("pack")
     def pack_cmd(

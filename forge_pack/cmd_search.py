@@ -183,9 +183,9 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     finally:
         bar.done()
     if as_json:
-        from forge_pack.pipeline import _finite
+        from forge_pack.store import finite
 
-        stdout(json.dumps(_finite(summary.to_json())))
+        stdout(json.dumps(finite(summary.to_json())))
     else:
         stdout(format_summary(summary))
     return summary

@@ -147,7 +147,7 @@ def confirm_kernels(info, winners: list, *, say: Callable[[str], None] = lambda 
                 close()
     merged = {**cached, **out}
     tmp = run_dir / f".{CONFIRM_FILE}.tmp"
-    from forge_pack.manifest import finite
+    from forge_pack.store import finite
 
     tmp.write_text(json.dumps(finite({k: v.to_json() for k, v in merged.items()}), indent=2))
     os.replace(tmp, run_dir / CONFIRM_FILE)
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         result = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-4000:]}"}
-    from forge_pack.manifest import finite
+    from forge_pack.store import finite
 
     Path(a.out).write_text(json.dumps(finite(result)))
     return 0 if "error" not in result else 1

@@ -10,7 +10,6 @@ so a hand-edited or corrupted manifest is refused with the path of the first bad
 from __future__ import annotations
 
 import json
-import math
 import platform
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_pack.errors import ForgeError
+from forge_pack.store import finite
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
@@ -27,17 +27,6 @@ SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 @lru_cache(maxsize=1)
 def schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text())
-
-
-def finite(v: Any) -> Any:
-    """JSON has no NaN/Inf: replace them by null, recursively (tuples become lists)."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [finite(x) for x in v]
-    return v
 
 
 def problems(doc: Any) -> list[str]:

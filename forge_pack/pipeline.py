@@ -14,7 +14,6 @@ module itself imports no torch (the default toolkit imports the real stages lazi
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import sys
@@ -30,7 +29,7 @@ from forge_pack.errors import ForgeError
 from forge_pack.hotspot import Hotspot
 from forge_pack.propose import Move
 from forge_pack.search import Node, Progress, SearchConfig, SearchHooks, SearchResult, StoredNode, search
-from forge_pack.store import Store
+from forge_pack.store import Store, finite
 from forge_pack.verdict import Baseline, Evaluation
 
 CONFIG_FILE = "config.json"
@@ -594,7 +593,7 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
             if out.result.stop_reason == "stopped":
                 status = "interrupted"
         summary = RunSummary(str(run_dir), config, device, forward_us, outcomes, status, time.monotonic() - t0)
-        (run_dir / SUMMARY_FILE).write_text(json.dumps(_finite(summary.to_json()), indent=2))
+        (run_dir / SUMMARY_FILE).write_text(json.dumps(finite(summary.to_json()), indent=2))
         return summary
     except KeyboardInterrupt:
         status = "interrupted"
@@ -606,16 +605,6 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
         if run_id is not None:
             store.finish_run(run_id, status)
         store.close()
-
-
-def _finite(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
-    return v
 
 
 def with_overrides(config: RunConfig, **overrides: Any) -> RunConfig:

@@ -98,16 +98,17 @@ CREATE TABLE IF NOT EXISTS llm_calls (
 
 def _json(v: Any) -> str:
     """JSON with NaN/Inf turned into null (they are not JSON)."""
-    return json.dumps(_finite(v), sort_keys=True)
+    return json.dumps(finite(v), sort_keys=True)
 
 
-def _finite(v: Any) -> Any:
+def finite(v: Any) -> Any:
+    """NaN and Inf replaced by None, recursively: JSON has no spelling for them."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     if isinstance(v, dict):
-        return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_finite(x) for x in v]
+        return {k: finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set)):
+        return [finite(x) for x in v]
     return v
 
 
@@ -227,10 +228,10 @@ class Store:
                     " reward, compile_s, eval_s, evaluation_json, finished_at) VALUES"
                     " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (node_id, hotspot_id, int(v["ok"]), v["reason"], v.get("detail", "")[:20000],
-                     _finite(v.get("max_abs_err")), _finite(v.get("max_rel_err")), t.get("median_us"),
-                     t.get("iqr_us"), t.get("n"), _finite(evaluation_json.get("speedup_vs_eager")),
-                     _finite(evaluation_json.get("speedup_vs_compile")),
-                     _finite(evaluation_json.get("bandwidth_fraction")), reward,
+                     finite(v.get("max_abs_err")), finite(v.get("max_rel_err")), t.get("median_us"),
+                     t.get("iqr_us"), t.get("n"), finite(evaluation_json.get("speedup_vs_eager")),
+                     finite(evaluation_json.get("speedup_vs_compile")),
+                     finite(evaluation_json.get("bandwidth_fraction")), reward,
                      evaluation_json.get("compile_s"), evaluation_json.get("eval_s"), _json(evaluation_json),
                      time.time()))
                 self.conn.execute("UPDATE nodes SET status='done' WHERE id=?", (node_id,))

@@ -20,7 +20,6 @@ import hmac
 import http.server
 import ipaddress
 import json
-import math
 import secrets
 import socket
 import sqlite3
@@ -32,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from forge_pack import control, ui_data
 from forge_pack.errors import ForgeError
-from forge_pack.store import open_readonly
+from forge_pack.store import finite, open_readonly
 
 DEFAULT_PORT = 8765
 PORT_TRIES = 50  # a busy default port moves up to this many ports on
@@ -49,16 +48,6 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self';
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 MAX_BODY = 4096
 
-
-def finite(v: Any) -> Any:
-    """NaN and +-Inf are not JSON: they leave as null."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, dict):
-        return {k: finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set)):
-        return [finite(x) for x in v]
-    return v
 
 
 def to_json_bytes(v: Any) -> bytes:

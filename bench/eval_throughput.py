@@ -12,6 +12,7 @@ torch.compile) is timed once per hotspot and reported separately. Works on CPU t
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from _common import environment, out_path, stats, write
 
-N = 30
+N = int(os.environ.get("BENCH_N", "30"))  # candidates per hotspot
 HOTSPOTS = [("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32", "min(1024, round_up(cols, 32))",
              ["128", "256", "512", "1024"]),
             ("group_norm", "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], bias: bf16[512]", "256",

@@ -40,9 +40,10 @@ class ProgressBar:
     """One plain carriage-return bar per hotspot on stderr; a line every tenth of the budget when
     stderr is not a terminal (CI logs)."""
 
-    def __init__(self, stream: TextIO = sys.stderr, width: int = 24):
-        self.stream, self.width = stream, width
-        self.tty = hasattr(stream, "isatty") and stream.isatty()
+    def __init__(self, stream: TextIO | None = None, width: int = 24):
+        # sys.stderr as it is now, not as it was at import (tests and wrappers swap it)
+        self.stream, self.width = stream or sys.stderr, width
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.open = False
         self.last_line = 0
 

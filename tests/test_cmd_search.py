@@ -149,3 +149,30 @@ def test_a_hotspot_whose_baseline_fails_is_reported_not_fatal(tmp_path):
     s = search_command("m.py", run_dir=tmp_path / "r", budget=3, toolkit=tk, stdout=out.append)
     assert all(o.result is None for o in s.searched)
     assert "baseline could not be measured (RuntimeError: torch.compile exploded)" in out[0]
+
+
+def test_search_ui_serves_the_dashboard_beside_the_search(tmp_path, capfd):
+    import json
+    import re
+    import urllib.request
+
+    from forge_pack.cmd_search import ui_options
+
+    ui = ui_options(True, None, False)
+    search_command("m.py", run_dir=tmp_path / "r", budget=4, toolkit=fake_toolkit(), stdout=lambda s: None, ui=ui)
+    err = capfd.readouterr().err
+    url = re.search(r"http://127\.0\.0\.1:\d+/\S*token=\w+", err)
+    assert url, err
+    base = re.match(r"http://127\.0\.0\.1:\d+", url.group(0)).group(0)
+    token = url.group(0).rsplit("token=", 1)[1]
+    with urllib.request.urlopen(f"{base}/api/summary?token={token}", timeout=10) as r:
+        summary = json.loads(r.read())
+    assert summary  # the run the search just wrote, read through the dashboard's read-only connection
+
+
+def test_ui_port_without_ui_is_an_error():
+    from forge_pack.cmd_search import ui_options
+    from forge_pack.errors import ForgeError
+
+    with pytest.raises(ForgeError, match="need --ui"):
+        ui_options(False, 9000, False)

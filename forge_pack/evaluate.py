@@ -171,6 +171,12 @@ class Evaluator:
         timing = Timing.from_json(reply.get("timing"))
         extra.update(attributes=reply.get("attributes", {}), floor_us=reply.get("floor_us"),
                      copy_bandwidth_gbs=reply.get("copy_bandwidth_gbs"))
+        if not extra["resources"] and extra["attributes"]:
+            # No ptxas report in the compile log (seen on the H200 for a cached NVRTC build): the
+            # loaded function's own attributes are the ground truth for registers and memory.
+            extra["resources"] = {name: {"registers": a.get("registers", 0), "smem_bytes": a.get("static_smem_bytes", 0),
+                                         "stack_bytes": a.get("local_bytes", 0), "source": "cuFuncGetAttribute"}
+                                  for name, a in extra["attributes"].items()}
         if reply.get("poisoned"):
             extra["worker_replaced"] = True
         speed_eager = speed_compile = fraction = None

@@ -25,7 +25,8 @@ Writes, after every phase (so a call cut off at its time limit keeps what finish
                            machine stays warm; otherwise the model starts again)
   OUT_DIR/real_models.md   the bench/results/README.md section (published figures side by side)
   OUT_DIR/real_models.log  the tail of every subprocess's output
-  OUT_DIR/<model>_pkg.tar.gz  each built package (if under 15 MiB), so a later call skips its build
+  OUT_DIR/<model>_pkg.tar.gz  the built package of a model not finished in this call (if under 15 MiB), so
+                           the next call, on a fresh machine too, skips its build
 
 Across device calls ($OUT is emptied each time, a machine stays warm only briefly) bring the returned files
 back in a carried folder and pass its real_models.json with --previous (the tarballs beside it are used).
@@ -478,6 +479,8 @@ def run_model(r: Runner, name: str, doc: dict) -> bool:
             save(r, doc)
         st["status"] = "done"
         st.pop("phase", None)
+        (r.out / f"{name}_pkg.tar.gz").unlink(missing_ok=True)  # only unfinished models need theirs next call
+        st.get("build", {}).pop("tarball", None)
         return True
     except Deadline as e:
         st["status"] = "partial"
@@ -730,8 +733,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json_out).write_text(json.dumps(res, indent=1, default=str))
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out", nargs="?", default=os.environ.get("OUT") or str(ROOT / "bench" / "results"),
-                   help="output directory (default: $OUT, else bench/results)")
+    p.add_argument("out", nargs="?", default=None,
+                   help="output directory (default: $OUT, else bench/results; with --small runs/real_models_small)")
     p.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--device", default="cuda")
     p.add_argument("--budget", type=int, default=12, help="evaluations per hotspot (forge-pack build --budget)")
@@ -754,6 +757,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--report-only", action="store_true", help="only rewrite the result files from --previous")
     p.add_argument("--update-readme", default=None, help="replace the real_models section of this README")
     a = p.parse_args(argv)
+    if a.out is None:
+        a.out = os.environ.get("OUT") or str(ROOT / ("runs/real_models_small" if a.small else "bench/results"))
     if a.iters < 10:
         p.error("--iters must be at least 10")
     sys.path.insert(0, str(ROOT))

@@ -28,15 +28,11 @@ import os
 
 import torch
 
-SMALL = os.environ.get("FORGE_BENCH_SMALL", "") not in ("", "0")
-DTYPE = getattr(torch, os.environ.get("FORGE_BENCH_DTYPE", "bfloat16"))
+from _bench_env import SMALL, causal_lm_prefill
+
 LAYERS = int(os.environ.get("FORGE_BENCH_LAYERS", 4))
 SEQ = int(os.environ.get("FORGE_BENCH_SEQ", 64 if SMALL else 2048))
 BATCH = 1
-
-
-def _device() -> str:
-    return os.environ.get("FORGE_BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def config():
@@ -56,24 +52,10 @@ def config():
     )
 
 
-class Prefill(torch.nn.Module):
-    """input_ids -> next-token logits (1, 1, vocab), as the prefill step of generation."""
-
-    def __init__(self, lm):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=input_ids, use_cache=False, logits_to_keep=1).logits
-
-
 def get_model() -> torch.nn.Module:
     from transformers import Qwen3_5MoeForCausalLM
 
-    torch.manual_seed(0)
-    with torch.device(_device()):
-        lm = Qwen3_5MoeForCausalLM._from_config(config(), dtype=DTYPE, attn_implementation="eager")
-    return Prefill(lm.to(DTYPE)).eval()
+    return causal_lm_prefill(Qwen3_5MoeForCausalLM, config())
 
 
 def get_inputs():

@@ -161,7 +161,7 @@ def test_search_ui_serves_the_dashboard_beside_the_search(tmp_path, capfd):
     ui = ui_options(True, None, False)
     search_command("m.py", run_dir=tmp_path / "r", budget=4, toolkit=fake_toolkit(), stdout=lambda s: None, ui=ui)
     err = capfd.readouterr().err
-    url = re.search(r"http://127\.0\.0\.1:\d+/\S*token=\w+", err)
+    url = re.search(r"http://127\.0\.0\.1:\d+/\S*token=[\w-]+", err)  # url-safe tokens hold - and _
     assert url, err
     base = re.match(r"http://127\.0\.0\.1:\d+", url.group(0)).group(0)
     token = url.group(0).rsplit("token=", 1)[1]

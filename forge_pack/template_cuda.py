@@ -12,8 +12,8 @@ from __future__ import annotations
 from forge_pack.abi import env as abi_env
 from forge_pack.candidate import Workspace
 from forge_pack.signature import Signature
-from forge_pack.template_kit import (Built, Family, Knob, cdiv, clamp, elem_bytes, launch, out_dtype, pow2_ceil,
-                                     present, spec)
+from forge_pack.template_kit import (Built, Family, Knob, cdiv, clamp, elem_bytes, launch, nearest, out_dtype,
+                                     pow2_ceil, present, spec)
 
 THREADS = Knob("threads", (64, 128, 256, 512, 1024), "threads per block")
 VEC = Knob("vec", (1, 2, 4, 8), "elements per vector access (16 bytes at most per load)")
@@ -29,6 +29,7 @@ TILE_ITEMS = Knob("items", (1, 2, 4, 8), "loop trips per block of the normalise 
 PLANES = Knob("planes", (8, 16, 32, 64, 128), "planes per block staged through shared memory")
 SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threadIdx.y)")
 STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
+LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
@@ -299,6 +300,23 @@ def _gn_split_build(sig: Signature, p: dict):
                                         ["GROUP_SIZE <= 2000000000"]))
 
 
+def _gn_flow_build(sig: Signature, p: dict):
+    why = _stream_ok(sig, p, p["unroll"] * p["vec"])
+    if why:
+        return why
+    e = _sizes(sig)
+    threads, vec, split = p["threads"], p["vec"], p["split"]
+    if cdiv(e["GROUP_SIZE"], split) < threads * vec:
+        return "chunks smaller than one pass of the block"
+    defines = {"THREADS": threads, "VEC": vec, "UNROLL": p["unroll"], "SPLIT": split, "LAG": p["lag"],
+               **_gn_hints(p)}
+    chunk = f"i32:round_up(ceil_div(GROUP_SIZE, {split}), {vec})"
+    k = launch("group_norm_split_flow", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG",
+                                         "i32:G", chunk, "eps"], [f"2 * N * G * {split}"], [threads])
+    ws = [Workspace("ws", f"N * G * {split} * 16"), Workspace("sync", "(1 + 2 * N * G) * 4", zero=True)]
+    return Built(dict(p), defines, spec([k], ws, ["GROUP_SIZE <= 2000000000", f"2 * N * G * {split} <= 2147483647"]))
+
+
 def _gn_sync_build(sig: Signature, p: dict):
     e = _sizes(sig)
     threads, vec, items, stage = p["threads"], p["vec"], p["items"], p["stage"]
@@ -337,6 +355,13 @@ def _gn_defaults(kind: str):
             while split > 4 and cdiv(gs, split) < 512 * vec * 2:
                 split //= 2
             p.update(threads=512, unroll=4, items=2, split=split, store_hint=1)
+        elif kind == "split_flow":
+            split = clamp(pow2_ceil(cdiv(gs, 32768)), 4, 256)  # chunks of ~32 K elements
+            while split > 4 and cdiv(gs, split) < 256 * vec * 4:
+                split //= 2
+            group_mb = gs * elem_bytes(sig.x.dtype) / 2 ** 20
+            lag = nearest(LAG.values, clamp(int(24 / max(group_mb, 1e-3)) - 1, 1, 6))
+            p.update(threads=256, unroll=4, split=split, lag=lag, load_hint=2, store_hint=1)
         elif kind == "split_sync":
             p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1, stage=0)
             # smallest chunk that keeps a group within one resident wave, and >= 2 blocks per SM overall
@@ -358,7 +383,7 @@ def _gn_applicable(kind: str):
         if e["C"] % max(e["G"], 1):
             return "channels not divisible by groups"
         vec = 16 // elem_bytes(sig.x.dtype)
-        if kind == "split" and e["GROUP_SIZE"] < 8192:
+        if kind in ("split", "split_flow") and e["GROUP_SIZE"] < 8192:
             return "groups too small to split"
         if kind == "split_sync" and (e["GROUP_SIZE"] < 8192 or cdiv(e["GROUP_SIZE"], 1024 * vec * 8) > SM_COUNT - 4):
             return "groups too small to split, or too large for one resident wave"
@@ -371,8 +396,8 @@ def _gn_score(kind: str):
     def score(sig: Signature) -> float:
         e = _sizes(sig)
         few = e["N"] * e["G"] < 2 * SM_COUNT
-        return {"split_sync": 0 if few else 3, "split": 1 if few else 4, "welford": 2 if few else 0,
-                "two_pass": 5 if few else 1}[kind]
+        return {"split_flow": 0 if few else 2, "split": 1 if few else 4, "split_sync": 2 if few else 3,
+                "welford": 3 if few else 0, "two_pass": 5 if few else 1}[kind]
 
     return score
 
@@ -384,6 +409,9 @@ _GN = {
                  "one block per group; exact two-pass mean then variance, then normalise (small groups)"),
     "split": ((SPLIT, THREADS, VEC, UNROLL, TILE_ITEMS, *HINTS), "group_norm_split.cu", _gn_split_build,
               "huge groups: stats kernel with `split` blocks per group -> workspace -> normalise kernel"),
+    "split_flow": ((SPLIT, THREADS, VEC, UNROLL, LAG, *HINTS), "group_norm_split_flow.cu", _gn_flow_build,
+                   "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
+                   "re-read the chunk from L2; start-order tickets, no co-residency bound"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
                    "large groups in one kernel and ONE read: chunks in registers, inter-block barrier per group"),
 }
@@ -499,9 +527,11 @@ def _pool_build(kind: str):
             if threads % planes or threads // planes > 32:
                 return "threads per plane must be a power of two <= 32"
             defines["PLANES"] = planes
+            eb = elem_bytes(sig.x.dtype)
             k = launch("adaptive_avg_pool2d_nchw_tile", ["x", "out", "i64:N * C", "i32:HW"],
-                       [f"ceil_div(N * C, {planes})"], [threads], f"{planes} * HW * 4")
-            return Built(dict(p), defines, spec([k], requires=["channels_last == 0", f"{planes} * HW * 4 <= 49152"]))
+                       [f"ceil_div(N * C, {planes})"], [threads], f"round_up({planes} * HW * {eb}, 16)")
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0",
+                                                              f"{planes} * HW * {eb} <= 49152"]))
         ty = p["ty"]
         if ty > threads // 8:
             return "too few threads along channels"
@@ -522,7 +552,7 @@ def _pool_defaults(kind: str):
             return {"threads": 256, "lanes": clamp(pow2_ceil(cdiv(hw, 8)), 4, 32), "vec": _vec_default(sig, hw),
                     "unroll": 2, "load_hint": 2}
         if kind == "nchw_tile":
-            planes = 64 if hw * 64 * 4 <= 49152 else 16
+            planes = 64 if hw * 64 * elem_bytes(sig.x.dtype) <= 49152 else 16
             return {"threads": 256, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 2,
                     "load_hint": 2}
         vec = _vec_default(sig, c)
@@ -540,7 +570,7 @@ def _pool_applicable(kind: str):
             return "input is not channels_last"
         if kind != "nhwc" and e["channels_last"]:
             return "input is channels_last"
-        if kind == "nchw_tile" and e["HW"] * 8 * 4 > 49152:
+        if kind == "nchw_tile" and e["HW"] * 8 * elem_bytes(sig.x.dtype) > 49152:
             return "planes too large to stage in shared memory"
         return None
 

@@ -123,7 +123,7 @@ def test_issue_families_exist():
     names = {op: {f.name for f in families(op, "cuda")} for op in OPS}
     assert {"warp_row", "block_row", "online", "multi_row", "split_row", "split_sync"} <= names["softmax"]
     assert names["log_softmax"] == names["softmax"]
-    assert {"welford", "two_pass", "split", "split_sync"} <= names["group_norm"]
+    assert {"welford", "two_pass", "split", "split_sync", "split_flow"} <= names["group_norm"]
     assert {"nchw_plane", "nchw_flat", "nhwc"} <= names["batch_norm"]
     assert {"nchw_lanes", "nchw_tile", "nhwc"} <= names["adaptive_avg_pool2d"]
     assert names["layer_norm"] == names["rms_norm"] == {"warp_row", "block_row", "online"}
@@ -152,7 +152,7 @@ def test_long_rows_are_split_over_many_blocks():
         cand = instantiate("softmax", "cuda", name, None, sig)
         assert evaluate(cand.spec.kernels[0].grid[0], launch_env(sig)) >= 256, name
     vae = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
-    for name in ("split", "split_sync"):
+    for name in ("split", "split_sync", "split_flow"):
         cand = instantiate("group_norm", "cuda", name, None, vae)
         assert evaluate(cand.spec.kernels[0].grid[0], launch_env(vae)) >= 2 * 132, name
 

@@ -27,7 +27,7 @@ FP_DEV unsigned int gn_first_channel(unsigned long long grp, int groups, int cpg
 // Moments of (x - shift) over group-local elements [begin, end) seen by this thread, UNROLL
 // vectors in flight; each batch of UNROLL * V values is reduced exactly, then Chan-merged.
 // On the vector path V divides begin and end, so a vector is either wholly inside or outside.
-template <int V>
+template <int V, int HINT = LOAD_HINT>
 __device__ __forceinline__ Moments gn_thread_moments(const T_X* __restrict__ xg, int begin, int end, float shift) {
   Moments st{0.f, 0.f, 0.f};
   for (int base = begin; base < end; base += THREADS * V * UNROLL) {
@@ -35,7 +35,7 @@ __device__ __forceinline__ Moments gn_thread_moments(const T_X* __restrict__ xg,
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + (u * THREADS + (int)threadIdx.x) * V;
-      if (i < end) a[u].template load<LOAD_HINT>(xg + i);
+      if (i < end) a[u].template load<HINT>(xg + i);
     }
     float vals[UNROLL * V];
     int valid = 0;
@@ -53,7 +53,7 @@ __device__ __forceinline__ Moments gn_thread_moments(const T_X* __restrict__ xg,
 
 // out = (x - mean) * rstd * weight[c] + bias[c] over group-local elements [begin, end);
 // c0 = first channel of the group. On the vector path HW % V == 0: no vector straddles channels.
-template <int V>
+template <int V, int HINT = LOAD_HINT>
 __device__ __forceinline__ void gn_apply(const T_X* __restrict__ xg, T_OUT* __restrict__ og, WEIGHT_PARAM BIAS_PARAM
                                          int begin, int end, unsigned int c0, int hw, float mean, float rstd) {
   for (int base = begin; base < end; base += THREADS * V * UNROLL) {
@@ -61,7 +61,7 @@ __device__ __forceinline__ void gn_apply(const T_X* __restrict__ xg, T_OUT* __re
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + (u * THREADS + (int)threadIdx.x) * V;
-      if (i < end) a[u].template load<LOAD_HINT>(xg + i);
+      if (i < end) a[u].template load<HINT>(xg + i);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {

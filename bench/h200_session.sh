@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call that does several steps within one time limit, logs and results under $OUT.
+#   STEPS="templates sweep real" LIMIT=570 MODELS="sd35_vae_decode resnet50" bash bench/h200_session.sh
+# Steps:
+#   templates  the `gpu` tests of tests/test_templates.py (every CUDA family verified on the GPU)
+#   sweep      bench/kernel_sweep.py (chosen kernels on the issue-4 shapes + a bare launch)
+#   real       bench/real_models.py for $MODELS, continuing from .carry/real_models/ when present,
+#              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
+set -uo pipefail
+start=$(date +%s)
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+STEPS=${STEPS:-"templates sweep real"}
+LIMIT=${LIMIT:-570}
+left() { echo $((LIMIT - ($(date +%s) - start))); }
+for step in $STEPS; do
+  case $step in
+    templates)
+      timeout ${TEMPLATES_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
+        tests/test_templates.py 2>&1 | tee "$OUT/pytest_templates.log" | tail -25 ;;
+    sweep)
+      timeout ${SWEEP_TIMEOUT:-200} python3 bench/kernel_sweep.py "$OUT/kernel_sweep" ${SWEEP_ONLY:+--only $SWEEP_ONLY} \
+        2>&1 | tail -80 ;;
+    real)
+      P=
+      [ -f .carry/real_models/real_models.json ] && P="--previous .carry/real_models/real_models.json"
+      python3 bench/real_models.py "$OUT/real_models" $P --deadline $(( $(left) - 15 )) \
+        --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-12} --models ${MODELS:-sd35_vae_decode resnet50 gemma4_prefill qwen35_moe_prefill} \
+        2>&1 | grep -v '^\$ ' | tail -40 ;;
+  esac
+  echo "== $step done at $(( $(date +%s) - start )) s"
+done

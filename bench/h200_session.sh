@@ -4,6 +4,7 @@
 # Steps:
 #   templates  the `gpu` tests of tests/test_templates.py (every CUDA family verified on the GPU)
 #   sweep      bench/kernel_sweep.py (chosen kernels on the issue-4 shapes + a bare launch)
+#   launch     only the bare empty-kernel launch of bench/kernel_sweep.py
 #   real       bench/real_models.py for $MODELS, continuing from .carry/real_models/ when present,
 #              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
 set -uo pipefail
@@ -21,6 +22,8 @@ for step in $STEPS; do
     templates)
       timeout ${TEMPLATES_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
         tests/test_templates.py 2>&1 | tee "$OUT/pytest_templates.log" | tail -25 ;;
+    launch)
+      timeout 120 python3 bench/kernel_sweep.py "$OUT/launch" --only launch 2>&1 | tail -5 ;;
     sweep)
       timeout ${SWEEP_TIMEOUT:-200} python3 bench/kernel_sweep.py "$OUT/kernel_sweep" ${SWEEP_ONLY:+--only $SWEEP_ONLY} \
         2>&1 | tail -80 ;;

@@ -259,6 +259,17 @@ def test_several_proposers_mix_in_one_tree_and_failures_are_just_nodes():
     assert any("endpoint timed out" in t for t in notes)
 
 
+def test_time_limit_never_ends_a_search_at_the_reference_kernel():
+    """On a 512 MB tensor the reference kernel alone outlasted a 12 s limit (an H200 VAE build): the
+    limit only stops a search once a candidate beyond the given roots was evaluated."""
+    root = [Move(cand({"f": 2, "a": 7, "b": 0, "c": 0}, origin="reference"), "reference", "root")]
+    land = Landscape(13)
+    r = search([GridProposer()], land.evaluate, SearchConfig(budget=10, time_limit_s=0.0), root_moves=root)
+    assert r.stop_reason == "time_limit"
+    assert r.evaluations == 2
+    assert r.nodes[0].candidate.origin == "reference" and r.nodes[1].candidate.origin != "reference"
+
+
 def test_root_moves_are_evaluated_first():
     root = [Move(cand({"f": 2, "a": 7, "b": 0, "c": 0}, origin="reference"), "reference", "root")]
     land = Landscape(13)

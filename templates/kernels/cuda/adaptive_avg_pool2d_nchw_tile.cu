@@ -27,7 +27,10 @@ __device__ __forceinline__ void pool_tile_impl(const T_X* __restrict__ x, T_OUT*
     for (int u = 0; u < UNROLL; ++u) {
       const int i = base + (u * THREADS + (int)threadIdx.x) * V;
       if (i + V <= n) {
-        *reinterpret_cast<Vec<T_X, V>*>(tile + i) = a[u];
+        // raw 16-byte (or element-sized) chunks: a Vec of one 16-bit element is 4 bytes wide
+        typedef typename Vec<T_X, V>::R R;
+#pragma unroll
+        for (int c = 0; c < Vec<T_X, V>::NCHUNK; ++c) reinterpret_cast<R*>(tile + i)[c] = a[u].u.r[c];
       } else {
         for (int j = i; j < n; ++j) tile[j] = reinterpret_cast<const B*>(xt)[j];
       }

@@ -21,7 +21,7 @@ for step in $STEPS; do
   case $step in
     templates)
       timeout ${TEMPLATES_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
-        tests/test_templates.py 2>&1 | tee "$OUT/pytest_templates.log" | tail -25 ;;
+        ${TEMPLATES_K:+-k "$TEMPLATES_K"} tests/test_templates.py 2>&1 | tee "$OUT/pytest_templates.log" | tail -25 ;;
     launch)
       timeout 120 python3 bench/kernel_sweep.py "$OUT/launch" --only launch 2>&1 | tail -5 ;;
     sweep)

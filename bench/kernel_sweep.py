@@ -111,7 +111,8 @@ def main(argv: list[str]) -> int:
     records: list[dict] = []
     lines = []
     t_start = time.time()
-    with Evaluator("cuda", workers=1, timeout_s=120, timing=cfg, log_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "kernel_sweep_workers") as ev:
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / "kernel_sweep_workers"
+    with Evaluator("cuda", workers=1, timeout_s=120, timing=cfg, log_dir=logs) as ev:
         gpu = ev.device_info()
         # The empty launch is timed in a process of its own, like a worker: timed in this process, whose
         # evaluator client threads compete for the GIL, it had measured 7.5 us with a 4.4 us IQR.

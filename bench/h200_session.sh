@@ -31,7 +31,7 @@ for step in $STEPS; do
       P=
       [ -f .carry/real_models/real_models.json ] && P="--previous .carry/real_models/real_models.json"
       python3 bench/real_models.py "$OUT/real_models" $P --deadline $(( $(left) - 15 )) \
-        --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-12} --models ${MODELS:-sd35_vae_decode resnet50 gemma4_prefill qwen35_moe_prefill} \
+        --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-12} ${TOP:+--top $TOP} --models ${MODELS:-sd35_vae_decode resnet50 gemma4_prefill qwen35_moe_prefill} \
         2>&1 | grep -v '^\$ ' | tail -40 ;;
   esac
   echo "== $step done at $(( $(date +%s) - start )) s"

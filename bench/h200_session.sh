@@ -5,7 +5,7 @@
 #   templates  the `gpu` tests of tests/test_templates.py (every CUDA family verified on the GPU)
 #   sweep      bench/kernel_sweep.py (chosen kernels on the issue-4 shapes + a bare launch)
 #   launch     only the bare empty-kernel launch of bench/kernel_sweep.py
-#   real       bench/real_models.py for $MODELS, continuing from .carry/real_models/ when present,
+#   real       bench/real_models.py for $MODELS (BUDGET, TIME_LIMIT, TOP, REAL_ARGS: more options), continuing from .carry/real_models/ when present,
 #              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
 set -uo pipefail
 start=$(date +%s)
@@ -31,7 +31,7 @@ for step in $STEPS; do
       P=
       [ -f .carry/real_models/real_models.json ] && P="--previous .carry/real_models/real_models.json"
       python3 bench/real_models.py "$OUT/real_models" $P --deadline $(( $(left) - 15 )) \
-        --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-12} ${TOP:+--top $TOP} --models ${MODELS:-sd35_vae_decode resnet50 gemma4_prefill qwen35_moe_prefill} \
+        --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-12} ${TOP:+--top $TOP} ${REAL_ARGS:-} --models ${MODELS:-sd35_vae_decode resnet50 gemma4_prefill qwen35_moe_prefill} \
         2>&1 | grep -v '^\$ ' | tail -40 ;;
   esac
   echo "== $step done at $(( $(date +%s) - start )) s"

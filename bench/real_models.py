@@ -564,10 +564,9 @@ def markdown(doc: dict) -> str:
          f"GPU: {env.get('gpu') or 'none, CPU ' + str(env.get('cpu'))}; torch {env.get('torch')}, "
          f"CUDA {env.get('cuda')}, "
          f"Python {env.get('python')}, transformers {env.get('transformers')}, diffusers {env.get('diffusers')}, "
-         f"torchvision {env.get('torchvision')}; forge-pack {env.get('forge_pack_commit', '?')}.", "",
-         "Random weights, the models' own inputs (`bench/models/`), "
-         f"budget {cfg.get('budget')} evaluations per hotspot"
-         + (f", {cfg.get('time_limit')} s per hotspot" if cfg.get("time_limit") else "")
+         f"torchvision {env.get('torchvision')}.", "",
+         "Random weights, the models' own inputs (`bench/models/`); each model's search budget (evaluations "
+         "and seconds per hotspot, hotspots searched) is in the notes below"
          + (", **small CPU smoke sizes (FORGE_BENCH_SMALL=1), not the real ones**" if cfg.get("small") else "")
          + f". End to end: {'CUDA events' if env.get('gpu') else 'perf_counter'} around each forward, "
          f"{cfg.get('warmup')} warm-ups, median of "
@@ -649,6 +648,10 @@ def markdown(doc: dict) -> str:
         if m.get("package_error"):
             notes.append(f"- {name}: the package did not load: {m['package_error'][:300]}")
         b = st.get("build") or {}
+        if b.get("done"):
+            notes.append(f"- {name}: built with a budget of {b.get('budget')} evaluations"
+                         + (f" and {b['time_limit']:g} s" if b.get("time_limit") else "")
+                         + f" per hotspot, top {b.get('top')} hotspots, in {b.get('seconds')} s")
         for d in b.get("dropped") or []:
             notes.append(f"- {name}: not packed: `{d.get('pretty', '')[:100]}`: {str(d.get('reason', ''))[:200]}")
         goal = spec["goal_e2e"]

@@ -144,7 +144,8 @@ def main(argv: list[str]) -> int:
                 e = ev.evaluate(cand, h, base)
                 us = e.timing.median_us if e.timing else None
                 rec = {"op": op, "signature": sig.pretty(), "family": family, "params": cand.params,
-                       "verdict": e.verdict.reason, "detail": e.verdict.detail[:500], "ok": e.verdict.ok, "median_us": us, "iqr_us": e.timing.iqr_us if e.timing else None,
+                       "verdict": e.verdict.reason, "detail": e.verdict.detail[:500], "ok": e.verdict.ok,
+                       "median_us": us, "iqr_us": e.timing.iqr_us if e.timing else None,
                        "eager_us": base.eager.median_us, "compile_us": comp, "floor_us": base.floor_us,
                        "speedup_vs_eager": e.speedup_vs_eager, "speedup_vs_compile": e.speedup_vs_compile,
                        "bandwidth_fraction": e.bandwidth_fraction,
@@ -167,9 +168,8 @@ def main(argv: list[str]) -> int:
             f"`python bench/kernel_sweep.py{' --only ' + args.only if args.only else ''}`; "
             f"{time.time() - t_start:.0f} s; env: {json.dumps(gpu)}", ""]
     (out / "kernel_sweep.md").write_text("\n".join(head + lines) + "\n")
-    (out / "kernel_sweep.json").write_text(json.dumps({"gpu": gpu, "empty_launch": empty, "empty_launch_after": empty_after,
-                                                       "results": records},
-                                                      indent=1))
+    doc = {"gpu": gpu, "empty_launch": empty, "empty_launch_after": empty_after, "results": records}
+    (out / "kernel_sweep.json").write_text(json.dumps(doc, indent=1))
     print(f"wrote {out / 'kernel_sweep.md'}")
     return 0
 

@@ -279,18 +279,30 @@ def _gn_block_build(kernel: str):
     return build
 
 
-def _gn_split_build(sig: Signature, p: dict):
+def _gn_chunks(sig: Signature, p: dict) -> str | None:
+    """Why each group cannot be cut into p["split"] streamed chunks (None when it can)."""
     why = _stream_ok(sig, p, p["unroll"] * p["vec"])
     if why:
         return why
-    e = _sizes(sig)
-    threads, vec, split = p["threads"], p["vec"], p["split"]
-    if cdiv(e["GROUP_SIZE"], split) < threads * vec:
+    if cdiv(_sizes(sig)["GROUP_SIZE"], p["split"]) < p["threads"] * p["vec"]:
         return "chunks smaller than one pass of the block"
+    return None
+
+
+def _gn_chunk_arg(p: dict) -> str:
+    """The kernel argument: elements per chunk, a multiple of the vector width."""
+    return f"i32:round_up(ceil_div(GROUP_SIZE, {p['split']}), {p['vec']})"
+
+
+def _gn_split_build(sig: Signature, p: dict):
+    why = _gn_chunks(sig, p)
+    if why:
+        return why
+    threads, vec, split = p["threads"], p["vec"], p["split"]
     tile = threads * vec * p["unroll"] * p["items"]
     defines = {"THREADS": threads, "VEC": vec, "UNROLL": p["unroll"], "ITEMS": p["items"], "SPLIT": split,
                **_gn_hints(p)}
-    chunk = f"i32:round_up(ceil_div(GROUP_SIZE, {split}), {vec})"
+    chunk = _gn_chunk_arg(p)
     tiles = f"ceil_div(GROUP_SIZE, {tile})"
     k1 = launch("group_norm_split_stats", ["x", "ws", "i32:GROUP_SIZE", "i32:HW", chunk], [f"N * G * {split}"],
                 [threads])
@@ -301,18 +313,14 @@ def _gn_split_build(sig: Signature, p: dict):
 
 
 def _gn_flow_build(sig: Signature, p: dict):
-    why = _stream_ok(sig, p, p["unroll"] * p["vec"])
+    why = _gn_chunks(sig, p)
     if why:
         return why
-    e = _sizes(sig)
-    threads, vec, split = p["threads"], p["vec"], p["split"]
-    if cdiv(e["GROUP_SIZE"], split) < threads * vec:
-        return "chunks smaller than one pass of the block"
-    defines = {"THREADS": threads, "VEC": vec, "UNROLL": p["unroll"], "SPLIT": split, "LAG": p["lag"],
+    threads, split = p["threads"], p["split"]
+    defines = {"THREADS": threads, "VEC": p["vec"], "UNROLL": p["unroll"], "SPLIT": split, "LAG": p["lag"],
                **_gn_hints(p)}
-    chunk = f"i32:round_up(ceil_div(GROUP_SIZE, {split}), {vec})"
     k = launch("group_norm_split_flow", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG",
-                                         "i32:G", chunk, "eps"], [f"2 * N * G * {split}"], [threads])
+                                         "i32:G", _gn_chunk_arg(p), "eps"], [f"2 * N * G * {split}"], [threads])
     ws = [Workspace("ws", f"N * G * {split} * 16"), Workspace("sync", "(1 + 2 * N * G) * 4", zero=True)]
     return Built(dict(p), defines, spec([k], ws, ["GROUP_SIZE <= 2000000000", f"2 * N * G * {split} <= 2147483647"]))
 

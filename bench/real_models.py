@@ -569,8 +569,8 @@ def markdown(doc: dict) -> str:
          "and seconds per hotspot, hotspots searched) is in the notes below"
          + (", **small CPU smoke sizes (FORGE_BENCH_SMALL=1), not the real ones**" if cfg.get("small") else "")
          + f". End to end: {'CUDA events' if env.get('gpu') else 'perf_counter'} around each forward, "
-         f"{cfg.get('warmup')} warm-ups, median of "
-         f"{cfg.get('iters')}, eager and patched interleaved, "
+         f"{cfg.get('warmup')} warm-ups, median of {_iters_text(doc)} timed forwards per variant, "
+         "eager and patched interleaved in 3 blocks, "
          f"`torch.compile(model, mode=\"{cfg.get('compile_mode')}\")`"
          " of the whole model. Per op: the package manifest (forge-pack's timing: L2 flushed, median of >= 30, "
          "compile = `torch.compile(op, mode=\"max-autotune-no-cudagraphs\")`); bandwidth fraction = bytes read "
@@ -663,6 +663,14 @@ def markdown(doc: dict) -> str:
             notes.append(f"- {name}: end-to-end goal {goal}x missed: the packed kernels cover "
                          f"{100 * sum(t['time_share'] for t in st.get('targets', [])):.0f}% of the eager forward, "
                          f"so Amdahl allows {_x(_projection(st))}; patched profile's top kernels: {top or 'n/a'}")
+        if m.get("patched"):
+            e, p = m["eager"], m["patched"]
+            gap = abs(e["median_us"] - p["median_us"])
+            if gap < max(e.get("iqr_us") or 0, p.get("iqr_us") or 0):
+                notes.append(f"- {name}: eager and patched medians differ by {gap / 1e3:.1f} ms, less than the "
+                             f"spread of the timed forwards (IQR eager {e['iqr_us'] / 1e3:.1f} ms, patched "
+                             f"{p['iqr_us'] / 1e3:.1f} ms; fastest forward eager {e['min_us'] / 1e3:.1f} ms, patched "
+                             f"{p['min_us'] / 1e3:.1f} ms): within noise")
         if m.get("compile_s") is not None:
             notes.append(f"- {name}: torch.compile took {m['compile_s']:.0f} s to compile")
     if notes:
@@ -670,6 +678,16 @@ def markdown(doc: dict) -> str:
     L += ["", "Commands (one device call per model; each resumes from the previous call's real_models.json):", "",
           "```", *doc.get("commands", []), "```", "", END]
     return "\n".join(L) + "\n"
+
+
+def _iters_text(doc: dict) -> str:
+    """How many forwards each model's medians come from: one number, or one per model when they differ."""
+    per = {name: (st.get("measure") or {}).get("iters") for name, st in doc["models"].items()
+           if (st.get("measure") or {}).get("eager")}
+    counts = set(per.values())
+    if len(counts) <= 1:
+        return str(next(iter(counts), (doc.get("config") or {}).get("iters")))
+    return "(" + ", ".join(f"{name} {n}" for name, n in per.items()) + ")"
 
 
 def environment(a) -> dict:

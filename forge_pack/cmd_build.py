@@ -14,6 +14,7 @@ from typing import Callable, Optional
 import typer
 
 from forge_pack.errors import ForgeError
+from forge_pack.model_accuracy import describe
 from forge_pack.pack import PackResult, check_name, check_out_dir, default_name, pack
 
 DEFAULT_BUDGET = 50
@@ -42,9 +43,18 @@ def format_result(r: PackResult) -> str:
             lines.append("  note: the patched model is slower end to end here: the kernels' gains do not survive the "
                          "whole forward (Python dispatch per call, timing noise); measure on the target machine "
                          "(`python -m forge_pack.demo show`) before deploying it")
+        acc = m.get("accuracy") or {}
+        if describe(acc):
+            lines.append(f"  {describe(acc)}")
         if not m["within_tolerance"]:
             lines.append("  note: the patched model's outputs differ from the original by more than the tolerance "
-                         "allows; see model_result in the manifest")
+                         "allows" + (" and are less accurate than eager's against the model in float32"
+                                     if describe(acc) else "") + "; see model_result in the manifest")
+        elif acc.get("basis", "").startswith("against"):
+            lines.append("  accepted against the model in float32: the outputs differ from eager's by more than "
+                         "rounding, but are no further from the float32 model than eager's (see model_result)")
+        if acc.get("note"):
+            lines.append(f"  note: {acc['note']}")
     for n in r.notes:
         lines.append(f"note: {n}")
     if r.wheel:

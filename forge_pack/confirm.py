@@ -27,12 +27,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_pack.errors import ForgeError
+from forge_pack.model_accuracy import compare_outputs, float32_reference
 from forge_pack.verdict import Baseline, Evaluation, Timing
 
 CONFIRM_FILE = "confirm.json"
-# Whole-model outputs pass through every patched op: per-op errors compound through the layers,
-# so the model-level check allows this multiple of the output dtype's per-op tolerance.
-MODEL_SLACK = 10.0
 MODEL_CHECK_TIMEOUT_S = 3600  # the first build compiles the extension (torch headers): minutes on a small CPU
 
 
@@ -241,59 +239,6 @@ def check_model(package_dir: Path, name: str, info, timeout_s: float = MODEL_CHE
     return result
 
 
-def _tensors(obj: Any) -> list:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict) or hasattr(obj, "to_tuple"):
-        items = obj.to_tuple() if hasattr(obj, "to_tuple") else list(obj.values())
-        return [t for v in items for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
-
-
-def compare_outputs(ref: Any, got: Any) -> dict:
-    """Max abs/rel difference over every output tensor, tolerance check, argmax agreement."""
-    import torch
-
-    from forge_pack import tolerance
-
-    a, b = _tensors(ref), _tensors(got)
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
-        return {"max_abs_diff": None, "max_rel_diff": None, "within_tolerance": False, "output_kind": "structure",
-                "argmax_agreement": None, "note": "the patched model's outputs have another structure or shape"}
-    max_abs, max_rel, ok = 0.0, 0.0, True
-    for x, y in zip(a, b):
-        if not x.is_floating_point():
-            ok = ok and bool(torch.equal(x, y))
-            continue
-        x64, y64 = x.double(), y.double()
-        both = torch.isfinite(x64) & torch.isfinite(y64)
-        same_special = bool(((~torch.isfinite(x64)) == (~torch.isfinite(y64))).all())
-        diff = (x64 - y64).abs()[both]
-        if diff.numel():
-            max_abs = max(max_abs, float(diff.max()))
-            scale = float(x64[both].abs().max().clamp_min(1e-30))
-            max_rel = max(max_rel, float(diff.max()) / scale)
-        try:
-            tol = tolerance.tolerance(None, str(x.dtype).replace("torch.", ""))
-            close = torch.isclose(y64, x64, rtol=MODEL_SLACK * tol.rtol, atol=MODEL_SLACK * tol.atol, equal_nan=True)
-            ok = ok and bool(close.all()) and same_special
-        except KeyError:
-            ok = ok and same_special
-    first = next((x for x in a if x.is_floating_point() and x.dim() >= 2 and x.shape[-1] >= 2), None)
-    kind, agree = ("structure" if len(a) > 1 else "tensor"), None
-    if first is not None:
-        second = b[a.index(first)]
-        agree = float((first.argmax(-1) == second.argmax(-1)).double().mean())
-        if len(a) == 1:
-            kind = "lm" if first.dim() == 3 else "classifier" if first.dim() == 2 else "tensor"
-    return {"max_abs_diff": max_abs, "max_rel_diff": max_rel, "within_tolerance": ok, "output_kind": kind,
-            "argmax_agreement": agree}
-
-
 def _time_pair(run_a: Callable, run_b: Callable, enter_b: Callable, exit_b: Callable, cuda: bool, budget_s: float,
                max_n: int) -> tuple[Timing, Timing]:
     """Interleaved timing of two forwards, so drift hits both alike; B runs between enter_b() and
@@ -341,6 +286,8 @@ def model_check(package_dir: str, model: str, device: str, dtype: str | None, bu
     cuda = target.device == "cuda"
     with torch.inference_mode():
         ref = target.forward()
+    gold, gold_note = float32_reference(target.module, target.args, target.kwargs, target.device)
+    with torch.inference_mode():
         if not patcher.apply(target.module):
             return {"error": f"the package did not apply: {patcher.load_error}"}
         try:
@@ -356,7 +303,7 @@ def model_check(package_dir: str, model: str, device: str, dtype: str | None, bu
                                             cuda, budget_s=20.0, max_n=50)
         finally:
             patcher.revert()
-    result = compare_outputs(ref, got)
+    result = compare_outputs(ref, got, gold, gold_note)
     result.update(eager=t_eager.to_json(), patched=t_patched.to_json(),
                   speedup=t_eager.median_us / max(t_patched.median_us, 1e-9),
                   kernel_calls=calls, fallback_calls=fallbacks)

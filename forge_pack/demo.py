@@ -25,7 +25,8 @@ def _head(t) -> str:
 def show(package: str, model: str, device: str | None, dtype: str | None) -> dict:
     import torch
 
-    from forge_pack.confirm import _tensors, _time_pair, compare_outputs
+    from forge_pack.confirm import _time_pair
+    from forge_pack.model_accuracy import compare_outputs, float32_reference, tensors
     from forge_pack.load import load
 
     pkg = importlib.import_module(package)
@@ -33,6 +34,8 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
     cuda = target.device == "cuda"
     with torch.inference_mode():
         before = target.forward()
+    gold, gold_note = float32_reference(target.module, target.args, target.kwargs, target.device)
+    with torch.inference_mode():
         applied = pkg.apply(target.module)
         after = target.forward()
         calls = pkg.status()["kernel_calls"]
@@ -40,16 +43,18 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
         reverted = target.forward()
         t_eager, t_patched = _time_pair(target.forward, target.forward, lambda: pkg.apply(target.module), pkg.revert,
                                         cuda, budget_s=10.0, max_n=30)
-    cmp = compare_outputs(before, after)
-    out_a, out_b = _tensors(before), _tensors(after)
+    cmp = compare_outputs(before, after, gold, gold_note)
+    out_a, out_b = tensors(before), tensors(after)
     return {"package": package, "model": model, "device": target.device, "applied": applied, "kernel_calls": calls,
-            **cmp, "bitwise_after_revert": all(torch.equal(a, b) for a, b in zip(out_a, _tensors(reverted))),
+            **cmp, "bitwise_after_revert": all(torch.equal(a, b) for a, b in zip(out_a, tensors(reverted))),
             "eager_ms": t_eager.median_us / 1e3, "patched_ms": t_patched.median_us / 1e3,
             "speedup": t_eager.median_us / max(t_patched.median_us, 1e-9),
             "before": [_head(t) for t in out_a[:3]], "after": [_head(t) for t in out_b[:3]]}
 
 
 def print_show(r: dict) -> None:
+    from forge_pack.model_accuracy import describe
+
     print(f"{r['package']} on {r['model']} ({r['device']}): applied={r['applied']}, kernel calls {r['kernel_calls']}")
     for i, (a, b) in enumerate(zip(r["before"], r["after"])):
         print(f"  output {i} before: {a}")
@@ -57,6 +62,11 @@ def print_show(r: dict) -> None:
     agree = f", argmax agreement {100 * r['argmax_agreement']:.2f}%" if r.get("argmax_agreement") is not None else ""
     print(f"  max abs difference {r['max_abs_diff']}{agree}, within tolerance: {r['within_tolerance']}; "
           f"after revert() bitwise identical: {r['bitwise_after_revert']}")
+    acc = r.get("accuracy") or {}
+    if describe(acc):
+        print(f"  {describe(acc)} (tolerance basis: {acc['basis']})")
+    elif acc.get("note"):
+        print(f"  {acc['note']}")
     print(f"  latency: {r['eager_ms']:.3f} ms eager -> {r['patched_ms']:.3f} ms patched ({r['speedup']:.2f}x)")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from string import Template
 
+from forge_pack.model_accuracy import describe
+
 FORGE_URL = "https://github.com/forge-pack/forge-pack"
 
 
@@ -47,10 +49,15 @@ def model_table(doc: dict) -> str:
         return "The whole model was not re-measured with the package applied (see `manifest.json`)."
     agree = f"{100 * r['argmax_agreement']:.2f}%" if r.get("argmax_agreement") is not None else "n/a"
     diff = f"{r['max_abs_diff']:.3e}" if r.get("max_abs_diff") is not None else "n/a"
-    return ("| whole model | eager | patched | end-to-end speedup | max output difference | argmax agreement |\n"
-            "|---|---|---|---|---|---|\n"
-            f"| {doc['model']['name']} on {doc['model']['device']} | {timing(r['eager'])} | {timing(r['patched'])} "
-            f"| **{x(r['speedup'])}** | {diff} | {agree} |")
+    table = ("| whole model | eager | patched | end-to-end speedup | max output difference | argmax agreement |\n"
+             "|---|---|---|---|---|---|\n"
+             f"| {doc['model']['name']} on {doc['model']['device']} | {timing(r['eager'])} | {timing(r['patched'])} "
+             f"| **{x(r['speedup'])}** | {diff} | {agree} |")
+    acc = r.get("accuracy") or {}
+    if describe(acc):
+        table += (f"\n\nOutput accuracy, {describe(acc)}; within tolerance: "
+                  f"{'yes' if r['within_tolerance'] else 'no'} ({acc['basis']}).")
+    return table
 
 
 def render(doc: dict) -> str:

@@ -263,6 +263,10 @@ def cmd_info(args) -> int:
     if r:
         print(f"whole model: {r['eager']['median_us'] / 1e3:.3f} ms -> {r['patched']['median_us'] / 1e3:.3f} ms "
               f"({r['speedup']:.2f}x), max output difference {r['max_abs_diff']}")
+        acc = r.get("accuracy") or {}
+        if acc.get("eager_max_error") is not None:
+            print(f"  error against the model in float32: eager {acc['eager_max_error']:.3g}, "
+                  f"patched {acc['patched_max_error']:.3g} (tolerance basis: {acc['basis']})")
     return 0
 
 

@@ -1,0 +1,97 @@
+"""The whole-model output check: element-wise against eager first, else against the model in float32."""
+
+import torch
+
+from forge_pack.model_accuracy import EAGER_ERROR_FACTOR, compare_outputs, describe, float32_reference
+
+
+def _outputs(noise_eager: float, noise_patched: float, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    gold = torch.randn(4, 64, 512, generator=g) * 5  # LM-like logits on a scale of ~5-20
+    eager = (gold + noise_eager * torch.randn(gold.shape, generator=g)).bfloat16()
+    patched = (gold + noise_patched * torch.randn(gold.shape, generator=g)).bfloat16()
+    return gold, eager, patched
+
+
+def test_differently_rounded_output_as_accurate_as_eager_passes_against_float32():
+    gold, eager, patched = _outputs(0.1, 0.1)
+    without = compare_outputs(eager, patched)
+    assert not without["within_tolerance"]  # the element-wise stage alone rejects it
+    r = compare_outputs(eager, patched, [gold])
+    assert r["within_tolerance"]
+    acc = r["accuracy"]
+    assert acc["basis"] == "against the model in float32"
+    assert 0.2 < acc["eager_max_error"] < 1.0 and 0.2 < acc["patched_max_error"] < 1.0
+    assert 0.05 < acc["eager_rms_error"] < 0.2
+    assert "eager max" in describe(acc)
+
+
+def test_less_accurate_output_fails_against_float32():
+    gold, eager, patched = _outputs(0.1, 0.1 * EAGER_ERROR_FACTOR * 2.5)
+    r = compare_outputs(eager, patched, [gold])
+    assert not r["within_tolerance"]
+    assert r["accuracy"]["patched_rms_error"] > EAGER_ERROR_FACTOR * r["accuracy"]["eager_rms_error"]
+
+
+def test_one_wild_element_fails_on_the_max_error_even_with_a_good_rms():
+    gold, eager, patched = _outputs(0.1, 0.1)
+    patched = patched.clone()
+    patched[1, 2, 3] += 20
+    r = compare_outputs(eager, patched, [gold])
+    assert not r["within_tolerance"]
+    assert r["accuracy"]["patched_max_error"] > 19
+
+
+def test_element_wise_pass_keeps_its_basis_and_still_records_the_errors():
+    gold, eager, _ = _outputs(0.1, 0.1)
+    r = compare_outputs(eager, eager.clone(), [gold])
+    assert r["within_tolerance"] and r["max_abs_diff"] == 0.0
+    assert r["accuracy"]["basis"] == "element-wise against eager"
+    assert r["accuracy"]["patched_max_error"] == r["accuracy"]["eager_max_error"] > 0
+
+
+def test_without_a_reference_the_note_says_why_and_the_element_wise_verdict_stands():
+    _, eager, patched = _outputs(0.1, 0.1)
+    r = compare_outputs(eager, patched, None, "no float32 reference: out of memory")
+    assert not r["within_tolerance"]
+    assert r["accuracy"] == {"basis": "element-wise against eager", "note": "no float32 reference: out of memory"}
+
+
+def _bf16_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 32)).bfloat16()
+
+
+def test_float32_reference_runs_the_same_weights_in_float32_and_leaves_the_model_alone():
+    m = _bf16_mlp()
+    x = torch.randn(8, 64).bfloat16()
+    out, note = float32_reference(m, (x,), {}, "cpu")
+    assert note is None and len(out) == 1 and out[0].dtype == torch.float32
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())
+    expected = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(
+        x.float(), m[0].weight.float(), m[0].bias.float())), m[2].weight.float(), m[2].bias.float())
+    torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        bf16 = m(x).float()
+    assert 0 < float((bf16 - out[0]).abs().max()) < 0.1  # bf16 eager differs from it by rounding only
+
+
+def test_float32_reference_is_skipped_for_a_float32_model():
+    m = torch.nn.Linear(4, 4)
+    assert float32_reference(m, (torch.randn(2, 4),), {}, "cpu") == (None, None)
+
+
+class _OnlyBf16(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        if x.dtype != torch.bfloat16:
+            raise TypeError("this model only runs in bf16")
+        return x * self.w
+
+
+def test_a_model_that_cannot_run_in_float32_gives_a_note_not_a_crash():
+    out, note = float32_reference(_OnlyBf16(), (torch.ones(2, 4, dtype=torch.bfloat16),), {}, "cpu")
+    assert out is None and note.startswith("no float32 reference: the float32 copy of the model failed (TypeError")

@@ -42,6 +42,15 @@ def test_one_wild_element_fails_on_the_max_error_even_with_a_good_rms():
     assert r["accuracy"]["patched_max_error"] > 19
 
 
+def test_a_nan_where_eager_is_finite_fails_whatever_the_float32_errors():
+    gold, eager, patched = _outputs(0.1, 0.1)
+    patched = patched.clone()
+    patched[0, 0, 0] = float("nan")
+    r = compare_outputs(eager, patched, [gold])
+    assert not r["within_tolerance"]
+    assert r["accuracy"]["basis"] == "against the model in float32"
+
+
 def test_element_wise_pass_keeps_its_basis_and_still_records_the_errors():
     gold, eager, _ = _outputs(0.1, 0.1)
     r = compare_outputs(eager, eager.clone(), [gold])

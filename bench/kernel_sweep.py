@@ -38,6 +38,9 @@ SWEEPS = [
         ("split_flow", {"split": 64}), ("split_flow", {"split": 256}), ("split_flow", {"threads": 512}),
         ("split_flow", {"load_hint": 0}), ("split_flow", {"store_hint": 0}), ("split_flow", {"unroll": 2}),
         ("split_flow", {"split": 256, "lag": 3}), ("split_flow", {"split": 64, "lag": 1}),
+        ("split_flow", {"l2": 1}), ("split_flow", {"l2": 1, "unroll": 2}), ("split_flow", {"l2": 1, "lag": 3}),
+        ("split_flow", {"l2": 1, "lag": 4}), ("split_flow", {"l2": 1, "lag": 6}),
+        ("split_flow", {"l2": 1, "unroll": 2, "lag": 3}), ("split_flow", {"l2": 1, "unroll": 2, "lag": 4}),
     ]),
     ("group_norm", GN_MID, [
         ("split", {}), ("split_sync", {}), ("split_flow", {}), ("split_flow", {"split": 16}),

@@ -9,9 +9,30 @@
 // bound. Partials are merged in a fixed order (bitwise reproducible). `sync` is a zero-filled int
 // workspace (1 + 2 * N * G ints) that the kernel leaves zero again. If a wait ever times out the
 // block computes the group's moments from memory itself.
+// L2 = 1: the statistics blocks load with an L2 evict_last policy and the normalise blocks re-read
+// with evict_first, so the chunks wait in L2 for their second read even with more groups in
+// flight (a larger LAG); L2 = 0: plain loads, then LOAD_HINT.
 //{{PARAMS}}
 //{{INCLUDE _prelude.cuh}}
 //{{INCLUDE _group_norm.cuh}}
+
+// Load hints 3 (L2 evict_last) and 4 (L2 evict_first) for 16-byte vectors, through an L2 cache
+// policy (sm_80+); other widths, and older GPUs, load plainly (the primary template).
+#define FLOW_STATS_HINT (L2 ? 3 : 0)
+#define FLOW_APPLY_HINT (L2 ? 4 : LOAD_HINT)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <int PRIORITY> FP_DEV uint4 flow_ld_policy(const uint4* p) {
+  unsigned long long policy;
+  if (PRIORITY == 3) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  uint4 r;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
+  return r;
+}
+template <> FP_DEV uint4 ld_raw<3, uint4>(const uint4* p) { return flow_ld_policy<3>(p); }
+template <> FP_DEV uint4 ld_raw<4, uint4>(const uint4* p) { return flow_ld_policy<4>(p); }
+#endif
 
 // Slot s (SPLIT consecutive tickets) -> group and kind (0 statistics, 1 normalise).
 FP_DEV unsigned int flow_slot(unsigned int s, unsigned int ngroups, int* kind) {
@@ -40,7 +61,7 @@ __device__ __forceinline__ void gn_flow_impl(const T_X* __restrict__ x, WEIGHT_P
   const float shift = load1(xg);
   int* arrived = sync + 1 + 2 * grp;
   if (kind == 0) {  // statistics of this chunk -> ws; plain loads keep the chunk in L2
-    const Moments st = block_moments<THREADS>(gn_thread_moments<V, 0>(xg, begin, end, shift), red);
+    const Moments st = block_moments<THREADS>(gn_thread_moments<V, FLOW_STATS_HINT>(xg, begin, end, shift), red);
     if (threadIdx.x == 0) {
       ws[(long long)grp * SPLIT + part] = make_float4(st.n, st.mean, st.m2, 0.f);
       __threadfence();
@@ -71,7 +92,8 @@ __device__ __forceinline__ void gn_flow_impl(const T_X* __restrict__ x, WEIGHT_P
   st = block_moments<THREADS>(st, red);
   group_leave(sync, grp, SPLIT);  // the group's last normalise block resets its counters
   const float rstd = rsqrtf(__fdividef(st.m2, (float)gs) + eps);
-  gn_apply<V>(xg, og, weight, bias, begin, end, gn_first_channel(grp, groups, cpg), hw, shift + st.mean, rstd);
+  gn_apply<V, FLOW_APPLY_HINT>(xg, og, weight, bias, begin, end, gn_first_channel(grp, groups, cpg), hw,
+                               shift + st.mean, rstd);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)

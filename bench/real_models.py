@@ -250,9 +250,41 @@ def measure(model: str, package: str | None, device: str, iters: int, warmup: in
             except Exception as e:
                 res["compiled"] = None
                 res["compile_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+            if pkg is not None:  # both at once: the package applied, then the whole model compiled
+                res.update(_compiled_patched(target, pkg, compile_mode, ref, once, warmup, per * blocks, cuda))
         res["compile_mode"] = compile_mode
     res["measure_s"] = time.time() - t_start
     return res
+
+
+def _compiled_patched(target, pkg, compile_mode: str, ref, once, warmup: int, n: int, cuda: bool) -> dict:
+    """torch.compile of the model with the package applied: Dynamo traces into the package's wrappers
+    and each verified call becomes the package's custom op inside the compiled graph. Timed after
+    the plain compiled model (not interleaved: both compiled graphs cannot live side by side)."""
+    import torch
+
+    out: dict = {}
+    torch._dynamo.reset()  # the plain compiled model's graphs must not be reused
+    pkg.apply(target.module)
+    try:
+        cm = torch.compile(target.module, mode=None if compile_mode == "default" else compile_mode)
+        t0 = time.time()
+        got = cm(*target.args, **target.kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        out["compile_patched_s"] = time.time() - t0
+        out["compile_patched_diff"] = _diff(ref, got)
+        run = lambda: cm(*target.args, **target.kwargs)  # noqa: E731
+        for _ in range(warmup):
+            once(run)
+        out["compiled_patched"] = _stats([once(run) for _ in range(n)])
+    except Exception as e:
+        out["compiled_patched"] = None
+        out["compile_patched_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+    finally:
+        pkg.revert()
+        torch._dynamo.reset()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -572,7 +604,8 @@ def markdown(doc: dict) -> str:
          f"{cfg.get('warmup')} warm-ups, median of {_iters_text(doc)} timed forwards per variant, "
          "eager and patched interleaved in 3 blocks, "
          f"`torch.compile(model, mode=\"{cfg.get('compile_mode')}\")`"
-         " of the whole model. Per op: the package manifest (forge-pack's timing: L2 flushed, median of >= 30, "
+         " of the whole model, then the same with the package applied first (timed after it, not "
+         "interleaved). Per op: the package manifest (forge-pack's timing: L2 flushed, median of >= 30, "
          "compile = `torch.compile(op, mode=\"max-autotune-no-cudagraphs\")`); bandwidth fraction = bytes read "
          "and written once over the measured copy bandwidth, divided by the kernel's time.", "",
          "### Published per-kernel figures side by side", "",
@@ -597,15 +630,15 @@ def markdown(doc: dict) -> str:
                  f"{_x(mn['speedup_vs_compile'])} | {_x(bs['speedup_vs_eager'])} (`{bs['signature'][:70]}`) | "
                  f"{beaten} |")
     L += ["", "### End to end", "",
-          "| model | eager ms | patched ms | torch.compile ms | patched vs eager | patched vs compile | goal "
-          "| kernels | Amdahl bound | max abs diff | device busy (eager) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| model | eager ms | patched ms | torch.compile ms | patched + torch.compile ms | patched vs eager "
+          "| patched vs compile | goal | kernels | Amdahl bound | max abs diff | device busy (eager) |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, spec in MODELS.items():
         st = doc["models"].get(name) or {}
         m = st.get("measure") or {}
         if not m.get("eager"):
             L.append(f"| {spec['title']} | {st.get('status', 'not run')}"
-                     + (f": {str(st['error'])[:120]}" if st.get("error") else "") + " | | | | | | | | | | |")
+                     + (f": {str(st['error'])[:120]}" if st.get("error") else "") + " | | | | | | | | | | | |")
             continue
         e, p = m["eager"]["median_us"], (m.get("patched") or {}).get("median_us")
         c = (m.get("compiled") or {}).get("median_us")
@@ -615,8 +648,11 @@ def markdown(doc: dict) -> str:
                                                             f"missed by {goal - (sp or 1):.2f}x"))
         prof = m.get("profile_eager") or {}
         busy = prof.get("device_busy_fraction")
-        L.append(f"| {spec['title']} | {e / 1e3:.3f} | {_f(p and p / 1e3, 3)} | "
-                 f"{_f(c and c / 1e3, 3) if c else 'failed' if m.get('compile_error') else '-'} | {_x(sp)} | "
+        cp = (m.get("compiled_patched") or {}).get("median_us")
+        cp_txt = (_f(cp / 1e3, 3) if cp else "failed" if m.get("compile_patched_error")
+                  else "not measured" if p else "-")
+        c_txt = _f(c and c / 1e3, 3) if c else "failed" if m.get("compile_error") else "-"
+        L.append(f"| {spec['title']} | {e / 1e3:.3f} | {_f(p and p / 1e3, 3)} | {c_txt} | {cp_txt} | {_x(sp)} | "
                  f"{_x(c / p if c and p else None)} | {gtxt} | {len(st.get('targets', []))} | {_x(_projection(st))} | "
                  f"{_f(m.get('max_abs_diff'), 3) if m.get('max_abs_diff') is not None else '-'} | "
                  f"{'-' if busy is None else f'{100 * busy:.0f}% of wall'} |")
@@ -673,6 +709,13 @@ def markdown(doc: dict) -> str:
                              f"{p['min_us'] / 1e3:.1f} ms): within noise")
         if m.get("compile_s") is not None:
             notes.append(f"- {name}: torch.compile took {m['compile_s']:.0f} s to compile")
+        if m.get("compile_patched_error"):
+            notes.append(f"- {name}: torch.compile of the patched model failed: {m['compile_patched_error'][:300]}")
+        elif (m.get("compile_patched_diff") or {}).get("max_abs_diff") is not None:
+            d = m["compile_patched_diff"]
+            notes.append(f"- {name}: patched + torch.compile: compiled in {m['compile_patched_s']:.0f} s, max |out - "
+                         f"eager| {d['max_abs_diff']:.3g} (torch.compile alone: "
+                         f"{_f((m.get('compile_diff') or {}).get('max_abs_diff'), 3)})")
     if notes:
         L += ["", "Notes:", ""] + notes
     L += ["", "Commands (one device call per model; each resumes from the previous call's real_models.json):", "",

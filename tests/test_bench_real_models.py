@@ -83,9 +83,12 @@ def test_real_models_rows_and_report(tmp_path):
         "targets": [{"id": "t0", "op": "softmax", "signature": sig, "eager_us": 180.0, "compile_us": 110.0,
                      "kernel_us": 60.0, "speedup_vs_eager": 3.0, "speedup_vs_compile": 110.0 / 60.0,
                      "time_share": 0.06, "calls_per_forward": 6}],
-        "measure": {"eager": {"median_us": 17300.0}, "patched": {"median_us": 16500.0},
-                    "compiled": {"median_us": 12000.0},
-                    "inputs": [{"shape": [1, 2048], "dtype": "int64"}]},
+        "measure": {"eager": {"median_us": 17300.0, "iqr_us": 100.0, "min_us": 17000.0},
+                    "patched": {"median_us": 16500.0, "iqr_us": 120.0, "min_us": 16300.0},
+                    "compiled": {"median_us": 12000.0}, "compiled_patched": {"median_us": 10500.0},
+                    "compile_s": 20.0, "compile_diff": {"max_abs_diff": 2.0},
+                    "compile_patched_s": 22.0, "compile_patched_diff": {"max_abs_diff": 1.5},
+                    "iters": 30, "inputs": [{"shape": [1, 2048], "dtype": "int64"}]},
     }
     doc = {"models": {"gemma4_prefill": st}, "env": {"gpu": "NVIDIA H200", "torch": "2.11.0"},
            "config": {"budget": 12, "iters": 30, "warmup": 5, "compile_mode": "default"}, "commands": ["x"]}
@@ -99,9 +102,24 @@ def test_real_models_rows_and_report(tmp_path):
     assert e2e["speedup_vs_compile"] == pytest.approx(12000 / 16500)
     md = (tmp_path / "real_models.md").read_text()
     assert "| Gemma 4 E2B | softmax | 2.83x |" in md and "3.00x" in md and "| yes |" in md
+    assert "| 17.300 | 16.500 | 12.000 | 10.500 | 1.05x |" in md  # eager, patched, compile, patched + compile
+    assert "patched + torch.compile: compiled in 22 s, max |out - eager| 1.5 (torch.compile alone: 2.000)" in md
+    assert "median of 30 timed forwards" in md and "within noise" not in md  # a 0.8 ms gap, IQRs ~0.1 ms
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n\nbefore\n")
     rm.update_readme(readme, md)
     rm.update_readme(readme, md)  # replaced in place, not appended twice
     text = readme.read_text()
     assert text.count(rm.BEGIN) == 1 and text.startswith("# Results") and "before" in text
+
+
+def test_real_models_report_says_when_a_gap_is_within_noise():
+    rm = _real_models()
+    m = {"eager": {"median_us": 30000.0, "iqr_us": 3000.0, "min_us": 26700.0},
+         "patched": {"median_us": 29400.0, "iqr_us": 4800.0, "min_us": 26700.0}, "iters": 150}
+    doc = {"models": {"qwen35_moe_prefill": {"status": "done", "measure": m},
+                      "resnet50": {"status": "done", "measure": {**m, "iters": 30}}},
+           "env": {}, "config": {"iters": 30, "warmup": 5}, "commands": []}
+    md = rm.markdown(doc)
+    assert "qwen35_moe_prefill: eager and patched medians differ by 0.6 ms, less than the spread" in md
+    assert "median of (qwen35_moe_prefill 150, resnet50 30) timed forwards" in md

@@ -157,13 +157,13 @@ def _op_function(t: TargetCode, package: str) -> str:
     dev = "c10::DeviceType::CUDA" if cuda else "c10::DeviceType::CPU"
     present = [(n, s) for n, s in sig.inputs if s is not None]
     inputs = {n for n, _ in present}
-    params = ", ".join(f"const at::Tensor& {n}" for n, _ in present)
+    params = ", ".join(f"const at::Tensor& {n}_arg" for n, _ in present)
     out = sig.output
     assert out is not None
     body = [f"// {sig.pretty()}", f"at::Tensor {t.tid}_impl({params}) {{"]
-    for n, s in present:
-        body.append(f"  fp_expect({n}, \"{t.tid}\", \"{n}\", {CPP_DTYPES[s.dtype]}, {_cpp_list(s.shape)}, "
-                    f"{_cpp_list(s.strides)}, {dev}, x.device());")
+    for n, s in present:  # the checked input, in the verified layout, under the input's own name
+        body.append(f"  const at::Tensor {n} = fp_expect({n}_arg, \"{t.tid}\", \"{n}\", {CPP_DTYPES[s.dtype]}, "
+                    f"{_cpp_list(s.shape)}, {_cpp_list(s.strides)}, {dev}, x_arg.device());")
     if cuda:
         body.append("  const c10::cuda::CUDAGuard device_guard(x.device());")
     body.append(f"  at::Tensor out = at::empty_strided({_cpp_list(out.shape)}, {_cpp_list(out.strides)}, "
@@ -245,16 +245,23 @@ bool fp_same_layout(c10::IntArrayRef sizes, c10::IntArrayRef strides, const std:
   return true;
 }
 
-void fp_expect(const at::Tensor& t, const char* op, const char* name, c10::ScalarType dtype,
-               const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, c10::DeviceType dev,
-               c10::Device device) {
+// Device, dtype and shape must be what the kernel was verified for. Other strides are not an error:
+// torch.compile can hand a custom op an input in a layout of its choosing (a channels-last
+// convolution output, say) although the traced call had the verified one. Such an input is copied
+// into the verified layout first (warned once), so the kernel only ever reads what it was verified on.
+at::Tensor fp_expect(const at::Tensor& t, const char* op, const char* name, c10::ScalarType dtype,
+                     const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, c10::DeviceType dev,
+                     c10::Device device) {
   TORCH_CHECK(t.device().type() == dev && t.device() == device, op, ": ", name, " is on ", t.device(),
               ", the kernel was built for ", dev);
   TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " has dtype ", t.scalar_type(), ", verified for ", dtype);
   TORCH_CHECK(t.sizes() == c10::IntArrayRef(sizes), op, ": ", name, " has shape ", t.sizes(),
               ", verified for ", c10::IntArrayRef(sizes));
-  TORCH_CHECK(fp_same_layout(t.sizes(), t.strides(), strides), op, ": ", name, " has strides ", t.strides(),
-              ", verified for ", c10::IntArrayRef(strides));
+  if (fp_same_layout(t.sizes(), t.strides(), strides)) return t;
+  TORCH_WARN_ONCE(op, ": ", name, " arrived with strides ", t.strides(), ", not the verified ",
+                  c10::IntArrayRef(strides), " (torch.compile chose another layout): copied to the verified "
+                  "layout before the kernel, one extra copy per call");
+  return at::empty_strided(sizes, strides, t.options()).copy_(t);
 }
 """)
     if cuda:

@@ -235,26 +235,34 @@ def measure(model: str, package: str | None, device: str, iters: int, warmup: in
         if cuda:
             res["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
         if compile_mode:
-            try:
-                cm = torch.compile(target.module, mode=None if compile_mode == "default" else compile_mode)
-                t0 = time.time()
-                out_c = cm(*target.args, **target.kwargs)
-                if cuda:
-                    torch.cuda.synchronize()
-                res["compile_s"] = time.time() - t0
-                res["compile_diff"] = _diff(ref, out_c)
-                run_c = lambda: cm(*target.args, **target.kwargs)  # noqa: E731
-                for _ in range(warmup):
-                    once(run_c)
-                res["compiled"] = _stats([once(run_c) for _ in range(per * blocks)])
-            except Exception as e:
-                res["compiled"] = None
-                res["compile_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+            res.update(_time_compiled(target, compile_mode, ref, once, warmup, per * blocks, cuda))
             if pkg is not None:  # both at once: the package applied, then the whole model compiled
                 res.update(_compiled_patched(target, pkg, compile_mode, ref, once, warmup, per * blocks, cuda))
         res["compile_mode"] = compile_mode
     res["measure_s"] = time.time() - t_start
     return res
+
+
+def _time_compiled(target, compile_mode: str, ref, once, warmup: int, n: int, cuda: bool, sfx: str = "") -> dict:
+    """torch.compile of the whole model: the first call's time (compilation), the output's difference
+    to eager, then `n` timed forwards; keys compile{sfx}_s, compile{sfx}_diff, compiled{sfx} (None and
+    compile{sfx}_error when it fails)."""
+    import torch
+
+    try:
+        cm = torch.compile(target.module, mode=None if compile_mode == "default" else compile_mode)
+        t0 = time.time()
+        got = cm(*target.args, **target.kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        out = {f"compile{sfx}_s": time.time() - t0, f"compile{sfx}_diff": _diff(ref, got)}
+        run = lambda: cm(*target.args, **target.kwargs)  # noqa: E731
+        for _ in range(warmup):
+            once(run)
+        out[f"compiled{sfx}"] = _stats([once(run) for _ in range(n)])
+        return out
+    except Exception as e:
+        return {f"compiled{sfx}": None, f"compile{sfx}_error": f"{type(e).__name__}: {str(e)[:2000]}"}
 
 
 def _compiled_patched(target, pkg, compile_mode: str, ref, once, warmup: int, n: int, cuda: bool) -> dict:
@@ -263,28 +271,13 @@ def _compiled_patched(target, pkg, compile_mode: str, ref, once, warmup: int, n:
     the plain compiled model (not interleaved: both compiled graphs cannot live side by side)."""
     import torch
 
-    out: dict = {}
     torch._dynamo.reset()  # the plain compiled model's graphs must not be reused
     pkg.apply(target.module)
     try:
-        cm = torch.compile(target.module, mode=None if compile_mode == "default" else compile_mode)
-        t0 = time.time()
-        got = cm(*target.args, **target.kwargs)
-        if cuda:
-            torch.cuda.synchronize()
-        out["compile_patched_s"] = time.time() - t0
-        out["compile_patched_diff"] = _diff(ref, got)
-        run = lambda: cm(*target.args, **target.kwargs)  # noqa: E731
-        for _ in range(warmup):
-            once(run)
-        out["compiled_patched"] = _stats([once(run) for _ in range(n)])
-    except Exception as e:
-        out["compiled_patched"] = None
-        out["compile_patched_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        return _time_compiled(target, compile_mode, ref, once, warmup, n, cuda, "_patched")
     finally:
         pkg.revert()
         torch._dynamo.reset()
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------

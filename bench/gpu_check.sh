@@ -2,11 +2,7 @@
 # One H200 call: every `gpu` test, then the evaluator benchmarks. Logs and results under $OUT.
 #   bash bench/gpu_check.sh            (on the device machine, from the repository root)
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source bench/_device_setup.sh
 SKIP=${SKIP_TESTS:-"build_example"}
 timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -m gpu -k "not $SKIP" -p no:cacheprovider --durations=15 tests 2>&1 \
   | tee "$OUT/pytest_gpu.log" | tail -45

@@ -9,11 +9,7 @@
 #              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
 set -uo pipefail
 start=$(date +%s)
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source bench/_device_setup.sh
 STEPS=${STEPS:-"templates sweep real"}
 LIMIT=${LIMIT:-570}
 left() { echo $((LIMIT - ($(date +%s) - start))); }

@@ -32,19 +32,22 @@ POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 # (op, signature, [(family, params), ...]); params not given take the family's defaults
 SWEEPS = [
     ("group_norm", GN_BIG, [
-        ("split", {}), ("split", {"split": 32, "threads": 256, "unroll": 4, "items": 2, "vec": 8}),
-        ("split_sync", {}),
-        ("split_flow", {}), ("split_flow", {"lag": 1}), ("split_flow", {"lag": 3}), ("split_flow", {"lag": 4}),
-        ("split_flow", {"split": 64}), ("split_flow", {"split": 256}), ("split_flow", {"threads": 512}),
-        ("split_flow", {"load_hint": 0}), ("split_flow", {"store_hint": 0}), ("split_flow", {"unroll": 2}),
-        ("split_flow", {"split": 256, "lag": 3}), ("split_flow", {"split": 64, "lag": 1}),
-        ("split_flow", {"l2": 1}), ("split_flow", {"l2": 1, "unroll": 2}), ("split_flow", {"l2": 1, "lag": 3}),
-        ("split_flow", {"l2": 1, "lag": 4}), ("split_flow", {"l2": 1, "lag": 6}),
-        ("split_flow", {"l2": 1, "unroll": 2, "lag": 3}), ("split_flow", {"l2": 1, "unroll": 2, "lag": 4}),
+        # sessions 1-3 also swept split_flow at split 256, threads 512, lag 1/4/6 with unroll 4 and the
+        # hints off: all 40-48% (bench/results/kernel_sweep.md); this list keeps the contenders
+        ("split", {"split": 32, "threads": 256, "unroll": 4, "items": 2, "vec": 8}),
+        ("split_flow", {}), ("split_flow", {"unroll": 2}), ("split_flow", {"l2": 1, "unroll": 2, "lag": 3}),
+        ("split_flow", {"l2": 1, "unroll": 2, "lag": 4}), ("split_flow", {"unroll": 1}),
+        ("split_flow", {"l2": 1, "unroll": 1, "lag": 3}), ("split_flow", {"unroll": 2, "split": 64}),
+        ("split_flow", {"l2": 1, "unroll": 2, "split": 64, "lag": 3}), ("split_flow", {"unroll": 2, "split": 32}),
+        ("split_flow", {"unroll": 2, "threads": 128}), ("split_flow", {"l2": 1, "unroll": 2, "threads": 128, "lag": 3}),
+        ("split_flow", {"unroll": 1, "threads": 128, "split": 64}),
+        ("split_ring", {}), ("split_ring", {"lag": 1}), ("split_ring", {"lag": 3}), ("split_ring", {"lag": 4}),
+        ("split_ring", {"load_hint": 2}), ("split_ring", {"store_hint": 0}), ("split_ring", {"threads": 128, "items": 8}),
+        ("split_ring", {"threads": 256, "items": 8}),
     ]),
     ("group_norm", GN_MID, [
         ("split", {}), ("split_sync", {}), ("split_flow", {}), ("split_flow", {"split": 16}),
-        ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}),
+        ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}), ("split_ring", {}), ("split_ring", {"lag": 4}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_lanes", {}), ("nchw_tile", {}),
@@ -55,6 +58,12 @@ SWEEPS = [
         ("nchw_tile", {"planes": 64, "threads": 256, "unroll": 1}),
         ("nchw_tile", {"planes": 64, "threads": 256, "unroll": 2, "load_hint": 0}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 8}),
+        ("nchw_tile", {"planes": 64, "threads": 64, "unroll": 8}), ("nchw_tile", {"planes": 128, "threads": 128, "unroll": 8}),
+        ("nchw_tile", {"planes": 32, "threads": 64, "unroll": 4}), ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 1}),
+        ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 0}),
+        ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 2}),
+        # session 4: the persistent bulk-copy ring ran 22.4-29.2 µs in its first sweep (10 shapes), behind nchw_tile
+        ("nchw_bulk", {}), ("nchw_bulk", {"planes": 64, "threads": 128, "blocks": 4}), ("nchw_bulk", {"blocks": 8, "stages": 2, "planes": 64, "threads": 64}),
     ]),
     ("softmax", "x: bf16[2048,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 1, "items": 2, "threads": 128, "vec": 4, "store_hint": 1}),

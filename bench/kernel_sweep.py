@@ -41,13 +41,12 @@ SWEEPS = [
         ("split_flow", {"l2": 1, "unroll": 2, "split": 64, "lag": 3}), ("split_flow", {"unroll": 2, "split": 32}),
         ("split_flow", {"unroll": 2, "threads": 128}), ("split_flow", {"l2": 1, "unroll": 2, "threads": 128, "lag": 3}),
         ("split_flow", {"unroll": 1, "threads": 128, "split": 64}),
-        ("split_ring", {}), ("split_ring", {"lag": 1}), ("split_ring", {"lag": 3}), ("split_ring", {"lag": 4}),
-        ("split_ring", {"load_hint": 2}), ("split_ring", {"store_hint": 0}), ("split_ring", {"threads": 128, "items": 8}),
-        ("split_ring", {"threads": 256, "items": 8}),
+        # session 4: the persistent split_ring (bench/experiments/session4_nchw_bulk_split_ring.patch) ran
+        # 361-418 µs here and 180-186 µs on GN_MID: kept out of the search (kernel_sweep_s4_call3.md)
     ]),
     ("group_norm", GN_MID, [
         ("split", {}), ("split_sync", {}), ("split_flow", {}), ("split_flow", {"split": 16}),
-        ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}), ("split_ring", {}), ("split_ring", {"lag": 4}),
+        ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_lanes", {}), ("nchw_tile", {}),
@@ -62,8 +61,8 @@ SWEEPS = [
         ("nchw_tile", {"planes": 32, "threads": 64, "unroll": 4}), ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 1}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 0}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 2}),
-        # session 4: the persistent bulk-copy ring ran 22.4-29.2 µs in its first sweep (10 shapes), behind nchw_tile
-        ("nchw_bulk", {}), ("nchw_bulk", {"planes": 64, "threads": 128, "blocks": 4}), ("nchw_bulk", {"blocks": 8, "stages": 2, "planes": 64, "threads": 64}),
+        # session 4: the persistent bulk-copy ring nchw_bulk (bench/experiments/session4_nchw_bulk_split_ring.patch)
+        # ran 22.2-29.2 µs in two sweeps, behind nchw_tile: kept out of the search
     ]),
     ("softmax", "x: bf16[2048,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 1, "items": 2, "threads": 128, "vec": 4, "store_hint": 1}),

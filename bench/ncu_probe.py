@@ -28,13 +28,12 @@ POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 PROBES = [
     ("group_norm", GN_BIG, [
         ("split", {}), ("split_flow", {"unroll": 2}), ("split_flow", {"unroll": 2, "l2": 1, "lag": 3}),
-        ("split_flow", {"unroll": 4}), ("split_ring", {}), ("split_ring", {"lag": 3}),
+        ("split_flow", {"unroll": 4}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 4, "load_hint": 2}),
         ("nchw_tile", {"planes": 64, "threads": 64, "unroll": 8}),
-        ("nchw_bulk", {}),
     ]),
 ]
 METRICS = ["gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",

@@ -31,13 +31,10 @@ SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threa
 STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
 LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
 L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_first in L2 (cache policies)")
-STAGES = Knob("stages", (2, 3, 4, 6, 8), "tiles in flight per block (ring of shared-memory buffers)")
-BLOCKS_SM = Knob("blocks", (1, 2, 3, 4, 8), "blocks per multiprocessor of the persistent grid")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
 SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
-RING_BLOCKS = 4 * SM_COUNT  # split_ring's persistent grid: resident at once on an H200, and on smaller Hoppers
 MAX_REG_ELEMS = 64  # fp32 values a thread keeps in registers at most (beyond: spills)
 
 
@@ -329,53 +326,6 @@ def _gn_flow_build(sig: Signature, p: dict):
     return Built(dict(p), defines, spec([k], ws, ["GROUP_SIZE <= 2000000000", f"2 * N * G * {split} <= 2147483647"]))
 
 
-def _gn_ring_chunks(sig: Signature, p: dict) -> tuple[int, int] | str:
-    """(elements per block and group, resident blocks per SM) of split_ring, or why these values do
-    not fit: every block must be resident at once, with registers for its vectors in flight."""
-    why = _vec_ok(sig, p)
-    if why:
-        return why
-    chunk = p["threads"] * p["vec"] * p["items"]
-    blocks = cdiv(_sizes(sig)["GROUP_SIZE"], chunk)
-    if not 2 <= blocks <= RING_BLOCKS:
-        return f"{blocks} persistent blocks (needs 2..{RING_BLOCKS}: all resident at once)"
-    per_sm = cdiv(blocks, SM_COUNT)
-    if p["threads"] * per_sm > 2048:
-        return f"{per_sm} blocks of {p['threads']} threads per SM exceed 2048 threads"
-    raw = p["items"] * cdiv(p["vec"] * elem_bytes(sig.x.dtype), 4)  # loads in flight, then fp32 values
-    if raw + p["items"] * p["vec"] > min(255, 65536 // (p["threads"] * per_sm)) - 16:
-        return f"{p['items']} vectors per thread exceed the registers of {per_sm} resident blocks per SM"
-    return chunk, per_sm
-
-
-def _ring_shape(sig: Signature, vec: int) -> dict | None:
-    """split_ring's threads and items for a signature: the smallest chunk (the most blocks, up to
-    RING_BLOCKS) whose blocks all fit at once, 256 threads among equals; None when none fits."""
-    shapes = sorted(((t, i) for t in (128, 256, 512, 1024) for i in (1, 2, 4, 8)), key=lambda s: (s[0] * s[1], abs(s[0] - 256)))
-    for threads, items in shapes:
-        p = {"threads": threads, "items": items, "vec": vec}
-        if not isinstance(_gn_ring_chunks(sig, p), str):
-            return {"threads": threads, "items": items}
-    return None
-
-
-def _gn_ring_build(sig: Signature, p: dict):
-    got = _gn_ring_chunks(sig, p)
-    if isinstance(got, str):
-        return got
-    chunk, per_sm = got
-    defines = {"THREADS": p["threads"], "VEC": p["vec"], "UNROLL": p["items"], "RING_CHUNK": chunk,
-               "RING_MINB": per_sm, "LAG": p["lag"],
-               **_gn_hints(p)}
-    blocks = f"ceil_div(GROUP_SIZE, {chunk})"
-    k = launch("group_norm_split_ring", [*_GN_ARGS, "out", "ws", "gstat", "sync", "i32:GROUP_SIZE", "i32:HW",
-                                         "i32:CPG", "i32:G", "i32:N * G", "eps"], [blocks], [p["threads"]])
-    ws = [Workspace("ws", f"N * G * {blocks} * 16"), Workspace("gstat", "N * G * 8"),
-          Workspace("sync", "3 * N * G * 4", zero=True)]
-    return Built(dict(p), defines, spec([k], ws, ["GROUP_SIZE <= 2000000000", f"2 <= {blocks} <= {SM_COUNT * per_sm}",
-                                                  "N * G <= 1000000"]))
-
-
 def _gn_sync_build(sig: Signature, p: dict):
     e = _sizes(sig)
     threads, vec, items, stage = p["threads"], p["vec"], p["items"], p["stage"]
@@ -421,8 +371,6 @@ def _gn_defaults(kind: str):
             group_mb = gs * elem_bytes(sig.x.dtype) / 2 ** 20
             lag = nearest(LAG.values, clamp(int(24 / max(group_mb, 1e-3)) - 1, 1, 6))
             p.update(threads=256, unroll=4, split=split, lag=lag, load_hint=2, store_hint=1, l2=0)
-        elif kind == "split_ring":
-            p.update(_ring_shape(sig, vec) or {"threads": 256, "items": 1}, lag=2, load_hint=0, store_hint=1)
         elif kind == "split_sync":
             p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1, stage=0)
             # smallest chunk that keeps a group within one resident wave, and >= 2 blocks per SM overall
@@ -446,8 +394,6 @@ def _gn_applicable(kind: str):
         vec = 16 // elem_bytes(sig.x.dtype)
         if kind in ("split", "split_flow") and e["GROUP_SIZE"] < 8192:
             return "groups too small to split"
-        if kind == "split_ring" and (e["GROUP_SIZE"] < 8192 or not _ring_shape(sig, _vec_default(sig, e["HW"]))):
-            return "groups too small to split, or too large for one resident wave of persistent blocks"
         if kind == "split_sync" and (e["GROUP_SIZE"] < 8192 or cdiv(e["GROUP_SIZE"], 1024 * vec * 8) > SM_COUNT - 4):
             return "groups too small to split, or too large for one resident wave"
         return None
@@ -459,7 +405,7 @@ def _gn_score(kind: str):
     def score(sig: Signature) -> float:
         e = _sizes(sig)
         few = e["N"] * e["G"] < 2 * SM_COUNT
-        return {"split_flow": 0 if few else 2, "split_ring": 0.5 if few else 2.5, "split": 1 if few else 4, "split_sync": 2 if few else 3,
+        return {"split_flow": 0 if few else 2, "split": 1 if few else 4, "split_sync": 2 if few else 3,
                 "welford": 3 if few else 0, "two_pass": 5 if few else 1}[kind]
 
     return score
@@ -475,9 +421,6 @@ _GN = {
     "split_flow": ((SPLIT, THREADS, VEC, UNROLL, LAG, L2_KEEP, *HINTS), "group_norm_split_flow.cu", _gn_flow_build,
                    "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
                    "re-read the chunk from L2; start-order tickets, no co-residency bound"),
-    "split_ring": ((THREADS, ITEMS, VEC, LAG, *HINTS), "group_norm_split_ring.cu", _gn_ring_build,
-                   "huge groups in one kernel: persistent blocks, each trip the statistics of one group and "
-                   "the normalisation (re-read from L2) of the group LAG before"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
                    "large groups in one kernel and ONE read: chunks in registers, inter-block barrier per group"),
 }
@@ -574,19 +517,6 @@ BATCH_NORM = [Family(("batch_norm",), "cuda", k, f, knobs, doc, _bn_applicable(k
 
 def _pool_build(kind: str):
     def build(sig: Signature, p: dict):
-        if kind == "nchw_bulk":
-            threads, planes, stages, blocks = p["threads"], p["planes"], p["stages"], p["blocks"]
-            if threads % planes or threads // planes > 32:
-                return "threads per plane must be a power of two <= 32"
-            eb = elem_bytes(sig.x.dtype)
-            buf = f"round_up({planes} * HW * {eb}, 16)"
-            if cdiv(_sizes(sig)["HW"] * planes * eb, 16) * 16 * stages > SMEM_MAX:
-                return f"{stages} tiles of {planes} planes exceed {SMEM_MAX} bytes of shared memory"
-            defines = {"THREADS": threads, "PLANES": planes, "STAGES": stages, "LOAD_HINT": 2}
-            k = launch("adaptive_avg_pool2d_nchw_bulk", ["x", "out", "i64:N * C", "i32:HW"],
-                       [f"min(ceil_div(N * C, {planes}), {SM_COUNT * blocks})"], [threads], f"{stages} * {buf}")
-            return Built(dict(p), defines, spec([k], requires=["channels_last == 0",
-                                                              f"{stages} * {buf} <= {SMEM_MAX}"]))
         why = _stream_ok(sig, p, p["vec"])
         if why:
             return why
@@ -631,16 +561,11 @@ def _pool_defaults(kind: str):
             return {"threads": 256, "lanes": clamp(pow2_ceil(cdiv(hw, 8)), 4, 32), "vec": _vec_default(sig, hw),
                     "unroll": 2, "load_hint": 2}
         if kind == "nchw_tile":
+            # 128 threads, 4 vectors each in flight: the best of three H200 sweeps on (256,2048,7,7)
+            # (17.8-20.9 µs against 20.8-21.0 at 256 threads, unroll 2: bench/results/kernel_sweep_s4_call3.md)
             planes = 64 if hw * 64 * elem_bytes(sig.x.dtype) <= 49152 else 16
-            return {"threads": 256, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 2,
+            return {"threads": 128, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 4,
                     "load_hint": 2}
-        if kind == "nchw_bulk":
-            eb = elem_bytes(sig.x.dtype)
-            planes = 128
-            while planes > 8 and planes * hw * eb * 4 > SMEM_MAX // 2:
-                planes //= 2
-            stages = clamp(SMEM_MAX // (cdiv(planes * hw * eb, 16) * 16), 2, 4)
-            return {"threads": max(planes, 128), "planes": planes, "stages": stages, "blocks": 2}
         vec = _vec_default(sig, c)
         threads = 256
         ty = clamp(pow2_ceil(cdiv(threads * vec, c)), 1, 16)  # spare threads go to the pixels
@@ -658,8 +583,6 @@ def _pool_applicable(kind: str):
             return "input is channels_last"
         if kind == "nchw_tile" and e["HW"] * 8 * elem_bytes(sig.x.dtype) > 49152:
             return "planes too large to stage in shared memory"
-        if kind == "nchw_bulk" and e["HW"] * 8 * 2 * elem_bytes(sig.x.dtype) > SMEM_MAX:
-            return "planes too large for two staged tiles in shared memory"
         return None
 
     return applicable
@@ -668,8 +591,7 @@ def _pool_applicable(kind: str):
 def _pool_score(kind: str):
     def score(sig: Signature) -> float:
         hw = _sizes(sig)["HW"]
-        return {"nhwc": 0, "nchw_bulk": 0 if hw < 256 else 2.5, "nchw_tile": 0.5 if hw < 256 else 2,
-                "nchw_lanes": 1}[kind]
+        return {"nhwc": 0, "nchw_tile": 0 if hw < 256 else 2, "nchw_lanes": 1}[kind]
 
     return score
 
@@ -679,9 +601,6 @@ _POOL = {
                    "NCHW: `lanes` threads per plane, shuffle reduction"),
     "nchw_tile": ((THREADS, PLANES, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nchw_tile.cu",
                   "NCHW small planes (7x7): 16-byte coalesced tile of planes through shared memory"),
-    "nchw_bulk": ((THREADS, PLANES, STAGES, BLOCKS_SM), "adaptive_avg_pool2d_nchw_bulk.cu",
-                  "NCHW small planes: persistent blocks stream tiles of planes through a ring of shared-memory "
-                  "buffers (bulk async copies on sm_90)"),
     "nhwc": ((THREADS, SPLIT_HW, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nhwc.cu",
              "channels_last: threads along channel vectors, pixels split over threadIdx.y"),
 }

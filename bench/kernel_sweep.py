@@ -57,8 +57,10 @@ SWEEPS = [
         ("nchw_tile", {"planes": 64, "threads": 256, "unroll": 1}),
         ("nchw_tile", {"planes": 64, "threads": 256, "unroll": 2, "load_hint": 0}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 8}),
-        ("nchw_tile", {"planes": 64, "threads": 64, "unroll": 8}), ("nchw_tile", {"planes": 128, "threads": 128, "unroll": 8}),
-        ("nchw_tile", {"planes": 32, "threads": 64, "unroll": 4}), ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 1}),
+        ("nchw_tile", {"planes": 64, "threads": 64, "unroll": 8}),
+        ("nchw_tile", {"planes": 128, "threads": 128, "unroll": 8}),
+        ("nchw_tile", {"planes": 32, "threads": 64, "unroll": 4}),
+        ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 1}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 0}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 2}),
         # session 4: the persistent bulk-copy ring nchw_bulk (bench/experiments/session4_nchw_bulk_split_ring.patch)

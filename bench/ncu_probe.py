@@ -113,7 +113,8 @@ def main(argv: list[str]) -> int:
     (out / "ncu_probe.json").write_text(json.dumps(records, indent=1))
     lines = ["# Nsight Compute counters of chosen kernels (second launch, caches flushed)", "",
              f"`python bench/ncu_probe.py OUT {'--only ' + args.only if args.only else ''}`, rc {r.returncode}", "",
-             "| kernel (sum over its launches; max for rates) | " + " | ".join(METRICS) + " |", "|---" * (len(METRICS) + 1) + "|"]
+             "| kernel (sum over its launches; max for rates) | " + " | ".join(METRICS) + " |",
+             "|---" * (len(METRICS) + 1) + "|"]
     for rec in records:
         lines.append(f"| {rec['label']} | " + " | ".join(f"{rec[m][1]:,.2f} {rec[m][0]}" if m in rec else "-"
                                                         for m in METRICS) + " |")

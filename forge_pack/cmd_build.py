@@ -47,12 +47,14 @@ def format_result(r: PackResult) -> str:
         if describe(acc):
             lines.append(f"  {describe(acc)}")
         if not m["within_tolerance"]:
+            worse = (f" and are less accurate than eager's against the model in {acc.get('reference_dtype', 'float32')}"
+                     if describe(acc) else "")
             lines.append("  note: the patched model's outputs differ from the original by more than the tolerance "
-                         "allows" + (" and are less accurate than eager's against the model in float32"
-                                     if describe(acc) else "") + "; see model_result in the manifest")
+                         f"allows{worse}; see model_result in the manifest")
         elif acc.get("basis", "").startswith("against"):
-            lines.append("  accepted against the model in float32: the outputs differ from eager's by more than "
-                         "rounding, but are no further from the float32 model than eager's (see model_result)")
+            wide = acc.get("reference_dtype", "float32")
+            lines.append(f"  accepted against the model in {wide}: the outputs differ from eager's by more than "
+                         f"rounding, but are no further from the {wide} model than eager's (see model_result)")
         if acc.get("note"):
             lines.append(f"  note: {acc['note']}")
     for n in r.notes:

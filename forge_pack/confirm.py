@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_pack.errors import ForgeError
-from forge_pack.model_accuracy import compare_outputs, float32_reference
+from forge_pack.model_accuracy import compare_outputs, precise_reference
 from forge_pack.verdict import Baseline, Evaluation, Timing
 
 CONFIRM_FILE = "confirm.json"
@@ -286,7 +286,7 @@ def model_check(package_dir: str, model: str, device: str, dtype: str | None, bu
     cuda = target.device == "cuda"
     with torch.inference_mode():
         ref = target.forward()
-    gold, gold_note = float32_reference(target.module, target.args, target.kwargs, target.device)
+    gold, gold_note = precise_reference(target.module, target.args, target.kwargs, target.device)
     with torch.inference_mode():
         if not patcher.apply(target.module):
             return {"error": f"the package did not apply: {patcher.load_error}"}

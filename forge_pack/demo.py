@@ -26,7 +26,7 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
     import torch
 
     from forge_pack.confirm import _time_pair
-    from forge_pack.model_accuracy import compare_outputs, float32_reference, tensors
+    from forge_pack.model_accuracy import compare_outputs, precise_reference, tensors
     from forge_pack.load import load
 
     pkg = importlib.import_module(package)
@@ -34,7 +34,7 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
     cuda = target.device == "cuda"
     with torch.inference_mode():
         before = target.forward()
-    gold, gold_note = float32_reference(target.module, target.args, target.kwargs, target.device)
+    gold, gold_note = precise_reference(target.module, target.args, target.kwargs, target.device)
     with torch.inference_mode():
         applied = pkg.apply(target.module)
         after = target.forward()

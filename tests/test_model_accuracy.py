@@ -1,8 +1,8 @@
-"""The whole-model output check: element-wise against eager first, else against the model in float32."""
+"""The whole-model output check: element-wise against eager first, else against the model in a higher precision."""
 
 import torch
 
-from forge_pack.model_accuracy import EAGER_ERROR_FACTOR, compare_outputs, describe, float32_reference
+from forge_pack.model_accuracy import EAGER_ERROR_FACTOR, compare_outputs, describe, precise_reference
 
 
 def _outputs(noise_eager: float, noise_patched: float, seed: int = 0):
@@ -71,10 +71,10 @@ def _bf16_mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 32)).bfloat16()
 
 
-def test_float32_reference_runs_the_same_weights_in_float32_and_leaves_the_model_alone():
+def test_precise_reference_runs_the_same_weights_in_float32_and_leaves_the_model_alone():
     m = _bf16_mlp()
     x = torch.randn(8, 64).bfloat16()
-    out, note = float32_reference(m, (x,), {}, "cpu")
+    out, note = precise_reference(m, (x,), {}, "cpu")
     assert note is None and len(out) == 1 and out[0].dtype == torch.float32
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())
     expected = torch.nn.functional.linear(torch.nn.functional.gelu(torch.nn.functional.linear(
@@ -85,9 +85,47 @@ def test_float32_reference_runs_the_same_weights_in_float32_and_leaves_the_model
     assert 0 < float((bf16 - out[0]).abs().max()) < 0.1  # bf16 eager differs from it by rounding only
 
 
-def test_float32_reference_is_skipped_for_a_float32_model():
+def test_precise_reference_of_a_float32_model_is_its_float64_copy():
+    torch.manual_seed(0)
     m = torch.nn.Linear(4, 4)
-    assert float32_reference(m, (torch.randn(2, 4),), {}, "cpu") == (None, None)
+    x = torch.randn(2, 4)
+    out, note = precise_reference(m, (x,), {}, "cpu")
+    assert note is None and out[0].dtype == torch.float64 and m.weight.dtype == torch.float32
+    torch.testing.assert_close(out[0], x.double() @ m.weight.double().T + m.bias.double(), rtol=0, atol=1e-15)
+
+
+def test_precise_reference_is_skipped_without_floating_state():
+    class Count(torch.nn.Module):
+        def forward(self, x):
+            return x.sum(-1)
+
+    assert precise_reference(Count(), (torch.arange(6).reshape(2, 3),), {}, "cpu") == (None, None)
+
+
+def _tf32_like(scale_patched: float, seed: int = 1):
+    """A float32 model's outputs where eager carries TF32-like rounding (~1e-3 relative): the gold
+    float64 output, eager's and a patched one with its own rounding of `scale_patched` times eager's."""
+    g = torch.Generator().manual_seed(seed)
+    gold = torch.randn(2, 64, 24, 24, generator=g, dtype=torch.float64) * 0.05
+    eager = (gold * (1 + 1e-3 * torch.randn(gold.shape, generator=g, dtype=torch.float64))).float()
+    patched = (gold * (1 + scale_patched * 1e-3 * torch.randn(gold.shape, generator=g, dtype=torch.float64))).float()
+    return gold, eager, patched
+
+
+def test_float32_output_with_tf32_like_rounding_passes_against_float64():
+    gold, eager, patched = _tf32_like(1.0)
+    assert not compare_outputs(eager, patched)["within_tolerance"]  # element-wise: 10x fp32 tolerance is too tight
+    r = compare_outputs(eager, patched, [gold])
+    assert r["within_tolerance"]
+    assert r["accuracy"]["basis"] == "against the model in float64"
+    assert r["accuracy"]["reference_dtype"] == "float64"
+    assert "in float64" in describe(r["accuracy"])
+
+
+def test_float32_output_less_accurate_than_eager_fails_against_float64():
+    gold, eager, patched = _tf32_like(EAGER_ERROR_FACTOR * 2.5)
+    r = compare_outputs(eager, patched, [gold])
+    assert not r["within_tolerance"] and r["accuracy"]["basis"] == "against the model in float64"
 
 
 class _OnlyBf16(torch.nn.Module):
@@ -102,5 +140,5 @@ class _OnlyBf16(torch.nn.Module):
 
 
 def test_a_model_that_cannot_run_in_float32_gives_a_note_not_a_crash():
-    out, note = float32_reference(_OnlyBf16(), (torch.ones(2, 4, dtype=torch.bfloat16),), {}, "cpu")
+    out, note = precise_reference(_OnlyBf16(), (torch.ones(2, 4, dtype=torch.bfloat16),), {}, "cpu")
     assert out is None and note.startswith("no float32 reference: the float32 copy of the model failed (TypeError")

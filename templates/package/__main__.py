@@ -265,7 +265,8 @@ def cmd_info(args) -> int:
               f"({r['speedup']:.2f}x), max output difference {r['max_abs_diff']}")
         acc = r.get("accuracy") or {}
         if acc.get("eager_max_error") is not None:
-            print(f"  error against the model in float32: eager {acc['eager_max_error']:.3g}, "
+            print(f"  error against the model in {acc.get('reference_dtype', 'float32')}: "
+                  f"eager {acc['eager_max_error']:.3g}, "
                   f"patched {acc['patched_max_error']:.3g} (tolerance basis: {acc['basis']})")
     return 0
 

@@ -3,7 +3,7 @@ then timed by the evaluator: CUDA events, L2 flushed before every call), plus th
 empty-kernel launch measured with the same protocol in the same run (the launch-bound goal:
 within 2x of it).
 
-    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax]
+    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax] [--families split,split_stream]
 
 Writes OUT_DIR/kernel_sweep.md and .json (OUT_DIR defaults to $OUT, else bench/results).
 """
@@ -43,6 +43,8 @@ SWEEPS = [
         ("split_flow", {"unroll": 1, "threads": 128, "split": 64}),
         # session 4: the persistent split_ring (bench/experiments/session4_nchw_bulk_split_ring.patch) ran
         # 361-418 µs here and 180-186 µs on GN_MID: kept out of the search (kernel_sweep_s4_call3.md)
+        # session 5: the persistent split_stream (bench/experiments/session5_split_stream.patch: ticket t = statistics
+        # of chunk t + normalise of chunk t - D from L2) verified but ran 215.8-604 µs: kept out of the search
     ]),
     ("group_norm", GN_MID, [
         ("split", {}), ("split_sync", {}), ("split_flow", {}), ("split_flow", {"split": 16}),
@@ -116,6 +118,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--only", default="", help="comma-separated ops ('launch': only the empty launches)")
+    ap.add_argument("--families", default="", help="comma-separated families (default: every listed one)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,6 +151,8 @@ def main(argv: list[str]) -> int:
                       "|---|---|---|---|---|---|---|---|"]
             print("\n".join(lines[-7:]), flush=True)
             for family, params in variants:
+                if args.families and family not in args.families.split(","):
+                    continue
                 try:
                     cand = instantiate(op, "cuda", family, params, sig)
                 except ValueError as e:
@@ -178,7 +183,8 @@ def main(argv: list[str]) -> int:
                     f"{empty_after['median_us']:.2f} µs (IQR {empty_after['iqr_us']:.2f}, n {empty_after['n']}).")
     print(lines[1], flush=True)
     head = [f"# Kernel sweep on {gpu.get('name', 'the GPU')}", "",
-            f"`python bench/kernel_sweep.py{' --only ' + args.only if args.only else ''}`; "
+            f"`python bench/kernel_sweep.py{' --only ' + args.only if args.only else ''}"
+            f"{' --families ' + args.families if args.families else ''}`; "
             f"{time.time() - t_start:.0f} s; env: {json.dumps(gpu)}", ""]
     (out / "kernel_sweep.md").write_text("\n".join(head + lines) + "\n")
     doc = {"gpu": gpu, "empty_launch": empty, "empty_launch_after": empty_after, "results": records}

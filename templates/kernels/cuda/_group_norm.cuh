@@ -86,3 +86,20 @@ __device__ __forceinline__ void gn_apply(const T_X* __restrict__ xg, T_OUT* __re
 FP_DEV bool gn_vec_ok(const void* x, const void* out, int hw) {
   return VEC > 1 && hw % VEC == 0 && vec_aligned<T_X, VEC>(x) && vec_aligned<T_OUT, VEC>(out);
 }
+
+// ---- L2 cache policies for a chunk read twice (split_flow; the split_stream experiment) ----
+// Load hints 3 (L2 evict_last) and 4 (L2 evict_first) for 16-byte vectors, through an L2 cache
+// policy (sm_80+); other widths, and older GPUs, load plainly (the primary template).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <int PRIORITY> FP_DEV uint4 l2_ld_policy(const uint4* p) {
+  unsigned long long policy;
+  if (PRIORITY == 3) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  uint4 r;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
+  return r;
+}
+template <> FP_DEV uint4 ld_raw<3, uint4>(const uint4* p) { return l2_ld_policy<3>(p); }
+template <> FP_DEV uint4 ld_raw<4, uint4>(const uint4* p) { return l2_ld_policy<4>(p); }
+#endif

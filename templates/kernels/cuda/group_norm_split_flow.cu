@@ -16,23 +16,8 @@
 //{{INCLUDE _prelude.cuh}}
 //{{INCLUDE _group_norm.cuh}}
 
-// Load hints 3 (L2 evict_last) and 4 (L2 evict_first) for 16-byte vectors, through an L2 cache
-// policy (sm_80+); other widths, and older GPUs, load plainly (the primary template).
 #define FLOW_STATS_HINT (L2 ? 3 : 0)
 #define FLOW_APPLY_HINT (L2 ? 4 : LOAD_HINT)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-template <int PRIORITY> FP_DEV uint4 flow_ld_policy(const uint4* p) {
-  unsigned long long policy;
-  if (PRIORITY == 3) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  uint4 r;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(policy));
-  return r;
-}
-template <> FP_DEV uint4 ld_raw<3, uint4>(const uint4* p) { return flow_ld_policy<3>(p); }
-template <> FP_DEV uint4 ld_raw<4, uint4>(const uint4* p) { return flow_ld_policy<4>(p); }
-#endif
 
 // Slot s (SPLIT consecutive tickets) -> group and kind (0 statistics, 1 normalise).
 FP_DEV unsigned int flow_slot(unsigned int s, unsigned int ngroups, int* kind) {

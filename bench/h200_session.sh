@@ -4,7 +4,7 @@
 # Steps:
 #   templates  the `gpu` tests of tests/test_templates.py (every CUDA family verified on the GPU)
 #   sweep      bench/kernel_sweep.py (chosen kernels on the issue-4 shapes + a bare launch; SWEEP_ONLY: ops,
-#              SWEEP_FAMILIES: families)
+#              SWEEP_FAMILIES: families, SWEEP_KNOB: only variants setting that knob)
 #   launch     only the bare empty-kernel launch of bench/kernel_sweep.py
 #   real       bench/real_models.py for $MODELS (BUDGET, TIME_LIMIT, TOP, REAL_ARGS: more options), continuing from .carry/real_models/ when present,
 #              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
@@ -23,7 +23,7 @@ for step in $STEPS; do
       timeout 120 python3 bench/kernel_sweep.py "$OUT/launch" --only launch 2>&1 | tail -5 ;;
     sweep)
       timeout ${SWEEP_TIMEOUT:-200} python3 bench/kernel_sweep.py "$OUT/kernel_sweep" ${SWEEP_ONLY:+--only $SWEEP_ONLY} \
-        ${SWEEP_FAMILIES:+--families $SWEEP_FAMILIES} \
+        ${SWEEP_FAMILIES:+--families $SWEEP_FAMILIES} ${SWEEP_KNOB:+--knob $SWEEP_KNOB} \
         2>&1 | tail -80 ;;
     real)
       P=

@@ -3,7 +3,7 @@ then timed by the evaluator: CUDA events, L2 flushed before every call), plus th
 empty-kernel launch measured with the same protocol in the same run (the launch-bound goal:
 within 2x of it).
 
-    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax] [--families split,split_stream]
+    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax] [--families split,split_flow] [--knob minb]
 
 Writes OUT_DIR/kernel_sweep.md and .json (OUT_DIR defaults to $OUT, else bench/results).
 """
@@ -43,6 +43,12 @@ SWEEPS = [
         ("split_flow", {"unroll": 1, "threads": 128, "split": 64}),
         # session 4: the persistent split_ring (bench/experiments/session4_nchw_bulk_split_ring.patch) ran
         # 361-418 µs here and 180-186 µs on GN_MID: kept out of the search (kernel_sweep_s4_call3.md)
+        # session 5: `minb` caps registers so that more blocks share an SM (unroll 4 took 94 registers: 2 blocks)
+        ("split_flow", {"unroll": 4, "lag": 2, "minb": 0}), ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
+        ("split_flow", {"unroll": 4, "lag": 2, "minb": 5}), ("split_flow", {"unroll": 4, "lag": 3, "l2": 1, "minb": 4}),
+        ("split_flow", {"unroll": 4, "lag": 4, "l2": 1, "minb": 4}), ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 0}),
+        ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 6}), ("split_flow", {"unroll": 2, "lag": 2, "minb": 6}),
+        ("split_flow", {"unroll": 4, "lag": 2, "threads": 128, "minb": 8}),
         # session 5: the persistent split_stream (bench/experiments/session5_split_stream.patch: ticket t = statistics
         # of chunk t + normalise of chunk t - D from L2) verified but ran 215.8-604 µs: kept out of the search
     ]),
@@ -119,6 +125,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("out", nargs="?", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     ap.add_argument("--only", default="", help="comma-separated ops ('launch': only the empty launches)")
     ap.add_argument("--families", default="", help="comma-separated families (default: every listed one)")
+    ap.add_argument("--knob", default="", help="only the variants that set this knob explicitly")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -153,6 +160,8 @@ def main(argv: list[str]) -> int:
             for family, params in variants:
                 if args.families and family not in args.families.split(","):
                     continue
+                if args.knob and args.knob not in params:
+                    continue
                 try:
                     cand = instantiate(op, "cuda", family, params, sig)
                 except ValueError as e:
@@ -184,7 +193,7 @@ def main(argv: list[str]) -> int:
     print(lines[1], flush=True)
     head = [f"# Kernel sweep on {gpu.get('name', 'the GPU')}", "",
             f"`python bench/kernel_sweep.py{' --only ' + args.only if args.only else ''}"
-            f"{' --families ' + args.families if args.families else ''}`; "
+            f"{' --families ' + args.families if args.families else ''}{' --knob ' + args.knob if args.knob else ''}`; "
             f"{time.time() - t_start:.0f} s; env: {json.dumps(gpu)}", ""]
     (out / "kernel_sweep.md").write_text("\n".join(head + lines) + "\n")
     doc = {"gpu": gpu, "empty_launch": empty, "empty_launch_after": empty_after, "results": records}

@@ -28,7 +28,8 @@ POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 PROBES = [
     ("group_norm", GN_BIG, [
         ("split", {}), ("split_flow", {"unroll": 2}), ("split_flow", {"unroll": 2, "l2": 1, "lag": 3}),
-        ("split_flow", {"unroll": 4}),
+        ("split_flow", {"unroll": 4}), ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
+        ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 6}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),

@@ -31,6 +31,7 @@ SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threa
 STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
 LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
 L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_first in L2 (cache policies)")
+MIN_BLOCKS = Knob("minb", (0, 2, 4, 5, 6, 8), "blocks per SM the registers are capped for (0: the compiler's choice)")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
@@ -317,9 +318,11 @@ def _gn_flow_build(sig: Signature, p: dict):
     why = _gn_chunks(sig, p)
     if why:
         return why
-    threads, split = p["threads"], p["split"]
+    threads, split, minb = p["threads"], p["split"], p.get("minb", 0)  # runs stored before `minb`: 0
+    if minb and 65536 // (threads * minb) < 32:
+        return f"{minb} blocks of {threads} threads leave fewer than 32 registers per thread"
     defines = {"THREADS": threads, "VEC": p["vec"], "UNROLL": p["unroll"], "SPLIT": split, "LAG": p["lag"],
-               "L2": p["l2"], **_gn_hints(p)}
+               "L2": p["l2"], "MINB": minb, **_gn_hints(p)}
     k = launch("group_norm_split_flow", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG",
                                          "i32:G", _gn_chunk_arg(p), "eps"], [f"2 * N * G * {split}"], [threads])
     ws = [Workspace("ws", f"N * G * {split} * 16"), Workspace("sync", "(1 + 2 * N * G) * 4", zero=True)]
@@ -370,7 +373,7 @@ def _gn_defaults(kind: str):
                 split //= 2
             group_mb = gs * elem_bytes(sig.x.dtype) / 2 ** 20
             lag = nearest(LAG.values, clamp(int(24 / max(group_mb, 1e-3)) - 1, 1, 6))
-            p.update(threads=256, unroll=4, split=split, lag=lag, load_hint=2, store_hint=1, l2=0)
+            p.update(threads=256, unroll=4, split=split, lag=lag, load_hint=2, store_hint=1, l2=0, minb=0)
         elif kind == "split_sync":
             p.update(threads=512, items=8 if elem_bytes(sig.x.dtype) == 2 else 4, load_hint=2, store_hint=1, stage=0)
             # smallest chunk that keeps a group within one resident wave, and >= 2 blocks per SM overall
@@ -418,7 +421,8 @@ _GN = {
                  "one block per group; exact two-pass mean then variance, then normalise (small groups)"),
     "split": ((SPLIT, THREADS, VEC, UNROLL, TILE_ITEMS, *HINTS), "group_norm_split.cu", _gn_split_build,
               "huge groups: stats kernel with `split` blocks per group -> workspace -> normalise kernel"),
-    "split_flow": ((SPLIT, THREADS, VEC, UNROLL, LAG, L2_KEEP, *HINTS), "group_norm_split_flow.cu", _gn_flow_build,
+    "split_flow": ((SPLIT, THREADS, VEC, UNROLL, LAG, L2_KEEP, MIN_BLOCKS, *HINTS), "group_norm_split_flow.cu",
+                   _gn_flow_build,
                    "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
                    "re-read the chunk from L2; start-order tickets, no co-residency bound"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,

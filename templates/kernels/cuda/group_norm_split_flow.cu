@@ -81,7 +81,13 @@ __device__ __forceinline__ void gn_flow_impl(const T_X* __restrict__ x, WEIGHT_P
                                shift + st.mean, rstd);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+// MINB > 0 caps registers so that MINB blocks share an SM: more blocks stream while others wait.
+#if MINB > 0
+#define FLOW_BOUNDS __launch_bounds__(THREADS, MINB)
+#else
+#define FLOW_BOUNDS __launch_bounds__(THREADS)
+#endif
+extern "C" __global__ void FLOW_BOUNDS
 group_norm_split_flow(const T_X* __restrict__ x, const T_WEIGHT* __restrict__ weight,
                       const T_BIAS* __restrict__ bias, T_OUT* __restrict__ out, float4* __restrict__ ws,
                       int* __restrict__ sync, int gs, int hw, int cpg, int groups, int chunk, float eps) {

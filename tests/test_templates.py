@@ -195,6 +195,25 @@ def test_every_cuda_family_compiles_with_nvcc():
     assert not spills, spills
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_split_flow_minb_caps_registers_for_more_blocks_per_sm(tmp_path):
+    """`minb` must reach ptxas: at unroll 4 split_flow takes more than 64 registers (2 blocks of 256
+    threads per SM); minb 4 must fit it in 64 (4 blocks) without spilling."""
+    import re
+
+    sig = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
+    regs = {}
+    for minb in (0, 4):
+        cand = instantiate("group_norm", "cuda", "split_flow", {"unroll": 4, "minb": minb}, sig)
+        _, rc, log = _nvcc_compile(cand, str(tmp_path))
+        assert rc == 0, log[-2000:]
+        regs[minb] = int(re.search(r"Used (\d+) registers", log).group(1))
+        if minb:
+            assert " 0 bytes spill stores" in log, log
+    assert regs[0] > 64 >= regs[4], regs
+
+
 def _cpu_verify(cand: Candidate, sig, build):
     from forge_pack.launch import load_module
     from forge_pack.verify import fresh_sets, static_sets, verify

@@ -121,3 +121,39 @@ def test_cuda_package_without_a_visible_gpu_patches_nothing(patch_mod, cuda_mani
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     p = patch_mod.Patcher(cuda_manifest, "cuda_pkg", lambda: None)
     assert "no CUDA GPU is visible" in p._environment_problem()
+
+
+@pytest.fixture(scope="module")
+def cpu_manifest(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpuman")
+    run = helpers.make_cpu_run(root / "run")
+    assert pack(run, root / "out", "cpu_pkg", confirm=False).written
+    return json.loads((root / "out" / "cpu_pkg" / "manifest.json").read_text())
+
+
+def test_a_fall_back_through_two_patched_paths_counts_once(patch_mod, cpu_manifest, monkeypatch):
+    """F.group_norm falls back through torch.group_norm and F.softmax through Tensor.softmax, both
+    patched too: one call that no kernel takes is one fall-back; a call a kernel takes is none."""
+    p = patch_mod.Patcher(cpu_manifest, "cpu_pkg", lambda: None)
+    ran = []
+
+    def bind():  # no extension here: each target's "kernel" records itself and copies its input
+        for t in p.targets:
+            t.fn = lambda *ts, t=t: ran.append(t.id) or ts[0].clone()
+
+    monkeypatch.setattr(p, "_bind_ops", bind)
+    gn = next(t for t in p.targets if t.op == "group_norm")
+    sm = next(t for t in p.targets if t.op == "softmax" and not t.composite)
+    shape = tuple(dict(gn.specs)["x"][1])
+    assert p.apply()
+    try:
+        F.group_norm(torch.randn(2, 16, 3, 3), 4)  # no kernel for this shape
+        F.softmax(torch.randn(3, 5), dim=-1)
+        torch.softmax(torch.randn(3, 5), -1)
+        assert p.fallback_calls == {"group_norm": 1, "softmax": 2}, p.fallback_calls
+        F.group_norm(torch.randn(*shape), 4)  # the kernel's own signature: a kernel call, no fall-back
+        F.softmax(torch.randn(*dict(sm.specs)["x"][1]), dim=-1)
+        assert p.fallback_calls == {"group_norm": 1, "softmax": 2}, p.fallback_calls
+        assert p.kernel_calls == {gn.id: 1, sm.id: 1} and ran == [gn.id, sm.id]
+    finally:
+        p.revert()

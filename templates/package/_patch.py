@@ -34,6 +34,16 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _MISS = object()
 
+# Per thread: whether a patched path below the innermost fall-back in progress took the call (a
+# kernel, or a fall-back of its own). F.group_norm falls back through torch.group_norm, which is
+# patched too: the call is one fall-back, counted where it finally reaches torch.
+_BELOW = threading.local()
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return is_compiling is not None and is_compiling()
+
 
 class ManifestError(ValueError):
     """The manifest is missing, not JSON, or does not match its schema."""
@@ -380,10 +390,23 @@ class Patcher:
         return True
 
     def _count(self, table: dict, key: str) -> None:
-        is_compiling = getattr(torch.compiler, "is_compiling", None)
-        if is_compiling is not None and is_compiling():
+        if _compiling():
             return
         table[key] = table.get(key, 0) + 1
+        _BELOW.taken = True
+
+    def fall_back(self, key: str, original: Callable, args: tuple, kwargs: dict) -> Any:
+        """The original's result for a call no kernel took, counted once: here only when no patched
+        path below (reached from inside the original) took it, kernel or fall-back."""
+        if _compiling() or not self._active:
+            return original(*args, **kwargs)
+        _BELOW.taken = False
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if not _BELOW.taken:
+                self._count(self.fallback_calls, key)
+            _BELOW.taken = True
 
     def dispatch(self, op: str, style: str, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a call it was verified for, else the _MISS marker."""
@@ -396,7 +419,6 @@ class Patcher:
                 if params == t.params and self._tensors_match(t, tensors):
                     self._count(self.kernel_calls, t.id)
                     return t.fn(*[tensors[n] for n in t.present])
-        self._count(self.fallback_calls, op)
         return _MISS
 
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
@@ -410,7 +432,6 @@ class Patcher:
                 if eps == t.params.get("eps") and self._tensors_match(t, tensors):
                     self._count(self.kernel_calls, t.id)
                     return t.fn(*[tensors[n] for n in t.present])
-        self._count(self.fallback_calls, "module")
         return _MISS
 
     # ---- wrappers
@@ -420,7 +441,7 @@ class Patcher:
         def wrapper(*args, **kwargs):
             out = patcher.dispatch(op, style, args, kwargs)
             if out is _MISS:
-                return original(*args, **kwargs)
+                return patcher.fall_back(op, original, args, kwargs)
             return out
 
         _describe(wrapper, original, self.package)
@@ -432,7 +453,7 @@ class Patcher:
         def forward(module, *args, **kwargs):
             out = patcher.dispatch_module(targets, module, args, kwargs)
             if out is _MISS:
-                return original(module, *args, **kwargs)
+                return patcher.fall_back("module", original, (module, *args), kwargs)
             return out
 
         _describe(forward, original, self.package)
@@ -444,7 +465,7 @@ class Patcher:
         def forward(*args, **kwargs):
             out = patcher.dispatch_module(targets, module, args, kwargs)
             if out is _MISS:
-                return original(*args, **kwargs)
+                return patcher.fall_back("module", original, args, kwargs)
             return out
 
         _describe(forward, original, self.package)

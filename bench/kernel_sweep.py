@@ -3,7 +3,8 @@ then timed by the evaluator: CUDA events, L2 flushed before every call), plus th
 empty-kernel launch measured with the same protocol in the same run (the launch-bound goal:
 within 2x of it).
 
-    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax] [--families split,split_flow] [--knob minb]
+    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax]
+        [--families split,split_flow] [--knob minb]
 
 Writes OUT_DIR/kernel_sweep.md and .json (OUT_DIR defaults to $OUT, else bench/results).
 """
@@ -46,7 +47,8 @@ SWEEPS = [
         # session 5: `minb` caps registers so that more blocks share an SM (unroll 4 took 94 registers: 2 blocks)
         ("split_flow", {"unroll": 4, "lag": 2, "minb": 0}), ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
         ("split_flow", {"unroll": 4, "lag": 2, "minb": 5}), ("split_flow", {"unroll": 4, "lag": 3, "l2": 1, "minb": 4}),
-        ("split_flow", {"unroll": 4, "lag": 4, "l2": 1, "minb": 4}), ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 0}),
+        ("split_flow", {"unroll": 4, "lag": 4, "l2": 1, "minb": 4}),
+        ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 0}),
         ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 6}), ("split_flow", {"unroll": 2, "lag": 2, "minb": 6}),
         ("split_flow", {"unroll": 4, "lag": 2, "threads": 128, "minb": 8}),
         # session 5: the persistent split_stream (bench/experiments/session5_split_stream.patch: ticket t = statistics

@@ -91,12 +91,16 @@ def test_call_paths_cover_the_profilers(patch_mod):
             assert p.style != "module" or p.via.startswith("F.")
 
 
+def _packed_manifest(tmp_path_factory, make_run, name: str) -> dict:
+    root = tmp_path_factory.mktemp(name)
+    run = make_run(root / "run")
+    assert pack(run, root / "out", name, confirm=False).written
+    return json.loads((root / "out" / name / "manifest.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def cuda_manifest(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cudaman")
-    run = helpers.make_cuda_run(root / "run")
-    assert pack(run, root / "out", "cuda_pkg", confirm=False).written
-    return json.loads((root / "out" / "cuda_pkg" / "manifest.json").read_text())
+    return _packed_manifest(tmp_path_factory, helpers.make_cuda_run, "cuda_pkg")
 
 
 def test_gpu_architecture_guard(patch_mod, cuda_manifest, monkeypatch):
@@ -125,10 +129,7 @@ def test_cuda_package_without_a_visible_gpu_patches_nothing(patch_mod, cuda_mani
 
 @pytest.fixture(scope="module")
 def cpu_manifest(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cpuman")
-    run = helpers.make_cpu_run(root / "run")
-    assert pack(run, root / "out", "cpu_pkg", confirm=False).written
-    return json.loads((root / "out" / "cpu_pkg" / "manifest.json").read_text())
+    return _packed_manifest(tmp_path_factory, helpers.make_cpu_run, "cpu_pkg")
 
 
 def test_a_fall_back_through_two_patched_paths_counts_once(patch_mod, cpu_manifest, monkeypatch):

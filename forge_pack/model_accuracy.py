@@ -150,10 +150,10 @@ def compare_outputs(ref: Any, got: Any, gold: list | None = None, gold_note: str
         except KeyError:
             floors.append(0.0)
             ok = ok and same_special
-    first = next((x for x in a if x.is_floating_point() and x.dim() >= 2 and x.shape[-1] >= 2), None)
+    at = next((i for i, x in enumerate(a) if x.is_floating_point() and x.dim() >= 2 and x.shape[-1] >= 2), None)
     kind, agree = ("structure" if len(a) > 1 else "tensor"), None
-    if first is not None:
-        second = b[a.index(first)]
+    if at is not None:  # (list.index would compare tensors element-wise)
+        first, second = a[at], b[at]
         agree = float((first.argmax(-1) == second.argmax(-1)).double().mean())
         if len(a) == 1:
             kind = "lm" if first.dim() == 3 else "classifier" if first.dim() == 2 else "tensor"
@@ -166,6 +166,7 @@ def compare_outputs(ref: Any, got: Any, gold: list | None = None, gold_note: str
         for x, y, g, floor in zip(a, b, gold, floors):
             if not x.is_floating_point():
                 continue
+            wide = _dtype_name(g)  # the yardstick's precision (gold may also hold integer outputs)
             g64 = g.double().to(x.device)
             e_max, e_rms = _errors(x.double(), g64)
             p_max, p_rms = _errors(y.double(), g64)
@@ -177,9 +178,9 @@ def compare_outputs(ref: Any, got: Any, gold: list | None = None, gold_note: str
         if worst is not None:
             ratio, e_max, p_max, e_rms, p_rms = worst
             accuracy.update(eager_max_error=e_max, patched_max_error=p_max, eager_rms_error=e_rms,
-                            patched_rms_error=p_rms, reference_dtype=_dtype_name(gold[0]))
+                            patched_rms_error=p_rms, reference_dtype=wide)
             if not ok:
-                accuracy["basis"] = f"against the model in {_dtype_name(gold[0])}"
+                accuracy["basis"] = f"against the model in {wide}"
                 ok = passed and hard
                 result["within_tolerance"] = ok
     elif gold_note:

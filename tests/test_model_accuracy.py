@@ -122,6 +122,14 @@ def test_float32_output_with_tf32_like_rounding_passes_against_float64():
     assert "in float64" in describe(r["accuracy"])
 
 
+def test_reference_dtype_names_the_floating_yardstick_even_after_an_integer_output():
+    gold, eager, patched = _tf32_like(1.0)
+    ids = torch.arange(8)  # e.g. a model that also returns token ids, first
+    r = compare_outputs((ids, eager), (ids, patched), [ids, gold])
+    assert r["accuracy"]["reference_dtype"] == "float64"
+    assert r["accuracy"]["basis"] == "against the model in float64"
+
+
 def test_float32_output_less_accurate_than_eager_fails_against_float64():
     gold, eager, patched = _tf32_like(EAGER_ERROR_FACTOR * 2.5)
     r = compare_outputs(eager, patched, [gold])

@@ -27,9 +27,10 @@ GN_BIG = "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16
 POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 PROBES = [
     ("group_norm", GN_BIG, [
-        ("split", {}), ("split_flow", {"unroll": 2}), ("split_flow", {"unroll": 2, "l2": 1, "lag": 3}),
-        ("split_flow", {"unroll": 4}), ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
-        ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 6}),
+        ("split", {}), ("split_flow", {"unroll": 2, "l2": 1, "lag": 3}),
+        ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
+        ("resident", {}), ("resident", {"bps": 2, "threads": 512, "regs": 4}),
+        ("resident", {"teams": 2, "threads": 1024, "regs": 0}), ("resident", {"teams": 1, "threads": 1024, "regs": 0}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),

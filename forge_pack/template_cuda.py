@@ -32,9 +32,14 @@ STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 sha
 LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
 L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_first in L2 (cache policies)")
 MIN_BLOCKS = Knob("minb", (0, 2, 4, 5, 6, 8), "blocks per SM the registers are capped for (0: the compiler's choice)")
+TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8), "groups in flight: the persistent grid splits into this many teams")
+BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
+REGS = Knob("regs", (0, 4, 8, 16), "16-byte vectors per thread kept in registers (the rest in shared memory)")
+RES_THREADS = Knob("threads", (256, 512, 1024), "threads per block")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
+SMEM_PER_SM = 228 * 1024  # H100/H200 shared memory per SM; each resident block also reserves 1 KB
 SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
 MAX_REG_ELEMS = 64  # fp32 values a thread keeps in registers at most (beyond: spills)
 
@@ -354,6 +359,67 @@ def _gn_sync_build(sig: Signature, p: dict):
                  spec([k], ws, [f"{nsplit} <= {SM_COUNT - 4}", "GROUP_SIZE <= 2000000000"]))
 
 
+def _gn_resident_plan(sig: Signature, p: dict) -> dict | str:
+    """Sizes of a `resident` launch: team, slice per block, vectors per thread in registers and in
+    shared memory, dynamic shared memory; or why the group does not fit on chip that way."""
+    e = _sizes(sig)
+    eb = elem_bytes(sig.x.dtype)
+    vec = 16 // eb
+    threads, bps, teams, regs = p["threads"], p["bps"], p["teams"], p["regs"]
+    if threads * bps > 2048:
+        return f"{threads * bps} threads per SM (at most 2048)"
+    if teams > e["N"] * e["G"]:
+        return f"{teams} teams for {e['N'] * e['G']} groups"
+    budget = min(255, 65536 // (threads * bps))
+    if regs * 4 + 40 > budget:
+        return f"{regs} vectors in registers exceed {budget} registers per thread"
+    team = SM_COUNT * bps // teams
+    slice_ = -(-cdiv(e["GROUP_SIZE"], team) // vec) * vec
+    nv = cdiv(slice_ // vec, threads)
+    if regs > nv:
+        return f"{regs} register vectors per thread, but a slice needs only {nv}"
+    slots = nv - regs
+    if slots > 32:
+        return f"{slots} shared-memory vectors per thread (at most 32)"
+    smem = slots * threads * 16
+    if smem > SMEM_MAX or bps * (smem + 1024 + 1024) > SMEM_PER_SM:
+        return f"slices of {slice_} elements ({slots} shared-memory vectors per thread) exceed shared memory"
+    return {"vec": vec, "team": team, "slice": slice_, "nv": nv, "slots": slots, "smem": smem}
+
+
+def _gn_resident_build(sig: Signature, p: dict):
+    plan = _gn_resident_plan(sig, p)
+    if isinstance(plan, str):
+        return plan
+    if _sizes(sig)["HW"] % plan["vec"]:
+        return f"H*W not a multiple of {plan['vec']}: 16-byte vectors would straddle channels"
+    threads, bps, teams, vec, team = p["threads"], p["bps"], p["teams"], plan["vec"], plan["team"]
+    blocks = team * teams
+    defines = {"THREADS": threads, "VEC": vec, "BPS": bps, "TEAMS": teams, "REGS": p["regs"], "SLOTS": plan["slots"],
+               "UNROLL": 1, **_gn_hints(p)}
+    slice_ = f"round_up(ceil_div(GROUP_SIZE, {team}), {vec})"
+    k = launch("group_norm_resident", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
+                                       f"i32:{slice_}", "i32:N * G", "eps"], [blocks], [threads], plan["smem"])
+    ws = [Workspace("ws", f"N * G * {team} * 16"), Workspace("sync", "(2 + N * G) * 4", zero=True)]
+    return Built({**p, "vec": vec}, defines,
+                 spec([k], ws, ["GROUP_SIZE <= 2000000000", f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
+
+
+def _gn_resident_defaults(sig: Signature) -> dict:
+    """The most groups in flight that fit on chip, preferring a team count that divides the groups
+    (every team then walks as many groups); per team count, the first block shape that fits."""
+    ng = _sizes(sig)["N"] * _sizes(sig)["G"]
+    hints = {"load_hint": 2, "store_hint": 1}
+    shapes = [(512, 2, 8), (1024, 1, 4), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
+    for teams in sorted(TEAMS.values, key=lambda t: (ng % t == 0, t), reverse=True):
+        for threads, bps, regs in shapes:
+            for r in sorted({regs, 0}, reverse=True):  # fewer register vectors when a slice needs fewer
+                p = {"threads": threads, "bps": bps, "teams": teams, "regs": r, **hints}
+                if not isinstance(_gn_resident_plan(sig, p), str):
+                    return p
+    return {"threads": 512, "bps": 2, "teams": 1, "regs": 0, **hints}
+
+
 def _gn_defaults(kind: str):
     def defaults(sig: Signature) -> dict:
         e = _sizes(sig)
@@ -362,6 +428,8 @@ def _gn_defaults(kind: str):
         p = {"vec": vec, "load_hint": 0, "store_hint": 0}
         if kind in ("welford", "two_pass"):
             p.update(threads=clamp(pow2_ceil(cdiv(gs, vec * 4)), 64, 512), unroll=4)
+        elif kind == "resident":
+            return _gn_resident_defaults(sig)
         elif kind == "split":
             split = clamp(pow2_ceil(cdiv(4 * SM_COUNT, groups)), 4, 256)
             while split > 4 and cdiv(gs, split) < 512 * vec * 2:
@@ -397,6 +465,13 @@ def _gn_applicable(kind: str):
         vec = 16 // elem_bytes(sig.x.dtype)
         if kind in ("split", "split_flow") and e["GROUP_SIZE"] < 8192:
             return "groups too small to split"
+        if kind == "resident":
+            if e["GROUP_SIZE"] < 1 << 20:
+                return "groups too small for a whole-GPU persistent kernel"
+            if isinstance(_gn_resident_plan(sig, _gn_resident_defaults(sig)), str):
+                return "a group does not fit in the GPU's registers and shared memory"
+            if e["HW"] % (16 // elem_bytes(sig.x.dtype)):
+                return "H*W not a multiple of a 16-byte vector"
         if kind == "split_sync" and (e["GROUP_SIZE"] < 8192 or cdiv(e["GROUP_SIZE"], 1024 * vec * 8) > SM_COUNT - 4):
             return "groups too small to split, or too large for one resident wave"
         return None
@@ -408,7 +483,7 @@ def _gn_score(kind: str):
     def score(sig: Signature) -> float:
         e = _sizes(sig)
         few = e["N"] * e["G"] < 2 * SM_COUNT
-        return {"split_flow": 0 if few else 2, "split": 1 if few else 4, "split_sync": 2 if few else 3,
+        return {"resident": 0 if few else 5, "split_flow": 1 if few else 2, "split": 1 if few else 4, "split_sync": 2 if few else 3,
                 "welford": 3 if few else 0, "two_pass": 5 if few else 1}[kind]
 
     return score
@@ -425,6 +500,9 @@ _GN = {
                    _gn_flow_build,
                    "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
                    "re-read the chunk from L2; start-order tickets, no co-residency bound"),
+    "resident": ((RES_THREADS, BPS, TEAMS, REGS, *HINTS), "group_norm_resident.cu", _gn_resident_build,
+                 "huge groups, ONE read: persistent grid in `teams` teams, each normalising its own groups one "
+                 "after another with every block's slice kept in registers + shared memory (cp.async)"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,
                    "large groups in one kernel and ONE read: chunks in registers, inter-block barrier per group"),
 }

@@ -54,6 +54,14 @@ SIGS = {
                  "weight: f32[70000], eps=1e-6"],
 }
 OPS = list(SIGS)
+# Signatures for the families that apply to none of SIGS (whole-GPU kernels need huge groups); only
+# those families are exercised on them: 2 groups (teams of half the grid), 8 groups (teams walking
+# several groups each) and fp32 without affine.
+LARGE_SIGS = {
+    "group_norm": ["x: bf16[1,32,256,256], num_groups=2, weight: bf16[32], bias: bf16[32]",
+                   "x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
+                   "x: f32[1,16,256,256], num_groups=1"],
+}
 
 
 def _sig(op: str, text: str):
@@ -67,6 +75,11 @@ def _cases(backend: str):
         for text in SIGS[op]:
             for fam in applicable_families(_sig(op, text), backend):
                 out.append((op, text, fam.name))
+    covered = {(op, name) for op, _, name in out}
+    for op, texts in LARGE_SIGS.items():
+        for text in texts:
+            out += [(op, text, f.name) for f in applicable_families(_sig(op, text), backend)
+                    if (op, f.name) not in covered]
     return out
 
 
@@ -123,7 +136,7 @@ def test_issue_families_exist():
     names = {op: {f.name for f in families(op, "cuda")} for op in OPS}
     assert {"warp_row", "block_row", "online", "multi_row", "split_row", "split_sync"} <= names["softmax"]
     assert names["log_softmax"] == names["softmax"]
-    assert {"welford", "two_pass", "split", "split_sync", "split_flow"} <= names["group_norm"]
+    assert {"welford", "two_pass", "split", "split_sync", "split_flow", "resident"} <= names["group_norm"]
     assert {"nchw_plane", "nchw_flat", "nhwc"} <= names["batch_norm"]
     assert {"nchw_lanes", "nchw_tile", "nhwc"} <= names["adaptive_avg_pool2d"]
     assert names["layer_norm"] == names["rms_norm"] == {"warp_row", "block_row", "online"}
@@ -230,7 +243,7 @@ def _cpu_verify(cand: Candidate, sig, build):
 
 def _where_sig(where: str):
     op = where.split(" ", 1)[0]
-    return _sig(op, next(t for t in SIGS[op] if t in where))
+    return _sig(op, next(t for t in SIGS[op] + LARGE_SIGS.get(op, []) if t in where))
 
 
 @pytest.mark.slow
@@ -426,5 +439,41 @@ def test_cuda_family_variants_verify_on_gpu(cuda_evaluator):
     and every knob pushed to its low and high end."""
     items = [(where, Hotspot(_where_sig(where), ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand)
              for _, where, cand in _variants("cuda", extremes_everywhere=False)]
+    failures = _evaluate_all(cuda_evaluator, items)
+    assert not failures, "\n".join(failures)
+
+
+RESIDENT_CASES = [  # (signature, knobs): teams walking several groups, registers + shared memory
+    ("x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
+     {"teams": 2, "bps": 1, "threads": 256, "regs": 4}),
+    ("x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
+     {"teams": 3, "bps": 2, "threads": 256, "regs": 0}),
+    ("x: bf16[1,32,256,256], num_groups=2, weight: bf16[32], bias: bf16[32]",
+     {"teams": 1, "bps": 1, "threads": 1024, "regs": 0}),
+    ("x: f32[1,16,256,256], num_groups=1", {"teams": 1, "bps": 1, "threads": 512, "regs": 4}),
+]
+
+
+def test_resident_fits_groups_on_chip_or_says_why():
+    big = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
+    cand = instantiate("group_norm", "cuda", "resident", None, big)
+    assert cand.params["teams"] == 4  # 4 x 8 MB groups fill the H200's registers + shared memory
+    fam = next(f for f in _registry("cuda") if f.name == "resident")
+    assert "exceed shared memory" in _build(fam, big, {**cand.params, "teams": 8, "regs": 0})
+    assert "registers per thread" in _build(fam, big, {**cand.params, "threads": 1024, "bps": 2})
+    for text, knobs in RESIDENT_CASES:
+        assert not isinstance(_build(fam, _sig("group_norm", text), {**cand.params, **knobs}), str), (text, knobs)
+
+
+@pytest.mark.gpu
+def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
+    """Teams that walk several groups (the next group's loads refill registers and shared memory
+    while this one is written), one team for the whole grid, and fp32."""
+    fam = next(f for f in _registry("cuda") if f.name == "resident")
+    items = []
+    for text, knobs in RESIDENT_CASES:
+        sig = _sig("group_norm", text)
+        cand = _candidate(fam, sig, _build(fam, sig, {**fam.defaults(sig), **knobs}))
+        items.append((f"{text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
     failures = _evaluate_all(cuda_evaluator, items)
     assert not failures, "\n".join(failures)

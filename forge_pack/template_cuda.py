@@ -36,6 +36,7 @@ TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8), "groups in flight: the persistent grid
 BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
 REGS = Knob("regs", (0, 4, 8, 16), "16-byte vectors per thread kept in registers (the rest in shared memory)")
 RES_THREADS = Knob("threads", (256, 512, 1024), "threads per block")
+STAGGER = Knob("stagger", (0, 2, 4, 8), "team t starts t x this many thousand cycles late (teams out of phase)")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
@@ -396,11 +397,11 @@ def _gn_resident_build(sig: Signature, p: dict):
     threads, bps, teams, vec, team = p["threads"], p["bps"], p["teams"], plan["vec"], plan["team"]
     blocks = team * teams
     defines = {"THREADS": threads, "VEC": vec, "BPS": bps, "TEAMS": teams, "REGS": p["regs"], "SLOTS": plan["slots"],
-               "UNROLL": 1, **_gn_hints(p)}
+               "STAGGER": p.get("stagger", 0), "UNROLL": 1, **_gn_hints(p)}
     slice_ = f"round_up(ceil_div(GROUP_SIZE, {team}), {vec})"
-    k = launch("group_norm_resident", [*_GN_ARGS, "out", "ws", "sync", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
+    k = launch("group_norm_resident", [*_GN_ARGS, "out", "ws", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
                                        f"i32:{slice_}", "i32:N * G", "eps"], [blocks], [threads], plan["smem"])
-    ws = [Workspace("ws", f"N * G * {team} * 16"), Workspace("sync", "(2 + N * G) * 4", zero=True)]
+    ws = [Workspace("ws", f"N * G * {team} * 8", zero=True)]  # one flagged partial per block and group
     return Built({**p, "vec": vec}, defines,
                  spec([k], ws, ["GROUP_SIZE <= 2000000000", f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
 
@@ -409,8 +410,8 @@ def _gn_resident_defaults(sig: Signature) -> dict:
     """The most groups in flight that fit on chip, preferring a team count that divides the groups
     (every team then walks as many groups); per team count, the first block shape that fits."""
     ng = _sizes(sig)["N"] * _sizes(sig)["G"]
-    hints = {"load_hint": 2, "store_hint": 1}
-    shapes = [(512, 2, 8), (1024, 1, 4), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
+    hints = {"load_hint": 2, "store_hint": 1, "stagger": 0}
+    shapes = [(512, 2, 4), (512, 2, 8), (1024, 1, 4), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
     for teams in sorted(TEAMS.values, key=lambda t: (ng % t == 0, t), reverse=True):
         for threads, bps, regs in shapes:
             for r in sorted({regs, 0}, reverse=True):  # fewer register vectors when a slice needs fewer
@@ -500,7 +501,7 @@ _GN = {
                    _gn_flow_build,
                    "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
                    "re-read the chunk from L2; start-order tickets, no co-residency bound"),
-    "resident": ((RES_THREADS, BPS, TEAMS, REGS, *HINTS), "group_norm_resident.cu", _gn_resident_build,
+    "resident": ((RES_THREADS, BPS, TEAMS, REGS, STAGGER, *HINTS), "group_norm_resident.cu", _gn_resident_build,
                  "huge groups, ONE read: persistent grid in `teams` teams, each normalising its own groups one "
                  "after another with every block's slice kept in registers + shared memory (cp.async)"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,

@@ -5,8 +5,8 @@
 // REGS 16-byte vectors per thread in registers, the rest (SLOTS vectors per thread) in dynamic
 // shared memory, copied there by cp.async. Per group a block
 //   1. folds each of its vectors into exact moments as the vector lands (Chan merge per vector),
-//   2. publishes the block's moments to the workspace `ws` and waits at the team's barrier for
-//      the group's other blocks (TEAMS groups are in flight at once, so while one team waits the
+//   2. publishes the block's moments to the workspace `ws` (one flagged 64-bit word) and waits for
+//      the words of the group's other blocks (TEAMS groups are in flight at once, so while one team waits the
 //      others stream),
 //   3. merges the group's partials in a fixed order (bitwise reproducible),
 //   4. writes each vector normalised(+affine) from chip and at once starts loading the same slot
@@ -17,7 +17,7 @@
 // The grid must be resident at once (the launch spec sizes it to the GPU the search ran on). If a
 // barrier wait times out (a smaller GPU), the block computes that group's moments from memory.
 // Misaligned pointers or H*W % VEC != 0 take the same schedule reading x twice element-wise.
-// `sync` is a zero-filled int workspace (2 + N * G ints); the last block to finish zeroes it.
+// `ws` is a zero-filled workspace of one 64-bit word per block and group (its partial and flag).
 //{{PARAMS}}
 //{{INCLUDE _prelude.cuh}}
 //{{INCLUDE _group_norm.cuh}}
@@ -54,40 +54,59 @@ FP_DEV void res_wait(int pending) {
 #endif
 }
 
-// Group grp's (mean, rstd): publish this block's moments `part` (slot rank of the team's `team`
-// blocks), wait for the other blocks of the team, merge the team's partials in a fixed order.
-// After a barrier timeout the block computes the group's moments from memory instead.
-__device__ __forceinline__ float2 team_group_stats(const T_X* __restrict__ xg, float4* __restrict__ ws,
-                                                   int* __restrict__ sync, unsigned int grp, int team, int rank,
-                                                   Moments part, int gs, float eps, float* red, float2* stat) {
+// A block's partial moments as one 64-bit word that is also its ready flag: mean in the low half,
+// m2 (>= 0, so its sign bit is free) with the sign bit set in the high half. The workspace is
+// zero-filled per launch, so a clear sign bit means "not published yet"; one aligned 64-bit access
+// is single-copy atomic, so a reader sees the whole partial or none of it (no fence, no counter).
+FP_DEV void res_publish(unsigned long long* p, float mean, float m2) {
+  const unsigned long long w = ((unsigned long long)(__float_as_uint(m2) | 0x80000000u) << 32) | __float_as_uint(mean);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+#else
+  *reinterpret_cast<volatile unsigned long long*>(p) = w;
+#endif
+}
+FP_DEV unsigned long long res_peek(const unsigned long long* p) {
+  unsigned long long w;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w) : "l"(p) : "memory");
+#else
+  w = *reinterpret_cast<const volatile unsigned long long*>(p);
+#endif
+  return w;
+}
+
+// Group's (mean, rstd): publish this block's moments `part` (word `rank` of the team's `team`
+// blocks at wg), then warp 0 waits for every word of the group and merges them in a fixed order
+// (bitwise reproducible; block p's count follows from the slices). After a wait times out (a GPU
+// too small for the grid) the block computes the group's moments from memory instead.
+__device__ __forceinline__ float2 team_group_stats(const T_X* __restrict__ xg, unsigned long long* __restrict__ wg,
+                                                   int team, int rank, Moments part, int gs, int slice, float eps,
+                                                   float* red, float2* stat) {
   __shared__ int ok;
-  float4* const wg = ws + (long long)grp * team;
-  if (threadIdx.x == 0) {
-    wg[rank] = make_float4(part.n, part.mean, part.m2, 0.f);
-    __threadfence();
-    int* const arrived = sync + 2 + grp;
-    atomicAdd(arrived, 1);
-    const long long t0 = clock64();
-    int good = 1;
-    while (*reinterpret_cast<volatile int*>(arrived) < team) {
-      __nanosleep(32);
-      if (clock64() - t0 > 100000000LL) { good = 0; break; }
-    }
-    __threadfence();
-    ok = good;
-  }
-  __syncthreads();
-  if (ok) {
-    if (threadIdx.x < 32) {
-      Moments st{0.f, 0.f, 0.f};
-      for (int p = threadIdx.x; p < team; p += 32) {
-        const float4 w = __ldcg(wg + p);
-        st = moments_merge(st, Moments{w.x, w.y, w.z});
+  if (threadIdx.x == 0) res_publish(wg + rank, part.mean, part.m2);
+  if (threadIdx.x < 32) {
+    int good = 1, polls = 0;  // a poll is an L2 round trip (>= 0.5 us): 2^18 of them is >= 0.1 s
+    Moments st{0.f, 0.f, 0.f};
+    for (int p = threadIdx.x; p < team && good; p += 32) {
+      unsigned long long w;
+      while (((w = res_peek(wg + p)) >> 63) == 0ull) {
+        if (++polls > (1 << 18)) { good = 0; break; }
+        __nanosleep(20);
       }
+      const float n = (float)(min(gs, (p + 1) * slice) - min(gs, p * slice));
+      const float m2 = __uint_as_float((unsigned int)(w >> 32) & 0x7fffffffu);
+      st = moments_merge(st, Moments{n, __uint_as_float((unsigned int)w), m2});
+    }
+    good = __all_sync(0xffffffffu, good);
+    if (good) {
       st = group_moments<32>(st);
       if (threadIdx.x == 0) *stat = make_float2(st.mean, rsqrtf(__fdividef(st.m2, (float)gs) + eps));
     }
-  } else {
+    if (threadIdx.x == 0) ok = good;
+  }
+  __syncthreads();
+  if (!ok) {
     const float shift = load1(xg);
     const Moments st = block_moments<THREADS>(gn_thread_moments<1, 0>(xg, 0, gs, shift), red);
     if (threadIdx.x == 0) *stat = make_float2(shift + st.mean, rsqrtf(__fdividef(st.m2, (float)gs) + eps));
@@ -96,18 +115,15 @@ __device__ __forceinline__ float2 team_group_stats(const T_X* __restrict__ xg, f
   return *stat;
 }
 
-// The last block to finish zeroes `sync` for the next launch (every other block is done with it).
-__device__ __forceinline__ void res_reset(int* __restrict__ sync, int ngroups) {
-  __shared__ int last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(sync, 1) == (int)gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  for (int i = threadIdx.x; i < ngroups; i += THREADS) sync[2 + i] = 0;
-  if (threadIdx.x == 0) sync[0] = 0;
+// STAGGER > 0: team t starts t * STAGGER thousand clock cycles late, so that the teams reach their
+// barriers out of phase and one team's wait overlaps the others' streaming.
+FP_DEV void res_stagger(int tm) {
+#if STAGGER > 0
+  const long long t0 = clock64(), wait = (long long)tm * STAGGER * 1000;
+  while (clock64() - t0 < wait) __nanosleep(100);
+#else
+  (void)tm;
+#endif
 }
 
 #define NSLOT (REGS + SLOTS)
@@ -134,8 +150,7 @@ FP_DEV Moments res_fold(Moments st, const Vec<T_X, V>& a) {
 
 template <int V>
 __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
-                                                   T_OUT* __restrict__ out, float4* __restrict__ ws,
-                                                   int* __restrict__ sync, int gs, int hw, int cpg, int groups,
+                                                   T_OUT* __restrict__ out, unsigned long long* __restrict__ ws, int gs, int hw, int cpg, int groups,
                                                    int slice, int ngroups, float eps) {
   __shared__ float red[96];
   __shared__ float2 stat;
@@ -150,6 +165,7 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
   if (tm < TEAMS) {
     const int begin = min(gs, rank * slice), end = min(gs, begin + slice);
+    res_stagger(tm);
 #define RES_E(i) (begin + ((i) * THREADS + (int)threadIdx.x) * V)
     if (tm < ngroups) {  // the first group's loads
       const T_X* xg = x + (long long)tm * gs;
@@ -177,8 +193,8 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
       }
 #endif
       st = block_moments<THREADS>(st, red);
-      const float2 mr = team_group_stats(x + (long long)g * gs, ws, sync, (unsigned int)g, team, rank, st, gs, eps,
-                                         red, &stat);
+      const float2 mr = team_group_stats(x + (long long)g * gs, ws + (long long)g * team, team, rank, st, gs, slice,
+                                         eps, red, &stat);
       const unsigned int c0 = gn_first_channel((unsigned long long)g, groups, cpg);
       T_OUT* og = out + (long long)g * gs;
       const bool more = g + TEAMS < ngroups;
@@ -204,13 +220,11 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
     }
 #undef RES_E
   }
-  res_reset(sync, ngroups);
 }
 
 // Misaligned pointers or H*W % VEC != 0: the same teams and barriers, x read twice element-wise.
 __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
-                                                      T_OUT* __restrict__ out, float4* __restrict__ ws,
-                                                      int* __restrict__ sync, int gs, int hw, int cpg, int groups,
+                                                      T_OUT* __restrict__ out, unsigned long long* __restrict__ ws, int gs, int hw, int cpg, int groups,
                                                       int slice, int ngroups, float eps) {
   __shared__ float red[96];
   __shared__ float2 stat;
@@ -223,21 +237,20 @@ __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x,
       const float shift = load1(xg);
       Moments st = block_moments<THREADS>(gn_thread_moments<1>(xg, begin, end, shift), red);
       st.mean += shift;
-      const float2 mr = team_group_stats(xg, ws, sync, (unsigned int)g, team, rank, st, gs, eps, red, &stat);
+      const float2 mr = team_group_stats(xg, ws + (long long)g * team, team, rank, st, gs, slice, eps, red, &stat);
       gn_apply<1>(xg, og, weight, bias, begin, end, gn_first_channel((unsigned long long)g, groups, cpg), hw,
                   mr.x, mr.y);
     }
   }
-  res_reset(sync, ngroups);
 }
 
 // BPS blocks per SM must be resident together: the register budget is set for that.
 extern "C" __global__ void __launch_bounds__(THREADS, BPS)
 group_norm_resident(const T_X* __restrict__ x, const T_WEIGHT* __restrict__ weight,
-                    const T_BIAS* __restrict__ bias, T_OUT* __restrict__ out, float4* __restrict__ ws,
-                    int* __restrict__ sync, int gs, int hw, int cpg, int groups, int slice, int ngroups, float eps) {
+                    const T_BIAS* __restrict__ bias, T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
+                    int gs, int hw, int cpg, int groups, int slice, int ngroups, float eps) {
   if (gn_vec_ok(x, out, hw) && gs % VEC == 0 && slice % VEC == 0)
-    gn_resident_staged<VEC>(x, weight, bias, out, ws, sync, gs, hw, cpg, groups, slice, ngroups, eps);
+    gn_resident_staged<VEC>(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps);
   else
-    gn_resident_streaming(x, weight, bias, out, ws, sync, gs, hw, cpg, groups, slice, ngroups, eps);
+    gn_resident_streaming(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps);
 }

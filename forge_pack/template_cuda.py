@@ -34,9 +34,11 @@ L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_f
 MIN_BLOCKS = Knob("minb", (0, 2, 4, 5, 6, 8), "blocks per SM the registers are capped for (0: the compiler's choice)")
 TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8), "groups in flight: the persistent grid splits into this many teams")
 BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
-REGS = Knob("regs", (0, 4, 8, 16), "16-byte vectors per thread kept in registers (the rest in shared memory)")
+REGS = Knob("regs", (0, 2, 4, 8, 16), "16-byte vectors per thread and buffer kept in registers (the rest in shared "
+            "memory)")
+BUFS = Knob("bufs", (1, 2), "buffers per block: 2 streams a team's next group in while this one waits for statistics")
 RES_THREADS = Knob("threads", (256, 512, 1024), "threads per block")
-STAGGER = Knob("stagger", (0, 2, 4, 8), "team t starts t x this many thousand cycles late (teams out of phase)")
+STAGGER = Knob("stagger", (0, 2, 4, 8, 16), "team t starts t x this many thousand cycles late (teams out of phase)")
 HINTS = (LOAD_HINT, STORE_HINT)
 SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allow 227 KB)
 
@@ -366,23 +368,23 @@ def _gn_resident_plan(sig: Signature, p: dict) -> dict | str:
     e = _sizes(sig)
     eb = elem_bytes(sig.x.dtype)
     vec = 16 // eb
-    threads, bps, teams, regs = p["threads"], p["bps"], p["teams"], p["regs"]
+    threads, bps, teams, regs, bufs = p["threads"], p["bps"], p["teams"], p["regs"], p.get("bufs", 1)
     if threads * bps > 2048:
         return f"{threads * bps} threads per SM (at most 2048)"
     if teams > e["N"] * e["G"]:
         return f"{teams} teams for {e['N'] * e['G']} groups"
     budget = min(255, 65536 // (threads * bps))
-    if regs * 4 + 40 > budget:
-        return f"{regs} vectors in registers exceed {budget} registers per thread"
+    if bufs * regs * 4 + 40 > budget:
+        return f"{bufs} x {regs} vectors in registers exceed {budget} registers per thread"
     team = SM_COUNT * bps // teams
     slice_ = -(-cdiv(e["GROUP_SIZE"], team) // vec) * vec
     nv = cdiv(slice_ // vec, threads)
     if regs > nv:
         return f"{regs} register vectors per thread, but a slice needs only {nv}"
     slots = nv - regs
-    if slots > 32:
-        return f"{slots} shared-memory vectors per thread (at most 32)"
-    smem = slots * threads * 16
+    if bufs * slots > 32:
+        return f"{bufs} x {slots} shared-memory vectors per thread (at most 32)"
+    smem = bufs * slots * threads * 16
     if smem > SMEM_MAX or bps * (smem + 1024 + 1024) > SMEM_PER_SM:
         return f"slices of {slice_} elements ({slots} shared-memory vectors per thread) exceed shared memory"
     return {"vec": vec, "team": team, "slice": slice_, "nv": nv, "slots": slots, "smem": smem}
@@ -397,7 +399,7 @@ def _gn_resident_build(sig: Signature, p: dict):
     threads, bps, teams, vec, team = p["threads"], p["bps"], p["teams"], plan["vec"], plan["team"]
     blocks = team * teams
     defines = {"THREADS": threads, "VEC": vec, "BPS": bps, "TEAMS": teams, "REGS": p["regs"], "SLOTS": plan["slots"],
-               "STAGGER": p.get("stagger", 0), "UNROLL": 1, **_gn_hints(p)}
+               "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0), "UNROLL": 1, **_gn_hints(p)}
     slice_ = f"round_up(ceil_div(GROUP_SIZE, {team}), {vec})"
     k = launch("group_norm_resident", [*_GN_ARGS, "out", "ws", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
                                        f"i32:{slice_}", "i32:N * G", "eps"], [blocks], [threads], plan["smem"])
@@ -410,15 +412,17 @@ def _gn_resident_defaults(sig: Signature) -> dict:
     """The most groups in flight that fit on chip, preferring a team count that divides the groups
     (every team then walks as many groups); per team count, the first block shape that fits."""
     ng = _sizes(sig)["N"] * _sizes(sig)["G"]
-    hints = {"load_hint": 2, "store_hint": 1, "stagger": 0}
+    hints = {"load_hint": 2, "store_hint": 1}
     shapes = [(512, 2, 4), (512, 2, 8), (1024, 1, 4), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
     for teams in sorted(TEAMS.values, key=lambda t: (ng % t == 0, t), reverse=True):
         for threads, bps, regs in shapes:
             for r in sorted({regs, 0}, reverse=True):  # fewer register vectors when a slice needs fewer
-                p = {"threads": threads, "bps": bps, "teams": teams, "regs": r, **hints}
+                # teams that start together reach their barriers together: start them ~2 us apart
+                p = {"threads": threads, "bps": bps, "teams": teams, "bufs": 1, "regs": r,
+                     "stagger": 4 if teams > 1 else 0, **hints}
                 if not isinstance(_gn_resident_plan(sig, p), str):
                     return p
-    return {"threads": 512, "bps": 2, "teams": 1, "regs": 0, **hints}
+    return {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
 
 
 def _gn_defaults(kind: str):
@@ -501,7 +505,7 @@ _GN = {
                    _gn_flow_build,
                    "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
                    "re-read the chunk from L2; start-order tickets, no co-residency bound"),
-    "resident": ((RES_THREADS, BPS, TEAMS, REGS, STAGGER, *HINTS), "group_norm_resident.cu", _gn_resident_build,
+    "resident": ((RES_THREADS, BPS, TEAMS, BUFS, REGS, STAGGER, *HINTS), "group_norm_resident.cu", _gn_resident_build,
                  "huge groups, ONE read: persistent grid in `teams` teams, each normalising its own groups one "
                  "after another with every block's slice kept in registers + shared memory (cp.async)"),
     "split_sync": ((THREADS, ITEMS, VEC, STAGE, *HINTS), "group_norm_split_sync.cu", _gn_sync_build,

@@ -451,6 +451,11 @@ RESIDENT_CASES = [  # (signature, knobs): teams walking several groups, register
     ("x: bf16[1,32,256,256], num_groups=2, weight: bf16[32], bias: bf16[32]",
      {"teams": 1, "bps": 1, "threads": 1024, "regs": 0}),
     ("x: f32[1,16,256,256], num_groups=1", {"teams": 1, "bps": 1, "threads": 512, "regs": 4}),
+    # two buffers per block: a team's groups alternate between them (4, and 3 / 3 / 2 groups per team)
+    ("x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
+     {"teams": 2, "bufs": 2, "bps": 1, "threads": 256, "regs": 2}),
+    ("x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
+     {"teams": 3, "bufs": 2, "bps": 2, "threads": 512, "regs": 0, "stagger": 2}),
 ]
 
 

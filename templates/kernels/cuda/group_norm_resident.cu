@@ -1,21 +1,21 @@
 // group_norm for huge groups with ONE read of x from DRAM, by a persistent grid of SM x BPS blocks
 // (all resident at once) split into TEAMS teams. Team t normalises groups t, t + TEAMS, t + 2 *
-// TEAMS, ... one after the other; each of its blocks owns the same slice of every group (SLICE
-// elements, a runtime argument) and keeps it on chip between the statistics and the write:
-// REGS 16-byte vectors per thread in registers, the rest (SLOTS vectors per thread) in dynamic
-// shared memory, copied there by cp.async. Per group a block
+// TEAMS, ... one after the other; each of its blocks owns the same slice of every group (`slice`
+// elements) and keeps it on chip between the statistics and the write, in one of BUFS buffers:
+// REGS 16-byte vectors per thread in registers and SLOTS in dynamic shared memory (cp.async).
+// Per group a block
 //   1. folds each of its vectors into exact moments as the vector lands (Chan merge per vector),
 //   2. publishes the block's moments to the workspace `ws` (one flagged 64-bit word) and waits for
-//      the words of the group's other blocks (TEAMS groups are in flight at once, so while one team waits the
-//      others stream),
+//      the words of the group's other blocks,
 //   3. merges the group's partials in a fixed order (bitwise reproducible),
 //   4. writes each vector normalised(+affine) from chip and at once starts loading the same slot
-//      of the team's next group into it, so the next group's reads overlap this group's writes.
-// The difference to `split_sync` / `split_flow`: nothing is re-read, and a barrier covers one
-// team (SM x BPS / TEAMS blocks) with a whole TEAMS-th of the GPU's on-chip storage per group in
-// flight, so few barriers are on the critical path and teams drift out of phase.
+//      of the buffer's next group into it, so the next group's reads overlap this group's writes.
+// While one team waits in step 2 the others stream, if they are out of phase: STAGGER delays team
+// t's start, and BUFS = 2 keeps a block's next group streaming into its second buffer meanwhile.
+// The differences to `split_sync` / `split_flow`: nothing is re-read from memory, and one barrier
+// covers a TEAMS-th of the GPU's on-chip storage, so there are few of them on the critical path.
 // The grid must be resident at once (the launch spec sizes it to the GPU the search ran on). If a
-// barrier wait times out (a smaller GPU), the block computes that group's moments from memory.
+// wait times out (a smaller GPU), the block computes that group's moments from memory.
 // Misaligned pointers or H*W % VEC != 0 take the same schedule reading x twice element-wise.
 // `ws` is a zero-filled workspace of one 64-bit word per block and group (its partial and flag).
 //{{PARAMS}}
@@ -126,8 +126,6 @@ FP_DEV void res_stagger(int tm) {
 #endif
 }
 
-#define NSLOT (REGS + SLOTS)
-
 template <int V>
 FP_DEV void res_write(const Vec<T_X, V>& a, T_OUT* __restrict__ og, WEIGHT_PARAM int e, unsigned int c0, int hw,
                       float mean, float rstd, const T_BIAS* __restrict__ bias) {
@@ -148,79 +146,107 @@ FP_DEV Moments res_fold(Moments st, const Vec<T_X, V>& a) {
   return moments_merge(st, moments_of<V>(v, V));
 }
 
+// One buffer of a block: REGS vectors per thread in registers (r) and SLOTS in shared memory (sm:
+// this thread's slot s at sm[s * THREADS]). Vector i of the block's slice [begin, end) of a group
+// starts at group-local element RES_E(i); vectors 0..REGS-1 live in registers, the rest in slots.
+#define RES_E(i) (begin + ((i) * THREADS + (int)threadIdx.x) * V)
+
+// Start loading group xg's slice into the buffer (if `load`); always one commit group per slot,
+// possibly empty, so that every thread's count of cp.async groups follows the same pattern.
+template <int V>
+FP_DEV void res_fetch(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ xg, bool load, int begin, int end) {
+#pragma unroll
+  for (int i = 0; i < REGS; ++i)
+    if (load && RES_E(i) < end) r[i].template load<LOAD_HINT>(xg + RES_E(i));
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    if (load && RES_E(REGS + s) < end) res_copy16(sm + s * THREADS, xg + RES_E(REGS + s));
+    res_commit();
+  }
+}
+
+// Group g from the buffer: moments as the vectors land, the team's statistics, then every vector
+// written normalised and at once refilled with group gn's (when gn < ngroups). The other buffer's
+// SLOTS commit groups (BUFS = 2) were issued after this one's, so they may stay in flight.
+template <int V>
+FP_DEV void res_step(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
+                     T_OUT* __restrict__ out, unsigned long long* __restrict__ ws, int g, int gn, int ngroups,
+                     int begin, int end, int gs, int hw, int cpg, int groups, int team, int rank, int slice,
+                     float eps, float* red, float2* stat) {
+  Moments st{0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < REGS; ++i)
+    if (RES_E(i) < end) st = res_fold<V>(st, r[i]);
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    res_wait((BUFS - 1) * SLOTS + SLOTS - 1 - s);
+    if (RES_E(REGS + s) < end) st = res_fold<V>(st, sm[s * THREADS]);
+  }
+  st = block_moments<THREADS>(st, red);
+  const float2 mr = team_group_stats(x + (long long)g * gs, ws + (long long)g * team, team, rank, st, gs, slice, eps,
+                                     red, stat);
+  const unsigned int c0 = gn_first_channel((unsigned long long)g, groups, cpg);
+  T_OUT* og = out + (long long)g * gs;
+  const bool more = gn < ngroups;
+  const T_X* xn = x + (long long)gn * gs;
+#pragma unroll
+  for (int i = 0; i < REGS; ++i) {
+    if (RES_E(i) < end) {
+      res_write<V>(r[i], og, WEIGHT_ARG RES_E(i), c0, hw, mr.x, mr.y, bias);
+      if (more) r[i].template load<LOAD_HINT>(xn + RES_E(i));
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < SLOTS; ++s) {
+    if (RES_E(REGS + s) < end) {
+      const Vec<T_X, V> a = sm[s * THREADS];
+      res_write<V>(a, og, WEIGHT_ARG RES_E(REGS + s), c0, hw, mr.x, mr.y, bias);
+      if (more) res_copy16(sm + s * THREADS, xn + RES_E(REGS + s));
+    }
+    res_commit();
+  }
+}
+
 template <int V>
 __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
-                                                   T_OUT* __restrict__ out, unsigned long long* __restrict__ ws, int gs, int hw, int cpg, int groups,
-                                                   int slice, int ngroups, float eps) {
+                                                   T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
+                                                   int gs, int hw, int cpg, int groups, int slice, int ngroups,
+                                                   float eps) {
   __shared__ float red[96];
   __shared__ float2 stat;
   typedef Vec<T_X, V> VX;
 #if SLOTS > 0
   extern __shared__ uint4 res_smem[];
-  VX* const sm = reinterpret_cast<VX*>(res_smem) + threadIdx.x;  // slot s of this thread: sm[s * THREADS]
+  VX* const sa = reinterpret_cast<VX*>(res_smem) + threadIdx.x;
+#else
+  VX* const sa = nullptr;
 #endif
-  VX r[REGS > 0 ? REGS : 1];
-  (void)r;
+  VX ra[REGS > 0 ? REGS : 1];
   const int team = (int)gridDim.x / TEAMS;
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
-  if (tm < TEAMS) {
-    const int begin = min(gs, rank * slice), end = min(gs, begin + slice);
-    res_stagger(tm);
-#define RES_E(i) (begin + ((i) * THREADS + (int)threadIdx.x) * V)
-    if (tm < ngroups) {  // the first group's loads
-      const T_X* xg = x + (long long)tm * gs;
-#pragma unroll
-      for (int i = 0; i < REGS; ++i)
-        if (RES_E(i) < end) r[i].template load<LOAD_HINT>(xg + RES_E(i));
-#if SLOTS > 0
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        if (RES_E(REGS + s) < end) res_copy16(sm + s * THREADS, xg + RES_E(REGS + s));
-        res_commit();  // one commit group per slot (possibly empty), so slot s waits for s + 1 groups
-      }
-#endif
-    }
-    for (int g = tm; g < ngroups; g += TEAMS) {
-      Moments st{0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < REGS; ++i)
-        if (RES_E(i) < end) st = res_fold<V>(st, r[i]);
-#if SLOTS > 0
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        res_wait(SLOTS - 1 - s);
-        if (RES_E(REGS + s) < end) st = res_fold<V>(st, sm[s * THREADS]);
-      }
-#endif
-      st = block_moments<THREADS>(st, red);
-      const float2 mr = team_group_stats(x + (long long)g * gs, ws + (long long)g * team, team, rank, st, gs, slice,
-                                         eps, red, &stat);
-      const unsigned int c0 = gn_first_channel((unsigned long long)g, groups, cpg);
-      T_OUT* og = out + (long long)g * gs;
-      const bool more = g + TEAMS < ngroups;
-      const T_X* xn = x + (long long)(g + TEAMS) * gs;
-#pragma unroll
-      for (int i = 0; i < REGS; ++i) {
-        if (RES_E(i) < end) {
-          res_write<V>(r[i], og, WEIGHT_ARG RES_E(i), c0, hw, mr.x, mr.y, bias);
-          if (more) r[i].template load<LOAD_HINT>(xn + RES_E(i));
-        }
-      }
-#if SLOTS > 0
-#pragma unroll
-      for (int s = 0; s < SLOTS; ++s) {
-        if (RES_E(REGS + s) < end) {
-          const VX a = sm[s * THREADS];
-          res_write<V>(a, og, WEIGHT_ARG RES_E(REGS + s), c0, hw, mr.x, mr.y, bias);
-          if (more) res_copy16(sm + s * THREADS, xn + RES_E(REGS + s));
-        }
-        res_commit();
-      }
-#endif
-    }
-#undef RES_E
+  if (tm >= TEAMS) return;
+  const int begin = min(gs, rank * slice), end = min(gs, begin + slice);
+  res_stagger(tm);
+  res_fetch<V>(ra, sa, x + (long long)tm * gs, tm < ngroups, begin, end);
+#if BUFS == 2
+  // two buffers: group g + TEAMS streams into the second while group g waits for its statistics
+  VX* const sb = sa + SLOTS * THREADS;
+  VX rb[REGS > 0 ? REGS : 1];
+  res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * gs, tm + TEAMS < ngroups, begin, end);
+  for (int g = tm; g < ngroups; g += 2 * TEAMS) {
+    res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + 2 * TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team,
+                rank, slice, eps, red, &stat);
+    if (g + TEAMS < ngroups)
+      res_step<V>(rb, sb, x, weight, bias, out, ws, g + TEAMS, g + 3 * TEAMS, ngroups, begin, end, gs, hw, cpg,
+                  groups, team, rank, slice, eps, red, &stat);
   }
+#else
+  for (int g = tm; g < ngroups; g += TEAMS)
+    res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team, rank,
+                slice, eps, red, &stat);
+#endif
 }
+#undef RES_E
 
 // Misaligned pointers or H*W % VEC != 0: the same teams and barriers, x read twice element-wise.
 __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM

@@ -23,7 +23,8 @@ from forge_pack.signature import Signature
 
 CPP_DTYPES = {"float32": "at::kFloat", "float16": "at::kHalf", "bfloat16": "at::kBFloat16",
               "float64": "at::kDouble", "int64": "at::kLong", "int32": "at::kInt", "bool": "at::kBool"}
-# Dynamic shared memory above this needs cudaFuncSetAttribute before the launch (CUDA's default cap).
+# Static plus dynamic shared memory above this needs cudaFuncSetAttribute before the launch (CUDA's
+# default cap).
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
 
@@ -112,7 +113,14 @@ def launcher_source(t: TargetCode, package: str, version: str) -> str:
             f"                      void** args, void* stream) {{\n"
             f"  if (which < 0 || which >= {len(names)}) return (int)cudaErrorInvalidValue;\n"
             "  const void* fn = fp_kernels[which];\n"
-            f"  if (smem > {DEFAULT_SMEM_LIMIT}u) {{\n"
+            "  // static shared memory + 1 per kernel (0: not looked up yet); the default cap is on the sum\n"
+            f"  static unsigned fp_static_smem[{len(names)}];\n"
+            "  if (smem && !fp_static_smem[which]) {\n"
+            "    cudaFuncAttributes a;\n"
+            "    cudaError_t e = cudaFuncGetAttributes(&a, fn);\n"
+            "    if (e != cudaSuccess) return (int)e;\n"
+            "    fp_static_smem[which] = (unsigned)a.sharedSizeBytes + 1u;\n  }\n"
+            f"  if (smem && smem + fp_static_smem[which] - 1u > {DEFAULT_SMEM_LIMIT}u) {{\n"
             "    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);\n"
             "    if (e != cudaSuccess) return (int)e;\n  }\n"
             "  return (int)cudaLaunchKernel(fn, dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]),"

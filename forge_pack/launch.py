@@ -257,9 +257,12 @@ class CudaModule:
         if threads > v.value:
             raise LaunchError(f"kernel {launch.name}: block of {threads} threads, but its register use allows "
                               f"at most {v.value} per block")
-        if launch.shared_mem > 48 * 1024 and self._smem_set.get(launch.name, 0) < launch.shared_mem:
-            optin = self.driver.device_attribute(DEV_SMEM_OPTIN)
+        if launch.shared_mem and self._smem_set.get(launch.name, 0) < launch.shared_mem:
+            # the default cap is 48 KB of static plus dynamic shared memory; beyond it, opt in
             self.driver.lib.cuFuncGetAttribute(ctypes.byref(v), FUNC_SHARED, f)
+            if launch.shared_mem + v.value <= 48 * 1024:
+                return
+            optin = self.driver.device_attribute(DEV_SMEM_OPTIN)
             if launch.shared_mem + v.value > optin:
                 raise LaunchError(f"kernel {launch.name}: {launch.shared_mem} bytes of dynamic shared memory "
                                   f"(+{v.value} static) exceed the device limit of {optin}")

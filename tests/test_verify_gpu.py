@@ -111,6 +111,10 @@ extern "C" __global__ void copy_rows_smem(const float* __restrict__ x, float* __
     h = hotspot("softmax", "x: f32[64,16384], dim=-1", device="cuda")
     e = evaluator.evaluate(Candidate("softmax", "cuda", src, spec, "test"), h)
     assert e.verdict.ok, e.verdict.detail  # 64 KB of dynamic shared memory needs cuFuncSetAttribute
+    # exactly 48 KB dynamic: the default cap is on static + dynamic, so the 128 static bytes need it too
+    h48 = hotspot("softmax", "x: f32[64,12288], dim=-1", device="cuda")
+    e = evaluator.evaluate(Candidate("softmax", "cuda", src, spec, "test"), h48)
+    assert e.verdict.ok, e.verdict.detail
 
 
 def test_baseline_times_eager_and_torch_compile_and_measures_bandwidth(tmp_path):

@@ -196,7 +196,7 @@ FP_DEV void res_step(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ x,
       if (more) r[i].template load<LOAD_HINT>(xn + RES_E(i));
     }
   }
-#pragma unroll
+#pragma unroll 2  // few vectors at a time: registers go to the next group's loads, not to these
   for (int s = 0; s < SLOTS; ++s) {
     if (RES_E(REGS + s) < end) {
       const Vec<T_X, V> a = sm[s * THREADS];

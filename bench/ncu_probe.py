@@ -29,7 +29,7 @@ PROBES = [
     ("group_norm", GN_BIG, [
         ("split", {}), ("split_flow", {"unroll": 2, "l2": 1, "lag": 3}),
         ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
-        ("resident", {}), ("resident", {"bps": 1, "threads": 1024}), ("resident", {"stagger": 4}),
+        ("resident", {}), ("resident", {"stagger": 0}), ("resident", {"bps": 2, "threads": 512}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),

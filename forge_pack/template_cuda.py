@@ -413,7 +413,7 @@ def _gn_resident_defaults(sig: Signature) -> dict:
     (every team then walks as many groups); per team count, the first block shape that fits."""
     ng = _sizes(sig)["N"] * _sizes(sig)["G"]
     hints = {"load_hint": 2, "store_hint": 1}
-    shapes = [(512, 2, 4), (512, 2, 8), (1024, 1, 4), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
+    shapes = [(1024, 1, 4), (512, 2, 4), (512, 2, 8), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
     for teams in sorted(TEAMS.values, key=lambda t: (ng % t == 0, t), reverse=True):
         for threads, bps, regs in shapes:
             for r in sorted({regs, 0}, reverse=True):  # fewer register vectors when a slice needs fewer

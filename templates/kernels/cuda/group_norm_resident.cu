@@ -126,15 +126,25 @@ FP_DEV void res_stagger(int tm) {
 #endif
 }
 
+// Per-channel scale and shift of the vectors a thread writes, in increasing element order: the
+// channel is recomputed (one division, two loads) only when a vector passes the channel's end.
+struct ResChannel {
+  int next;  // group-local element where the current channel ends (0: none yet)
+  float sa, sb;
+};
 template <int V>
 FP_DEV void res_write(const Vec<T_X, V>& a, T_OUT* __restrict__ og, WEIGHT_PARAM int e, unsigned int c0, int hw,
-                      float mean, float rstd, const T_BIAS* __restrict__ bias) {
-  const unsigned int c = c0 + (unsigned int)e / (unsigned int)hw;
-  (void)c;  // unused without weight and bias
-  const float sa = rstd * WEIGHT_AT(c), sb = BIAS_AT(c);
+                      float mean, float rstd, const T_BIAS* __restrict__ bias, ResChannel& ch) {
+  if (e >= ch.next) {
+    const unsigned int k = (unsigned int)e / (unsigned int)hw, c = c0 + k;
+    (void)c;  // unused without weight and bias
+    ch.next = (int)(k + 1) * hw;
+    ch.sa = rstd * WEIGHT_AT(c);
+    ch.sb = BIAS_AT(c);
+  }
   Vec<T_OUT, V> o;
 #pragma unroll
-  for (int k = 0; k < V; ++k) o.set(k, fmaf(a.get(k) - mean, sa, sb));
+  for (int k = 0; k < V; ++k) o.set(k, fmaf(a.get(k) - mean, ch.sa, ch.sb));
   o.template store<STORE_HINT>(og + e);
 }
 
@@ -189,10 +199,11 @@ FP_DEV void res_step(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ x,
   T_OUT* og = out + (long long)g * gs;
   const bool more = gn < ngroups;
   const T_X* xn = x + (long long)gn * gs;
+  ResChannel ch{0, 0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < REGS; ++i) {
     if (RES_E(i) < end) {
-      res_write<V>(r[i], og, WEIGHT_ARG RES_E(i), c0, hw, mr.x, mr.y, bias);
+      res_write<V>(r[i], og, WEIGHT_ARG RES_E(i), c0, hw, mr.x, mr.y, bias, ch);
       if (more) r[i].template load<LOAD_HINT>(xn + RES_E(i));
     }
   }
@@ -200,7 +211,7 @@ FP_DEV void res_step(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ x,
   for (int s = 0; s < SLOTS; ++s) {
     if (RES_E(REGS + s) < end) {
       const Vec<T_X, V> a = sm[s * THREADS];
-      res_write<V>(a, og, WEIGHT_ARG RES_E(REGS + s), c0, hw, mr.x, mr.y, bias);
+      res_write<V>(a, og, WEIGHT_ARG RES_E(REGS + s), c0, hw, mr.x, mr.y, bias, ch);
       if (more) res_copy16(sm + s * THREADS, xn + RES_E(REGS + s));
     }
     res_commit();

@@ -69,10 +69,6 @@ SWEEPS = [
     ]),
     ("adaptive_avg_pool2d", POOL, [
         ("nchw_lanes", {}), ("nchw_tile", {}),
-        # session 6: `persist` (SMs x persist blocks walk the tiles, the next tile prefetched in registers)
-        ("nchw_tile", {"persist": 8}), ("nchw_tile", {"persist": 6}), ("nchw_tile", {"persist": 4}),
-        ("nchw_tile", {"persist": 4, "planes": 128, "threads": 256}), ("nchw_tile", {"persist": 8, "load_hint": 0}),
-        ("nchw_tile", {}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 4}),
         ("nchw_tile", {"planes": 128, "threads": 512, "unroll": 2}),

@@ -27,7 +27,6 @@ SPLIT = Knob("split", (4, 8, 16, 32, 64, 128, 256), "blocks per row / group (par
 ITEMS = Knob("items", (1, 2, 4, 8, 16), "vectors per thread kept in registers (chunk = threads*vec*items)")
 TILE_ITEMS = Knob("items", (1, 2, 4, 8), "loop trips per block of the normalise kernel (tile size)")
 PLANES = Knob("planes", (8, 16, 32, 64, 128), "planes per block staged through shared memory")
-PERSIST = Knob("persist", (0, 4, 6, 8), "0: a block per tile; else SMs x this many blocks walk the tiles, prefetching")
 SPLIT_HW = Knob("ty", (1, 2, 4, 8, 16), "threads splitting the H*W pixels (threadIdx.y)")
 STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
 LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
@@ -623,24 +622,12 @@ def _pool_build(kind: str):
             planes = p["planes"]
             if threads % planes or threads // planes > 32:
                 return "threads per plane must be a power of two <= 32"
-            persist = p.get("persist", 0)  # runs stored before `persist`: 0
-            one_trip = threads * vec * p["unroll"]
-            if persist and planes * e["HW"] > one_trip:
-                return f"persist needs the tile in one trip ({planes} x HW > {one_trip} elements)"
-            if persist:  # the prefetched tile stays in registers while the block sums the staged one
-                budget = min(255, 65536 // (threads * persist))
-                need = p["unroll"] * cdiv(vec * elem_bytes(sig.x.dtype), 4) + 40
-                if need > budget:
-                    return f"{persist} blocks of {threads} threads leave {budget} registers, {need} needed"
-            defines.update(PLANES=planes, PERSIST=persist)
+            defines["PLANES"] = planes
             eb = elem_bytes(sig.x.dtype)
-            tiles = f"ceil_div(N * C, {planes})"
             k = launch("adaptive_avg_pool2d_nchw_tile", ["x", "out", "i64:N * C", "i32:HW"],
-                       [f"min({tiles}, {SM_COUNT * persist})" if persist else tiles], [threads],
-                       f"round_up({planes} * HW * {eb}, 16)")
-            requires = ["channels_last == 0", f"{planes} * HW * {eb} <= 49152"]
-            return Built(dict(p), defines, spec([k], requires=requires + ([f"{planes} * HW <= {one_trip}"]
-                                                                          if persist else [])))
+                       [f"ceil_div(N * C, {planes})"], [threads], f"round_up({planes} * HW * {eb}, 16)")
+            return Built(dict(p), defines, spec([k], requires=["channels_last == 0",
+                                                              f"{planes} * HW * {eb} <= 49152"]))
         ty = p["ty"]
         if ty > threads // 8:
             return "too few threads along channels"
@@ -665,7 +652,7 @@ def _pool_defaults(kind: str):
             # (17.8-20.9 µs against 20.8-21.0 at 256 threads, unroll 2: bench/results/kernel_sweep_s4_call3.md)
             planes = 64 if hw * 64 * elem_bytes(sig.x.dtype) <= 49152 else 16
             return {"threads": 128, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 4,
-                    "load_hint": 2, "persist": 0}
+                    "load_hint": 2}
         vec = _vec_default(sig, c)
         threads = 256
         ty = clamp(pow2_ceil(cdiv(threads * vec, c)), 1, 16)  # spare threads go to the pixels
@@ -699,7 +686,7 @@ def _pool_score(kind: str):
 _POOL = {
     "nchw_lanes": ((THREADS, LANES_ALL, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nchw_lanes.cu",
                    "NCHW: `lanes` threads per plane, shuffle reduction"),
-    "nchw_tile": ((THREADS, PLANES, VEC, UNROLL, PERSIST, LOAD_HINT), "adaptive_avg_pool2d_nchw_tile.cu",
+    "nchw_tile": ((THREADS, PLANES, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nchw_tile.cu",
                   "NCHW small planes (7x7): 16-byte coalesced tile of planes through shared memory"),
     "nhwc": ((THREADS, SPLIT_HW, VEC, UNROLL, LOAD_HINT), "adaptive_avg_pool2d_nhwc.cu",
              "channels_last: threads along channel vectors, pixels split over threadIdx.y"),

@@ -68,6 +68,8 @@ SWEEPS = [
         ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
+        # session 6: a `persist` knob (bench/experiments/session6_nchw_tile_persist.patch) ran 18.7-21.5 µs against
+        # 18.1-18.6 µs without it in the same run (kernel_sweep_s6_pool.md): kept out
         ("nchw_lanes", {}), ("nchw_tile", {}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 4}),

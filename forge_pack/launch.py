@@ -261,6 +261,7 @@ class CudaModule:
             # the default cap is 48 KB of static plus dynamic shared memory; beyond it, opt in
             self.driver.lib.cuFuncGetAttribute(ctypes.byref(v), FUNC_SHARED, f)
             if launch.shared_mem + v.value <= 48 * 1024:
+                self._smem_set[launch.name] = launch.shared_mem  # within the default: nothing to set
                 return
             optin = self.driver.device_attribute(DEV_SMEM_OPTIN)
             if launch.shared_mem + v.value > optin:

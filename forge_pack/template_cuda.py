@@ -488,8 +488,8 @@ def _gn_score(kind: str):
     def score(sig: Signature) -> float:
         e = _sizes(sig)
         few = e["N"] * e["G"] < 2 * SM_COUNT
-        return {"resident": 0 if few else 5, "split_flow": 1 if few else 2, "split": 1 if few else 4, "split_sync": 2 if few else 3,
-                "welford": 3 if few else 0, "two_pass": 5 if few else 1}[kind]
+        return {"resident": 0 if few else 5, "split_flow": 1 if few else 2, "split": 1 if few else 4,
+                "split_sync": 2 if few else 3, "welford": 3 if few else 0, "two_pass": 5 if few else 1}[kind]
 
     return score
 

@@ -261,7 +261,8 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
 
 // Misaligned pointers or H*W % VEC != 0: the same teams and barriers, x read twice element-wise.
 __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
-                                                      T_OUT* __restrict__ out, unsigned long long* __restrict__ ws, int gs, int hw, int cpg, int groups,
+                                                      T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
+                                                      int gs, int hw, int cpg, int groups,
                                                       int slice, int ngroups, float eps) {
   __shared__ float red[96];
   __shared__ float2 stat;

@@ -482,21 +482,3 @@ def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
         items.append((f"{text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
     failures = _evaluate_all(cuda_evaluator, items)
     assert not failures, "\n".join(failures)
-
-
-@pytest.mark.gpu
-def test_resident_on_a_gpu_too_small_for_its_grid_never_waits(cuda_evaluator):
-    """With fewer SMs than the grid was sized for (a package searched on an H200, run on a 114-SM
-    H100 PCIe), no block may wait for another: each takes its groups' moments from memory. The
-    path is forced on here (RES_ASSUME_SMALL_GPU) and must verify, and quickly (no timeouts)."""
-    import dataclasses
-
-    items = []
-    for text, knobs in RESIDENT_CASES[:2]:
-        sig = _sig("group_norm", text)
-        cand = instantiate("group_norm", "cuda", "resident", knobs, sig)
-        forced = dataclasses.replace(cand, source="#define RES_ASSUME_SMALL_GPU 1\n" + cand.source)
-        items.append((f"{text} {cand.label} small GPU", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"),
-                      forced))
-    failures = _evaluate_all(cuda_evaluator, items)
-    assert not failures, "\n".join(failures)

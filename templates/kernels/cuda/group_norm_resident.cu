@@ -14,9 +14,8 @@
 // t's start, and BUFS = 2 keeps a block's next group streaming into its second buffer meanwhile.
 // The differences to `split_sync` / `split_flow`: nothing is re-read from memory, and one barrier
 // covers a TEAMS-th of the GPU's on-chip storage, so there are few of them on the critical path.
-// The grid must be resident at once (the launch spec sizes it to the GPU the search ran on). On a
-// GPU with too few SMs every block computes its groups' moments from memory without waiting; if a
-// wait ever times out, the block does the same for that group.
+// The grid must be resident at once (the launch spec sizes it to the GPU the search ran on). If a
+// wait times out (a smaller GPU), the block computes that group's moments from memory.
 // Misaligned pointers or H*W % VEC != 0 take the same schedule reading x twice element-wise.
 // `ws` is a zero-filled workspace of one 64-bit word per block and group (its partial and flag).
 //{{PARAMS}}
@@ -223,7 +222,9 @@ template <int V>
 __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
                                                    T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
                                                    int gs, int hw, int cpg, int groups, int slice, int ngroups,
-                                                   float eps, float* red, float2* stat) {
+                                                   float eps) {
+  __shared__ float red[96];
+  __shared__ float2 stat;
   typedef Vec<T_X, V> VX;
 #if SLOTS > 0
   extern __shared__ uint4 res_smem[];
@@ -245,15 +246,15 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
   res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * gs, tm + TEAMS < ngroups, begin, end);
   for (int g = tm; g < ngroups; g += 2 * TEAMS) {
     res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + 2 * TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team,
-                rank, slice, eps, red, stat);
+                rank, slice, eps, red, &stat);
     if (g + TEAMS < ngroups)
       res_step<V>(rb, sb, x, weight, bias, out, ws, g + TEAMS, g + 3 * TEAMS, ngroups, begin, end, gs, hw, cpg,
-                  groups, team, rank, slice, eps, red, stat);
+                  groups, team, rank, slice, eps, red, &stat);
   }
 #else
   for (int g = tm; g < ngroups; g += TEAMS)
     res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team, rank,
-                slice, eps, red, stat);
+                slice, eps, red, &stat);
 #endif
 }
 #undef RES_E
@@ -262,7 +263,9 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
 __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
                                                       T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
                                                       int gs, int hw, int cpg, int groups,
-                                                      int slice, int ngroups, float eps, float* red, float2* stat) {
+                                                      int slice, int ngroups, float eps) {
+  __shared__ float red[96];
+  __shared__ float2 stat;
   const int team = (int)gridDim.x / TEAMS;
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
   if (tm < TEAMS) {
@@ -272,44 +275,10 @@ __device__ __forceinline__ void gn_resident_streaming(const T_X* __restrict__ x,
       const float shift = load1(xg);
       Moments st = block_moments<THREADS>(gn_thread_moments<1>(xg, begin, end, shift), red);
       st.mean += shift;
-      const float2 mr = team_group_stats(xg, ws + (long long)g * team, team, rank, st, gs, slice, eps, red, stat);
+      const float2 mr = team_group_stats(xg, ws + (long long)g * team, team, rank, st, gs, slice, eps, red, &stat);
       gn_apply<1>(xg, og, weight, bias, begin, end, gn_first_channel((unsigned long long)g, groups, cpg), hw,
                   mr.x, mr.y);
     }
-  }
-}
-
-// Fewer SMs than the grid was sized for (say an H100 PCIe, 114 SMs, running a package searched on
-// an H200): the grid cannot be resident at once, so no block may wait for another. Each block then
-// takes its groups' moments from memory itself (it reads the whole group: slow, but it never
-// waits). %nsmid bounds the SM ids from above, so this catches every GPU that is too small by id
-// count. RES_ASSUME_SMALL_GPU 1 forces the path (a test runs it on a large GPU).
-#ifndef RES_ASSUME_SMALL_GPU
-#define RES_ASSUME_SMALL_GPU 0
-#endif
-FP_DEV bool res_grid_fits() {
-#if RES_ASSUME_SMALL_GPU
-  return false;
-#else
-  unsigned int nsm;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  return nsm * BPS >= gridDim.x;
-#endif
-}
-
-__device__ __forceinline__ void gn_resident_alone(const T_X* __restrict__ x, WEIGHT_PARAM BIAS_PARAM
-                                                  T_OUT* __restrict__ out, int gs, int hw, int cpg, int groups,
-                                                  int slice, int ngroups, float eps, float* red) {
-  const int team = (int)gridDim.x / TEAMS;
-  const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
-  if (tm >= TEAMS) return;
-  const int begin = min(gs, rank * slice), end = min(gs, begin + slice);
-  for (int g = tm; g < ngroups; g += TEAMS) {
-    GN_GROUP_PTRS(g)
-    const float shift = load1(xg);
-    const Moments st = block_moments<THREADS>(gn_thread_moments<1, 0>(xg, 0, gs, shift), red);
-    gn_apply<1>(xg, og, weight, bias, begin, end, gn_first_channel((unsigned long long)g, groups, cpg), hw,
-                shift + st.mean, rsqrtf(__fdividef(st.m2, (float)gs) + eps));
   }
 }
 
@@ -318,12 +287,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, BPS)
 group_norm_resident(const T_X* __restrict__ x, const T_WEIGHT* __restrict__ weight,
                     const T_BIAS* __restrict__ bias, T_OUT* __restrict__ out, unsigned long long* __restrict__ ws,
                     int gs, int hw, int cpg, int groups, int slice, int ngroups, float eps) {
-  __shared__ float red[96];  // one reduction scratch and one (mean, rstd) for every path
-  __shared__ float2 stat;
-  if (!res_grid_fits())
-    gn_resident_alone(x, weight, bias, out, gs, hw, cpg, groups, slice, ngroups, eps, red);
-  else if (gn_vec_ok(x, out, hw) && gs % VEC == 0 && slice % VEC == 0)
-    gn_resident_staged<VEC>(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps, red, &stat);
+  if (gn_vec_ok(x, out, hw) && gs % VEC == 0 && slice % VEC == 0)
+    gn_resident_staged<VEC>(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps);
   else
-    gn_resident_streaming(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps, red, &stat);
+    gn_resident_streaming(x, weight, bias, out, ws, gs, hw, cpg, groups, slice, ngroups, eps);
 }

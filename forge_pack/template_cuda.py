@@ -394,8 +394,6 @@ def _gn_resident_build(sig: Signature, p: dict):
     plan = _gn_resident_plan(sig, p)
     if isinstance(plan, str):
         return plan
-    if _sizes(sig)["HW"] % plan["vec"]:
-        return f"H*W not a multiple of {plan['vec']}: 16-byte vectors would straddle channels"
     threads, bps, teams, vec, team = p["threads"], p["bps"], p["teams"], plan["vec"], plan["team"]
     blocks = team * teams
     defines = {"THREADS": threads, "VEC": vec, "BPS": bps, "TEAMS": teams, "REGS": p["regs"], "SLOTS": plan["slots"],

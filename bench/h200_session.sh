@@ -6,6 +6,7 @@
 #   sweep      bench/kernel_sweep.py (chosen kernels on the issue-4 shapes + a bare launch; SWEEP_ONLY: ops,
 #              SWEEP_FAMILIES: families, SWEEP_KNOB: only variants setting that knob)
 #   launch     only the bare empty-kernel launch of bench/kernel_sweep.py
+#   pool_probe bench/pool_probe.cu built with nvcc and run (avgpool read ceiling and staging designs, C++)
 #   real       bench/real_models.py for $MODELS (BUDGET, TIME_LIMIT, TOP, REAL_ARGS: more options), continuing from .carry/real_models/ when present,
 #              with a deadline that leaves the call's time limit ($LIMIT seconds in all) intact
 set -uo pipefail
@@ -19,6 +20,9 @@ for step in $STEPS; do
     templates)
       timeout ${TEMPLATES_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=8 \
         ${TEMPLATES_K:+-k "$TEMPLATES_K"} tests/test_templates.py 2>&1 | tee "$OUT/pytest_templates.log" | tail -25 ;;
+    pool_probe)
+      nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/pool_probe bench/pool_probe.cu \
+        && timeout 120 /tmp/pool_probe 2>&1 | tee "$OUT/pool_probe.md" | tail -60 ;;
     launch)
       timeout 120 python3 bench/kernel_sweep.py "$OUT/launch" --only launch 2>&1 | tail -5 ;;
     sweep)

@@ -4,7 +4,8 @@
 // vectors, one float per block written) next to pooling designs: the shipped nchw_tile (register
 // loads staged in shared memory), the same tile fed by cp.async, by one cp.async.bulk per block,
 // and a register-only design with shared-memory float atomics. Every pooling variant is checked
-// against a one-thread-per-plane reference.
+// against a one-thread-per-plane reference. A few rows are repeated with a flush that reads the
+// buffer instead of zero-writing it, which leaves L2 clean instead of full of dirty lines.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o pool_probe bench/pool_probe.cu && ./pool_probe > out.md
 #include <cuda_bf16.h>
@@ -273,19 +274,28 @@ int main() {
   printf("# avgpool read probe on %s (%d SMs, L2 %d MB, CUDA runtime %d, driver %d)\n\n", prop.name, sms, l2 >> 20, rt, drv);
   printf("`nvcc -O3 -std=c++17 -arch=sm_90 -o pool_probe bench/pool_probe.cu && ./pool_probe`; input bf16 (256,2048,7,7) "
          "= %.1f MB; copy bandwidth (1 GiB cudaMemcpy D2D, read + write) %.0f GB/s; floor %.2f us; protocol: "
-         "memset a %d MB buffer, event, kernel, event; median of %d (min in brackets)\n\n",
+         "memset a %d MB buffer, event, kernel, event (rows marked clean L2 read that buffer instead); %d calls each\n\n",
          NEL * 2 / 1e6, copy_gbs, bytes / copy_gbs / 1e3, (int)(flush_bytes >> 20), REPS);
   printf("| kernel | grid x block | us (median) | us (min) | %% of copy BW | max err |\n|---|---|---|---|---|---|\n");
 
+  // flush: the evaluator's zero-write (L2 left full of dirty lines that the kernel's reads evict to
+  // DRAM), or a read of the same buffer (L2 left clean): the difference is the write-back cost
+  bool clean_flush = false;
+  auto do_flush = [&] {
+    if (clean_flush)
+      read_persist<256, 4><<<sms * 8, 256>>>(reinterpret_cast<const uint4*>(flush), sink + (1 << 20), flush_bytes / 16);
+    else
+      CK(cudaMemsetAsync(flush, 0, flush_bytes));
+  };
   auto timeit = [&](const std::string& name, int grid, int block, std::function<void()> k, bool check) {
     for (int i = 0; i < 3; ++i) {
-      CK(cudaMemsetAsync(flush, 0, flush_bytes));
+      do_flush();
       k();
     }
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     for (int i = 0; i < REPS; ++i) {
-      CK(cudaMemsetAsync(flush, 0, flush_bytes));
+      do_flush();
       CK(cudaEventRecord(s[i]));
       k();
       CK(cudaEventRecord(e[i]));
@@ -307,7 +317,7 @@ int main() {
       CK(cudaMemset(out, 0xff, PLANES_N * 2));
     }
     const double med = t[REPS / 2];
-    printf("| %s | %d x %d | %.2f | %.2f | %.0f%% | %s |\n", name.c_str(), grid, block, med, t[0],
+    printf("| %s%s | %d x %d | %.2f | %.2f | %.0f%% | %s |\n", name.c_str(), clean_flush ? " (clean L2)" : "", grid, block, med, t[0],
            100.0 * bytes / copy_gbs / 1e3 / med, check ? std::to_string(err).c_str() : "-");
     fflush(stdout);
   };
@@ -335,6 +345,10 @@ int main() {
 #define TAT(T, P, U) \
   timeit("tile_atomic T=" #T " P=" #P " U=" #U, PLANES_N / P, T, [&] { tile_atomic<T, P, U><<<PLANES_N / P, T>>>(x, out); }, true);
   TAT(128, 64, 4) TAT(256, 128, 4) TAT(128, 128, 8) TAT(256, 256, 8)
+  clean_flush = true;
+  timeit("empty kernel", 1, 32, [&] { empty_kernel<<<1, 32>>>(); }, false);
+  FLAT(256, 8) TLD(128, 64, 4) TCP(128, 64) TBK(64, 64)
+  clean_flush = false;
   timeit("empty kernel (after)", 1, 32, [&] { empty_kernel<<<1, 32>>>(); }, false);
   return 0;
 }

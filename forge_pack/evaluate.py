@@ -221,18 +221,17 @@ def worker_evaluate(session: Session, req: dict) -> dict:
         sets = sorted(fresh + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
         verdict = verify(module, cand, sets, session.device)
         if verdict.ok:
-            timing = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
+            timing, timed_verdict = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
             bw = session.bandwidth(cfg)
             floor = abi.floor_us(sig, bw)
             reply.update(timing=timing.to_json(), floor_us=floor, copy_bandwidth_gbs=bw)
-            judged = floor >= cfg.implausible_min_floor_us and (
-                cand.backend == "cuda" or abi.bytes_moved(sig) >= cfg.cpu_implausible_min_bytes)
-            if judged and timing.median_us < cfg.implausible_margin * floor:
-                verdict = Verdict(False, "implausible_speedup",
-                                  f"median {timing.median_us:.2f} us is below {cfg.implausible_margin:g}x the bandwidth "
-                                  f"floor {floor:.2f} us ({abi.bytes_moved(sig)} bytes at {bw:.0f} GB/s): no kernel "
-                                  f"moves its bytes faster than a copy; review it (cached or skipped work?)",
-                                  verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
+            if timed_verdict is not None:
+                verdict = Verdict(False, timed_verdict.reason, timed_verdict.detail, verdict.max_abs_err,
+                                  verdict.max_rel_err, verdict.checks + timed_verdict.checks)
+            why = implausible(timing, floor, bw, sig, cand.backend, cfg) if verdict.ok else None
+            if why:
+                verdict = Verdict(False, "implausible_speedup", why, verdict.max_abs_err, verdict.max_rel_err,
+                                  verdict.checks)
         if cand.backend == "cuda":
             reply["attributes"] = module.attributes()
     except LaunchError as e:
@@ -251,33 +250,120 @@ def worker_evaluate(session: Session, req: dict) -> dict:
     elif any(fingerprint(s) != s.fingerprint for s in static):
         session.sets.pop(req["key"], None)  # a stray write hit the cached inputs: reload them next time
         reply["sets_dropped"] = True
+        if verdict.ok:  # the per-call checks missed it (a write outside the calls' view): still a mutation
+            verdict = Verdict(False, "input_mutated", "a cached input set changed during the evaluation (its "
+                                                      "content fingerprint differs afterwards)",
+                              verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
     reply["verdict"] = verdict.to_json()
     return reply
 
 
-def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str) -> Timing:
-    """Time the bound launch over rotating copies of one verified input set."""
+def implausible(timing: Timing, floor_us: float, bw_gbs: float, sig: Signature, backend: str,
+                cfg: TimingConfig) -> str | None:
+    """Why a verified kernel's time cannot be believed (faster than copying its bytes), else None.
+    A backstop: the timed calls' outputs are checked too, so a kernel skipping work is caught there."""
+    judged = floor_us >= cfg.implausible_min_floor_us and (
+        backend == "cuda" or abi.bytes_moved(sig) >= cfg.cpu_implausible_min_bytes)
+    if not judged or timing.median_us >= cfg.implausible_margin * floor_us:
+        return None
+    return (f"median {timing.median_us:.2f} us is below {cfg.implausible_margin:g}x the bandwidth floor "
+            f"{floor_us:.2f} us ({abi.bytes_moved(sig)} bytes at {bw_gbs:.0f} GB/s): no kernel moves its bytes "
+            f"faster than a copy; review it (cached or skipped work?)")
+
+
+def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str
+                   ) -> tuple[Timing, Verdict | None]:
+    """Time the bound launch over rotating copies of one verified input set, and prove that the
+    timed calls did the work: (timing, None), or (timing, the verdict that rejects them).
+
+    Outside the timed region, ahead of every call: one element of x changes (a kernel that caches
+    results keyed on its input would return a stale answer), the non-zeroed workspaces get new
+    garbage (no state survives from the previous call), and on CUDA out is refilled with the
+    verification sentinel (timing looks like verification, and no previous answer waits in out).
+    On CPU each call allocates its output, as eager and the shipped package do: fresh pages cost
+    their first touch there. After timing, every copy's last output is held to the float64
+    reference of its final inputs with the verification tolerance."""
+    import random
+
     import torch
 
     from forge_pack import ops
     from forge_pack.launch import plan
     from forge_pack.timing import rotation_count, time_calls
+    from forge_pack.tolerance import compare
+    from forge_pack.verify import count_sentinel, seed_for
 
     p = plan(cand.spec, sig)
     ws_bytes = sum(n for _, n, _ in p.workspaces)
     k = rotation_count(abi.bytes_moved(sig) + ws_bytes, cfg)
-    calls, keep = [], []
+    rng = random.Random(seed_for("timing", cand.content_hash, sig.key()))
+    out_spec = sig.output
+    calls, befores, slots = [], [], []
     for _ in range(k):
         tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
-        out = ops.empty_like_spec(sig.output, device)
+        out = ops.empty_like_spec(out_spec, device)
         ws = {name: torch.empty(max(n, 1), dtype=torch.uint8, device=device) for name, n, _ in p.workspaces}
         run = module.bind(p, {**tensors, "out": out, **ws})
         zeroed = [ws[name] for name, _, zero in p.workspaces if zero]
-        keep.append((tensors, out, ws))
-        calls.append(_with_zeroing(run, zeroed))
-    timing = time_calls(calls, device, cfg)
-    del keep
-    return timing
+        garbage = [ws[name] for name, _, zero in p.workspaces if not zero]
+        slot = {"tensors": tensors, "out": out, "ws": ws}
+        slots.append(slot)
+        befores.append(_before_timed_call(tensors["x"], out if device == "cuda" else None, garbage, rng))
+        run = _with_zeroing(run, zeroed)
+        calls.append(run if device == "cuda" else _allocating(run, slot, out_spec))
+    timing = time_calls(calls, device, cfg, before=befores)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for i, slot in enumerate(slots):
+        out = slot["out"]
+        unwritten, where = count_sentinel(out)
+        if unwritten:
+            return timing, Verdict(False, "unwritten_output", f"timed copy {i}: {unwritten} of {out.numel()} output "
+                                                              f"elements not written by the last timed call ({where})")
+        ref = ops.reference64(sig, slot["tensors"])
+        check = compare(out, ref, out_spec.dtype, sig.op, atol_floor=base.atol_floor, input_kind=f"timed[{i}]")
+        if not check.passed:
+            return timing, Verdict(False, "mismatch", f"timed copy {i}: the last timed call's output is wrong for its "
+                                                      f"inputs ({check.mismatches} of {out.numel()} elements, "
+                                                      f"{check.first_mismatch}): the kernel behaves differently "
+                                                      f"when timed (cached or skipped work?)", checks=(check,))
+    return timing, None
+
+
+def _before_timed_call(x, out, garbage: list, rng):
+    """The untimed preparation of one call (see time_candidate): change one element of x to a value
+    far from the standard-normal draws and from the previous change, refill the sentinel, garble."""
+    from forge_pack.verify import fill_sentinel
+
+    sign = [1.0]
+
+    def before() -> None:
+        idx = tuple(rng.randrange(n) for n in x.shape)
+        sign[0] = -sign[0]
+        x[idx] = sign[0] * (4.0 + 2.0 * rng.random())
+        if out is not None:
+            fill_sentinel(out)
+        for g in garbage:
+            g.fill_(rng.randrange(256))
+
+    return before
+
+
+def _allocating(run, slot: dict, spec):
+    """CPU: allocate out per call (inside the timed region) and point the bound launch at it."""
+    import torch
+
+    from forge_pack import ops
+
+    dtype = ops.TORCH_DTYPES[spec.dtype]
+
+    def call() -> None:
+        out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
+        run.retarget("out", out)
+        run()
+        slot["out"] = out
+
+    return call
 
 
 def _with_zeroing(run, zeroed):

@@ -113,10 +113,21 @@ def plan(spec: LaunchSpec, sig: Signature) -> Plan:
         launches.append(PlannedLaunch(k.name, tuple(args), grid, block, smem, k.args))  # type: ignore[arg-type]
     workspaces = tuple((w.name, _as_int(evaluate(w.bytes, env), f"workspace {w.name}.bytes"), w.zero)
                        for w in spec.workspaces)
+    cap = workspace_cap(sig)
     for name, nbytes, _ in workspaces:
         if nbytes < 0:
             raise ForgeError(f"workspace {name} has negative size {nbytes}", "check its bytes expression")
+        if nbytes > cap:
+            raise ForgeError(f"workspace {name} asks for {nbytes} bytes, more than {cap} (4x the bytes the op "
+                             f"moves, at least 64 MiB)", "size the workspace from the problem; a scratch "
+                                                          "buffer never needs more than a few copies of the data")
     return Plan(tuple(launches), workspaces)
+
+
+def workspace_cap(sig: Signature) -> int:
+    """The most workspace bytes one candidate may ask for: a few copies of the op's data. Larger
+    requests are a bug or an attempt to exhaust memory, and would fail (or kill the worker) anyway."""
+    return max(64 << 20, 4 * abi.bytes_moved(sig))
 
 
 def _as_int(value: Any, where: str) -> int:
@@ -326,12 +337,24 @@ class CpuModule:
             self.funcs[name] = f
 
     def bind(self, plan_: Plan, tensors: dict[str, Any]) -> Callable[[], None]:
+        """A no-argument callable; ``run.retarget(name, tensor)`` points it at another tensor of the
+        same spec (the evaluator allocates each timed call's output, as eager does)."""
         calls = [(self.funcs[l.name], [_ctype(k, v, tensors) for k, v in l.args]) for l in plan_.launches]
+        pointers: dict[str, list] = {}
+        for (_, args), launch in zip(calls, plan_.launches):
+            for (kind, value), arg in zip(launch.args, args):
+                if kind == "ptr":
+                    pointers.setdefault(value, []).append(arg)
 
         def run() -> None:
             for f, args in calls:
                 f(*args)
 
+        def retarget(name: str, tensor: Any) -> None:
+            for arg in pointers.get(name, ()):
+                arg.value = tensor.data_ptr()
+
+        run.retarget = retarget  # type: ignore[attr-defined]
         return run
 
     def close(self) -> None:

@@ -96,17 +96,25 @@ class Flusher:
 
 
 def time_calls(calls: list[Callable[[], object]], device: str, cfg: TimingConfig,
-               flusher: Flusher | None = None) -> Timing:
-    """Time calls[i % len(calls)] repeatedly; every call must be self-contained (inputs bound)."""
+               flusher: Flusher | None = None, before: list[Callable[[], object]] | None = None) -> Timing:
+    """Time calls[i % len(calls)] repeatedly; every call must be self-contained (inputs bound).
+    ``before[i]``, when given, runs ahead of every call of calls[i], before the flush and outside
+    the timed region (the evaluator refills outputs and changes inputs there)."""
     flusher = flusher or Flusher(device, cfg)
+    befores = before if before is not None else [_nothing] * len(calls)
     if device == "cuda":
-        return _time_cuda(calls, cfg, flusher)
-    return _time_cpu(calls, cfg, flusher)
+        return _time_cuda(calls, cfg, flusher, befores)
+    return _time_cpu(calls, cfg, flusher, befores)
 
 
-def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
+def _nothing() -> None:
+    return None
+
+
+def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
     k = len(calls)
     for i in range(max(cfg.warmup, 1)):
+        befores[i % k]()
         calls[i % k]()
     torch.cuda.synchronize()
     reps = max(cfg.reps, MIN_CUDA_REPS)
@@ -115,6 +123,7 @@ def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for i in range(reps):
+            befores[(len(times) + i) % k]()
             flusher()
             starts[i].record()
             calls[(len(times) + i) % k]()
@@ -127,14 +136,16 @@ def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
     return summarize(times, "cuda_events")
 
 
-def _time_cpu(calls, cfg: TimingConfig, flusher: Flusher) -> Timing:
+def _time_cpu(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
     k = len(calls)
     for i in range(cfg.warmup):
+        befores[i % k]()
         calls[i % k]()
     times: list[float] = []
     clock = time.perf_counter_ns
     while True:
         for i in range(max(cfg.reps, 1)):
+            befores[len(times) % k]()
             flusher()
             t0 = clock()
             calls[len(times) % k]()

@@ -6,7 +6,8 @@ random draws made for this very evaluation, adversarial inputs, odd sizes) is ru
 | failure                              | guard here                                                     |
 | output never written / stale memory  | output pre-filled with a NaN sentinel bit pattern every call   |
 | out-of-bounds writes                 | canary bytes around the output and the workspaces              |
-| input mutated or zeroed              | bitwise compare of every input with a saved copy               |
+| input mutated or zeroed              | bitwise compare of every input with a saved copy, both runs;   |
+|                                      | a changed cached set (fingerprint) after the evaluation        |
 | output aliases an input              | storage ranges checked (static_check also rejects writable     |
 |                                      | parameters bound to inputs)                                    |
 | hard-coded / cached results          | fresh inputs seeded by the candidate's hash; another seed set  |
@@ -15,6 +16,8 @@ random draws made for this very evaluation, adversarial inputs, odd sizes) is ru
 | NaN/Inf as a wildcard                | NaN/Inf parity position by position                            |
 | races, uninitialised workspaces      | second run with new garbage in workspaces: bitwise equal output|
 | side-stream / deferred work          | device-wide synchronisation before any check                   |
+| behaving only while verified         | evaluate.time_candidate: x changes and out is refilled before  |
+|                                      | every timed call; the timed outputs are checked afterwards     |
 
 The first failing check decides the verdict; every check made is kept in ``Verdict.checks``.
 """
@@ -32,7 +35,7 @@ from forge_pack.candidate import Candidate
 from forge_pack.errors import ForgeError
 from forge_pack.launch import LaunchError, check_requires, plan
 from forge_pack.signature import Signature, TensorSpec
-from forge_pack.tolerance import EAGER_SLACK, compare
+from forge_pack.tolerance import compare, eager_allowance
 from forge_pack.verdict import Check, Verdict
 
 # Quiet NaNs with a payload no arithmetic produces (CUDA's canonical NaN is 0x7fffffff, x86's
@@ -53,7 +56,7 @@ class InputSet:
     sig: Signature  # with output
     tensors: dict[str, torch.Tensor | None]
     ref: torch.Tensor  # float64
-    atol_floor: float = 0.0  # EAGER_SLACK x eager PyTorch's own max abs error on this input
+    atol_floor: "float | torch.Tensor" = 0.0  # tolerance.eager_allowance: eager's own error, by magnitude
     fingerprint: tuple = field(default=())
 
 
@@ -63,10 +66,10 @@ def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet 
     ref = ops.reference64(sig, tensors)
     eager_out = ops.eager(sig)(tensors)
     check = compare(eager_out, ref, sig.output.dtype if sig.output else None, sig.op)
-    del eager_out
     if check.nonfinite_mismatches:
         return None
-    s = InputSet(kind, sig, tensors, ref, EAGER_SLACK * check.max_abs_err)
+    s = InputSet(kind, sig, tensors, ref, eager_allowance(eager_out, ref))
+    del eager_out
     s.fingerprint = fingerprint(s)
     return s
 
@@ -246,17 +249,26 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
         for z in zeroed:
             z.zero_()
 
+    def damage(run: str) -> Verdict | None:
+        """Inputs written or canaries hit by the call just made (checked after BOTH runs: a kernel
+        may behave only on its first call)."""
+        for n, t in saved.items():
+            cur = inputs[n]
+            if not _bitwise_equal(cur, t):
+                diff = _first_diff(cur, t)
+                cur.copy_(t)  # keep the cached set intact for the next candidate
+                return Verdict(False, "input_mutated", f"{s.kind}: input `{n}` changed during the {run} call ({diff})")
+        if not canaries_intact(out_whole) or not all(canaries_intact(w) for w in ws_wholes):
+            return Verdict(False, "mismatch", f"{s.kind}: out-of-bounds write past the end of out or a workspace "
+                                              f"(the {run} call)")
+        return None
+
     prepare(0)
     call()
     sync(device)
-    for n, t in saved.items():
-        cur = inputs[n]
-        if not _bitwise_equal(cur, t):
-            diff = _first_diff(cur, t)
-            cur.copy_(t)  # keep the cached set intact for the next candidate
-            return Verdict(False, "input_mutated", f"{s.kind}: input `{n}` changed during the call ({diff})"), None
-    if not canaries_intact(out_whole) or not all(canaries_intact(w) for w in ws_wholes):
-        return Verdict(False, "mismatch", f"{s.kind}: out-of-bounds write past the end of out or a workspace"), None
+    bad = damage("first")
+    if bad is not None:
+        return bad, None
     unwritten, where = count_sentinel(out)
     check = compare(out, s.ref, out_spec.dtype, s.sig.op, atol_floor=s.atol_floor, input_kind=s.kind)
     if unwritten:
@@ -275,6 +287,9 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     prepare(1)
     call()
     sync(device)
+    bad = damage("second")
+    if bad is not None:
+        return bad, check
     if not _bitwise_equal(out, first):
         return Verdict(False, "nondeterministic", f"{s.kind}: two runs on the same input differ bitwise "
                                                   f"({_first_diff(out, first)}): a race or uninitialised memory"), check

@@ -73,3 +73,41 @@ def test_baseline_times_torch_compile_on_cpu(tmp_path):
         base = ev.baseline(h)
     assert base.eager.n == 5
     assert base.compiled is not None or base.compile_error  # a failing compile is recorded, never raised
+
+
+def test_implausible_flags_only_times_below_the_copy_floor_where_it_is_judged():
+    from forge_pack.evaluate import implausible
+    from forge_pack.sigparse import parse_signature
+    from forge_pack.verdict import Timing
+
+    sig = parse_signature("softmax", "x: f32[4096,4096], dim=-1")  # 128 MB in + out
+    cfg = TimingConfig()
+
+    def t(us):
+        return Timing(median_us=us, iqr_us=0.0, n=30, min_us=us, clock="cuda_events")
+
+    floor = 50.0
+    assert implausible(t(0.79 * floor), floor, 4000.0, sig, "cuda", cfg) is not None
+    assert "bandwidth floor" in implausible(t(10.0), floor, 4000.0, sig, "cuda", cfg)
+    assert implausible(t(0.81 * floor), floor, 4000.0, sig, "cuda", cfg) is None
+    # below ~2 us launch costs and timer resolution decide: not judged
+    assert implausible(t(0.1), 1.0, 4000.0, sig, "cuda", cfg) is None
+    # small CPU working sets sit in caches that legitimately beat DRAM copy speed
+    small = parse_signature("softmax", "x: f32[64,1000], dim=-1")
+    assert implausible(t(1.0), 50.0, 20.0, small, "cpu", cfg) is None
+    assert implausible(t(1.0), 50.0, 20.0, sig, "cpu", cfg) is not None
+
+
+def test_a_workspace_larger_than_a_few_copies_of_the_data_is_a_static_check(tmp_path):
+    src = (KERNELS / "cpu_uninitialised_workspace.cpp").read_text()
+    assert '"bytes": "rows * 8"' in src
+    path = tmp_path / "huge_workspace.cpp"
+    path.write_text(src.replace('"bytes": "rows * 8"', '"bytes": "rows * cols * 1000000000"'))
+    ev = Evaluator("cpu", workers=1, timeout_s=20, timing=TimingConfig(warmup=1, reps=3, flush=False,
+                                                                       compile_baseline=False), log_dir=tmp_path)
+    try:
+        e = ev.evaluate(load_fixture(path), hotspot("softmax", "x: f32[64,1000], dim=-1"))
+    finally:
+        ev.close()
+    assert e.verdict.reason == "static_check", (e.verdict.reason, e.verdict.detail)
+    assert "more than" in e.verdict.detail

@@ -80,3 +80,36 @@ def test_chunked_comparison_counts_every_element(monkeypatch):
     out[50:] += 1
     c = compare(out, ref)
     assert c.mismatches == 50 and c.first_mismatch.startswith("index (50,)")
+
+
+def test_eager_allowance_is_by_magnitude_so_tiny_probabilities_cannot_be_flushed_to_zero():
+    from forge_pack.tolerance import EAGER_SLACK, eager_allowance
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 1000) * 3
+    ref = torch.softmax(x.double(), -1)
+    eager = torch.softmax(x.bfloat16(), -1)  # bf16 rounding: errors largest on the largest values
+    table = eager_allowance(eager, ref)
+    assert compare(eager, ref, "bfloat16", "softmax", atol_floor=table).passed
+    flushed = torch.where(ref < 1e-4, torch.zeros_like(eager), eager)
+    assert int((ref < 1e-4).sum()) > 1000
+    # one global allowance (2x eager's largest error) let this pass; by magnitude it does not
+    global_floor = EAGER_SLACK * float((eager.double() - ref).abs().max())
+    assert compare(flushed, ref, "bfloat16", "softmax", atol_floor=global_floor).passed
+    bad = compare(flushed, ref, "bfloat16", "softmax", atol_floor=table)
+    assert not bad.passed and bad.mismatches >= 1000
+
+
+def test_eager_allowance_still_forgives_a_uniform_absolute_error_like_eagers():
+    """Large offsets: eager's statistics are off, so every output element is off by about the same
+    absolute amount, small values included; a kernel 1.5x as far off must still pass."""
+    from forge_pack.tolerance import eager_allowance
+
+    torch.manual_seed(1)
+    ref = torch.randn(4096, dtype=torch.float64)
+    eager = (ref + 3e-3).float()  # shifted statistics: a constant error well above fp32 tolerance
+    kernel = (ref - 4.5e-3).float()
+    table = eager_allowance(eager, ref)
+    assert not compare(kernel, ref, "float32", "group_norm").passed
+    assert compare(kernel, ref, "float32", "group_norm", atol_floor=table).passed
+    assert not compare((ref + 7e-3).float(), ref, "float32", "group_norm", atol_floor=table).passed

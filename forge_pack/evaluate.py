@@ -309,12 +309,14 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
         slot = {"tensors": tensors, "out": out, "ws": ws}
         slots.append(slot)
         befores.append(_before_timed_call(tensors["x"], out if device == "cuda" else None, garbage, rng))
-        run = _with_zeroing(run, zeroed)
-        calls.append(run if device == "cuda" else _allocating(run, slot, out_spec))
+        calls.append(_marking(_with_zeroing(run, zeroed), slot) if device == "cuda"
+                     else _allocating(run, zeroed, slot, out_spec))
     timing = time_calls(calls, device, cfg, before=befores)
     if device == "cuda":
         torch.cuda.synchronize()
     for i, slot in enumerate(slots):
+        if not slot.get("called"):
+            continue  # fewer timed calls than copies
         out = slot["out"]
         unwritten, where = count_sentinel(out)
         if unwritten:
@@ -349,19 +351,29 @@ def _before_timed_call(x, out, garbage: list, rng):
     return before
 
 
-def _allocating(run, slot: dict, spec):
+def _marking(run, slot: dict):
+    def call() -> None:
+        run()
+        slot["called"] = True
+
+    return call
+
+
+def _allocating(run, zeroed: list, slot: dict, spec):
     """CPU: allocate out per call (inside the timed region) and point the bound launch at it."""
     import torch
 
     from forge_pack import ops
 
     dtype = ops.TORCH_DTYPES[spec.dtype]
+    launch = _with_zeroing(run, zeroed)
 
     def call() -> None:
         out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
         run.retarget("out", out)
-        run()
+        launch()
         slot["out"] = out
+        slot["called"] = True
 
     return call
 

@@ -59,7 +59,8 @@ def main() -> None:
         if err.hint:
             typer.echo(f"hint: {err.hint}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         typer.echo("error: interrupted", err=True)
-        typer.echo("hint: a search can be continued with --resume RUN_DIR", err=True)
+        # a search names its run directory (cmd_search.SearchInterrupted); before one exists there is none
+        typer.echo(f"hint: {getattr(e, 'hint', None) or 'a search can be continued with --resume RUN_DIR'}", err=True)
         sys.exit(130)

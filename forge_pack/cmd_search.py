@@ -24,6 +24,16 @@ DTYPE_HELP = "Cast the model's floating parameters and inputs: float32, bfloat16
 DEFAULT_BUDGET = 50
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a search whose run directory exists: the CLI's exit hint names the directory to
+    --resume (a KeyboardInterrupt still, so nothing that catches one changes)."""
+
+    def __init__(self, run_dir: str):
+        super().__init__()
+        self.run_dir = run_dir
+        self.hint = f"continue the search with: forge-pack search --resume {run_dir}"
+
+
 def fmt_us(us: float | None) -> str:
     if us is None:
         return "-"
@@ -96,8 +106,7 @@ def format_summary(s: RunSummary) -> str:
         comp = fmt_us(b.compiled.median_us) if b and b.compiled else ("failed" if b else "-")
         bw = ev.bandwidth_fraction if ev is not None else None
         rows.append((str(o.rank), o.hotspot.signature.pretty(), f"{o.hotspot.time_share * 100:.1f}%",
-                     fmt_us(b.eager.median_us) if b else "-", comp,
-                     best.candidate.label if best else "none correct",
+                     fmt_us(b.eager.median_us) if b else "-", comp, _best_cell(o),
                      fmt_us(ev.timing.median_us) if ev is not None and ev.timing else "-",
                      fmt_x(ev.speedup_vs_eager if ev else None), fmt_x(ev.speedup_vs_compile if ev else None),
                      f"{bw * 100:.0f}%" if bw else "-", f"{o.projected:.3f}x"))
@@ -115,16 +124,19 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"Not searched: " + "; ".join(f"#{o.rank} {o.hotspot.signature.pretty()}: {o.skipped}"
                                                   for o in skipped[:6])
                      + (f"; and {len(skipped) - 6} more" if len(skipped) > 6 else ""))
-    searched = s.searched
     if s.winners:
         share = sum(o.hotspot.time_share for o in s.winners)
         lines.append(f"Projected whole-model speedup (Amdahl, from {len(s.winners)} winning kernel"
                      f"{'s' if len(s.winners) != 1 else ''} covering {share * 100:.1f}% of the forward): "
                      f"{s.projected:.3f}x")
-    elif searched:
+    elif s.evaluated:  # only hotspots with evaluations can have had "no candidate beat eager"
         margin = int(round((WIN_MARGIN - 1) * 100))
-        lines.append(f"No faster kernel found: no candidate beat eager PyTorch by {margin}% on any searched hotspot, "
-                     f"so the model stays as it is. A larger --budget, --llm, or a GPU may help.")
+        n = len(s.evaluated)
+        lines.append(f"No faster kernel found: no candidate beat eager PyTorch by {margin}% on the {n} searched "
+                     f"hotspot{'s' if n != 1 else ''}, so the model stays as it is. A larger --budget, --llm, or a "
+                     f"GPU may help.")
+    elif s.searched:
+        lines.append("No hotspot could be searched (see why above), so the model stays as it is.")
     else:
         lines.append("No hotspot was searched (see why above); --top and --min-share choose which are.")
     if s.status == "interrupted":
@@ -136,6 +148,21 @@ def format_summary(s: RunSummary) -> str:
         lines.append(llm_text)
     lines.append(f"Run directory: {s.run_dir}  (dashboard: forge-pack ui {s.run_dir})")
     return "\n".join(lines)
+
+
+def _best_cell(o: HotspotOutcome) -> str:
+    """The table's 'best kernel' cell: only a hotspot with evaluations can have 'none correct'."""
+    if o.result is None:
+        return "not searched"  # the baseline failed, or the run stopped before it
+    if o.result.evaluations == 0:
+        return "no candidates"
+    return o.best.candidate.label if o.best else "none correct"
+
+
+def _check_seconds(flag: str, value: float | None, example: str) -> None:
+    # `not value > 0` also catches NaN, which compares false with everything
+    if value is not None and not value > 0:
+        raise ForgeError(f"{flag} must be a positive number of seconds, got {value}", f"e.g. {flag} {example}")
 
 
 def default_run_dir(model_path: str) -> Path:
@@ -155,6 +182,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     overrides = dict(budget=budget, time_limit_s=time_limit, top=top, min_share=min_share, seed=seed,
                      workers=workers, parallel=parallel, timeout_s=timeout, llm_model=llm,
                      llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens)
+    if workers is not None and parallel is None:
+        overrides["parallel"] = workers  # one evaluation per worker unless told otherwise (fresh or --resume)
     if resume is not None:
         if model is not None or run_dir is not None:
             raise ForgeError("--resume continues a run with its saved model and run directory",
@@ -167,8 +196,6 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     else:
         if model is None:
             raise ForgeError("no model file given", "forge-pack search MODEL.py, or --resume RUN_DIR")
-        if workers is not None and parallel is None:
-            overrides["parallel"] = workers  # one evaluation per worker unless told otherwise
         config = with_overrides(RunConfig(model=model, device=device, dtype=dtype, budget=DEFAULT_BUDGET,
                                           run_dir=str(run_dir or default_run_dir(model))), **overrides)
     if config.budget < 1:
@@ -177,10 +204,16 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
         raise ForgeError("--workers and --parallel must be at least 1", "e.g. --workers 2 --parallel 2")
     if not 0.0 <= config.min_share <= 1.0:
         raise ForgeError(f"--min-share is a fraction of the forward, got {config.min_share}", "e.g. --min-share 0.02")
+    _check_seconds("--time-limit", config.time_limit_s, "600")
+    _check_seconds("--timeout", config.timeout_s, "60")
     bar = ProgressBar()
     try:
         summary = run(config, resume=resume is not None, toolkit=toolkit, say=bar.say, on_progress=bar.update,
                       on_hotspot=bar.hotspot, ui=ui)
+    except KeyboardInterrupt as e:
+        if (Path(config.run_dir) / "run.db").exists() and not isinstance(e, SearchInterrupted):
+            raise SearchInterrupted(config.run_dir) from e
+        raise
     finally:
         bar.done()
     if as_json:
@@ -239,8 +272,14 @@ def register(app: typer.Typer) -> None:
         allow_control: bool = ALLOW_CONTROL_OPTION,
     ) -> None:
         """Profile MODEL, then search faster kernels for its hottest ops (MCTS over kernel templates)."""
-        search_command(model, device=device, dtype=dtype, budget=budget, time_limit=time_limit, top=top,
-                       min_share=min_share, run_dir=run_dir, resume=resume, seed=seed, workers=workers,
-                       parallel=parallel, timeout=timeout, as_json=as_json, llm=llm, llm_budget_usd=llm_budget_usd,
-                       llm_budget_tokens=llm_budget_tokens,
-                       ui=ui_options(with_ui, ui_port, allow_control))
+        try:
+            search_command(model, device=device, dtype=dtype, budget=budget, time_limit=time_limit, top=top,
+                           min_share=min_share, run_dir=run_dir, resume=resume, seed=seed, workers=workers,
+                           parallel=parallel, timeout=timeout, as_json=as_json, llm=llm,
+                           llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
+                           ui=ui_options(with_ui, ui_port, allow_control))
+        except KeyboardInterrupt as e:
+            # typer turns Ctrl-C into a silent exit 130: name the run directory to --resume first
+            typer.echo("error: interrupted", err=True)
+            typer.echo(f"hint: {getattr(e, 'hint', None) or 'no run directory was written yet'}", err=True)
+            raise typer.Exit(130) from None

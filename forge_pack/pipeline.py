@@ -5,7 +5,13 @@ happens: the hotspots, each baseline, every node before its evaluation starts an
 the moment it returns (so ``kill -9`` loses at most the evaluations in flight), node statistics, a
 heartbeat, events. ``--resume RUN_DIR`` reads the saved config and the stored hotspots back (no
 re-profiling, stored baselines reused) and continues each search to the same total budget without
-re-evaluating anything. Between evaluations the dashboard's ``control.json`` is honoured.
+re-evaluating anything; a hotspot whose search already ended is kept as it is unless the budget (or,
+after a time-limit stop, the time limit) was raised, and an interrupted one gets only the search time
+it has left. Between evaluations the dashboard's ``control.json`` is honoured.
+
+One process at a time: a run holds an exclusive ``flock`` on ``RUN_DIR/lock`` for its whole length,
+so a second ``--resume`` of a run still going is refused instead of searching the same database
+twice. The operating system drops the lock when the process ends, ``kill -9`` included.
 
 The stages are injected through a ``Toolkit`` so tests run the whole pipeline with fakes; this
 module itself imports no torch (the default toolkit imports the real stages lazily).
@@ -28,12 +34,21 @@ from forge_pack.control import read_control
 from forge_pack.errors import ForgeError
 from forge_pack.hotspot import Hotspot
 from forge_pack.propose import Move
-from forge_pack.search import Node, Progress, SearchConfig, SearchHooks, SearchResult, StoredNode, search
+from forge_pack.search import Node, Progress, SearchConfig, SearchHooks, SearchResult, StoredNode, \
+    restored_result, search
 from forge_pack.store import Store, finite
 from forge_pack.verdict import Baseline, Evaluation
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs are not locked
+    fcntl = None  # type: ignore[assignment]
+
 CONFIG_FILE = "config.json"
 SUMMARY_FILE = "search.json"
+LOCK_FILE = "lock"
+# How a search ended that needs no more work unless the flags change (see _resume_state).
+ENDED = ("budget", "time_limit", "exhausted")
 # A kernel must beat eager by 2% to count as a winner: below that a repeat timing could flip it.
 WIN_MARGIN = 1.02
 HEARTBEAT_S = 2.0  # the dashboard shows a run as stalled after two minutes without one
@@ -264,6 +279,12 @@ class RunSummary:
         return [o for o in self.outcomes if not o.skipped]
 
     @property
+    def evaluated(self) -> list[HotspotOutcome]:
+        """The chosen hotspots whose search evaluated at least one candidate (not: the baseline failed,
+        the run stopped before them, no kernel family offers the op)."""
+        return [o for o in self.searched if o.result is not None and o.result.evaluations > 0]
+
+    @property
     def projected(self) -> float:
         return amdahl([(o.hotspot.time_share, o.speedup) for o in self.searched])
 
@@ -328,6 +349,7 @@ class StoreHooks(SearchHooks):
     def eval_done(self, node: Node, progress: Progress) -> None:
         assert node.evaluation is not None and node.reward is not None
         self.store.record_evaluation(node.id, self.hid, node.evaluation.to_json(), node.reward)
+        self.store.set_hotspot_search(self.hid, progress.elapsed_s)  # survives kill -9: resume knows what is left
         self._beat(force=True)
         if self.on_progress:
             self.on_progress(progress)
@@ -374,16 +396,20 @@ def search_hotspot(store: Store, run_id: int, hotspot: Hotspot, baseline: Baseli
                    evaluate: Callable[[Candidate], Evaluation], config: SearchConfig, *, backend: str,
                    root_candidates: Sequence[Candidate] = (), gpu: dict | None = None, run_dir: Path | None = None,
                    on_progress: Callable[[Progress], None] | None = None,
-                   started_at: float | None = None) -> SearchResult:
-    """One hotspot's MCTS, continued from whatever the store already holds for it."""
+                   started_at: float | None = None, spent_s: float = 0.0) -> SearchResult:
+    """One hotspot's MCTS, continued from whatever the store already holds for it.
+
+    ``spent_s``: search time earlier runs used, counted against the time limit."""
     hid = hotspot.id
     restored = restore_nodes(store, hid)
     store.set_hotspot_status(hid, "searching")
+    store.set_hotspot_search(hid, spent_s)  # under way: no stop reason until it ends
     roots = [Move(c, "reference kernel" if c.origin == "reference" else f"start {c.label}", "root")
              for c in root_candidates]
     hooks = StoreHooks(store, run_id, hid, run_dir, on_progress, started_at)
     result = search(proposers, evaluate, config, hotspot=hotspot, backend=backend, baseline=baseline, gpu=gpu,
-                    root_moves=roots, hooks=hooks, restore=restored)
+                    root_moves=roots, hooks=hooks, restore=restored, spent_s=spent_s)
+    store.set_hotspot_search(hid, result.search_s, result.stop_reason)
     best_id = result.best.id if result.best else None
     store.set_hotspot_status(hid, "searching" if result.stop_reason == "stopped" else "done", best_id)
     store.event("note", hotspot_id=hid, payload={"text": f"search ended: {result.stop_reason}",
@@ -500,12 +526,96 @@ class _Heartbeat:
         self.stop.set()
 
 
+class RunLock:
+    """An exclusive, non-blocking flock on RUN_DIR/lock, held for the whole run.
+
+    flock, not a pid file: the kernel releases it when the process ends however it ends (kill -9
+    too), so a crashed run never leaves a stale lock behind. The holder's pid is written into the
+    file only to name it in the refusal."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK_FILE
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        if fcntl is None or self.fd is not None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            who = f" (pid {holder})" if holder.isdigit() else ""
+            raise ForgeError(f"another forge-pack process{who} is searching {self.path.parent} right now",
+                             "wait for it to finish, or stop it (Ctrl-C, or the dashboard's stop) and then "
+                             f"continue with --resume {self.path.parent}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """A run directory that cannot be one (a file, or under a file) is a user error, not a traceback."""
+    for p in (run_dir, *run_dir.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = f"{run_dir} is a file" if p == run_dir else f"{p} is a file, so {run_dir} cannot be created"
+                raise ForgeError(f"the run directory {what}",
+                                 "pass a directory path to --run-dir (it is created if missing)")
+            return
+
+
+def _resume_state(row, config: RunConfig) -> tuple[bool, float]:
+    """(search it?, search time already spent) for a stored hotspot row.
+
+    A search that never ended (a fresh run; killed, Ctrl-C, stopped from the dashboard) continues with
+    the time it has left. One that ended (budget, time limit, proposers dry) is kept as it is unless
+    the flags give it more to do: a larger --budget (a new stint: the time limit counts afresh, or
+    the extra evaluations could never run) or, after a time-limit stop, a larger --time-limit."""
+    spent = float(row["search_s"] or 0.0)
+    reason = row["stop_reason"]
+    if reason not in ENDED:
+        return True, spent
+    if config.budget > (row["budget"] or 0):
+        return True, 0.0
+    if reason == "time_limit" and (config.time_limit_s is None or config.time_limit_s > spent):
+        return True, spent
+    return False, spent
+
+
+def _kept_result(store: Store, row, config: RunConfig) -> SearchResult:
+    """The stored result of a hotspot whose search ended, for the summary; nothing is evaluated."""
+    search_cfg = replace(config.search_config(), budget=row["budget"] or config.budget)
+    return restored_result(restore_nodes(store, row["id"]), search_cfg, row["stop_reason"],
+                           float(row["search_s"] or 0.0))
+
+
 def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = None,
         say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
         on_progress: Callable[[HotspotOutcome, Progress], None] | None = None,
         on_hotspot: Callable[[HotspotOutcome, int, int], None] | None = None, quiet: bool = False,
         ui: dict | None = None) -> RunSummary:
     """Profile (or, resuming, read back) the hotspots and search each chosen one; returns the summary."""
+    run_dir = Path(config.run_dir)
+    _check_run_dir(run_dir)
+    lock = RunLock(run_dir)
+    try:
+        return _run(config, lock, resume=resume, toolkit=toolkit, say=say, on_progress=on_progress,
+                    on_hotspot=on_hotspot, quiet=quiet, ui=ui)
+    finally:
+        lock.release()
+
+
+def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | None, say: Callable[[str], None],
+         on_progress: Callable[[HotspotOutcome, Progress], None] | None,
+         on_hotspot: Callable[[HotspotOutcome, int, int], None] | None, quiet: bool,
+         ui: dict | None) -> RunSummary:
     tk = toolkit or Toolkit()
     t0 = time.monotonic()
     started_at = time.time()
@@ -514,6 +624,7 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
     if resume:
         if not (run_dir / "run.db").is_file():
             raise ForgeError(f"{run_dir} has no run.db to resume", "pass the run directory of an earlier search")
+        lock.acquire()  # before anything reads or writes the store
         with Store(run_dir) as probe:
             rows = probe.query("SELECT * FROM runs ORDER BY id DESC LIMIT 1")
             profiled = probe.get_meta("profiled") == "1"
@@ -524,7 +635,17 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
     target = None
     if run_row is None:
         target = tk.load(config.model, config.device, config.dtype)  # user errors surface before any file is written
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ForgeError(f"cannot create the run directory {run_dir}: {e.strerror or e}",
+                         "pass a writable directory path to --run-dir") from None
+    lock.acquire()
+    if not resume:
+        if (run_dir / "run.db").exists():  # another search took this directory while the model loaded
+            raise ForgeError(f"{run_dir} already holds a run",
+                             f"continue it with --resume {run_dir}, or choose another --run-dir")
+        say(f"run directory: {run_dir}")  # named now, not only at the end: a killed run is resumed from it
     store = Store(run_dir)
     run_id = None
     evaluator = None
@@ -540,17 +661,22 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
         if run_row is not None:
             run_id, env, forward_us, plan = _plan_resumed(config, tk, store, run_row)
             device = run_row["device"]
-            n = sum(1 for _, _, why in plan if not why)
-            say(f"resuming {run_dir}: {n} hotspot{'s' if n != 1 else ''} to search, budget {config.budget} each")
         else:
             run_id, env, forward_us, plan = _plan_fresh(config, tk, store, target, run_dir, quiet)
             device = target.device
             target = None  # the model is not needed any more: its captured tensors are on disk
+        rows = {r["id"]: r for r in store.hotspots()}
+        todo = {h.id: _resume_state(rows[h.id], config) for _, h, why in plan if not why}
+        if run_row is not None:
+            n = sum(1 for go, _ in todo.values() if go)
+            kept = len(todo) - n
+            say(f"resuming {run_dir}: {n} hotspot{'s' if n != 1 else ''} to search"
+                + (f", {kept} already finished" if kept else "") + f", budget {config.budget} each")
         backend = "cuda" if device == "cuda" else "cpu"
         evaluator = _Lazy(lambda: tk.evaluator(config, run_dir, backend))
         proposers = None
         outcomes: list[HotspotOutcome] = []
-        searched = [h for _, h, why in plan if not why]
+        searched = [h for _, h, why in plan if not why and todo[h.id][0]]  # numbered [i/n] as they start
         status = "finished"
         for rank, h, why in plan:
             out = HotspotOutcome(h, rank, skipped=why)
@@ -560,13 +686,16 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
             if status == "interrupted":
                 out.note = "not searched: the run was stopped (continue with --resume)"
                 continue
+            go, spent_s = todo[h.id]
+            if not go:  # its search ended in an earlier run and the flags give it nothing more to do
+                out.baseline = _stored_baseline(store, h.id)
+                out.result = _kept_result(store, rows[h.id], config)
+                continue
             if on_hotspot:
                 on_hotspot(out, searched.index(h) + 1, len(searched))
             store.execute("UPDATE hotspots SET budget=? WHERE id=?", (config.budget, h.id))
-            stored = store.query("SELECT baseline_json FROM hotspots WHERE id=?", (h.id,))[0]["baseline_json"]
-            if stored:
-                out.baseline = Baseline.from_json(json.loads(stored))
-            else:
+            out.baseline = _stored_baseline(store, h.id)
+            if out.baseline is None:
                 say(f"timing eager and torch.compile: {h.signature.pretty()}")
                 try:
                     out.baseline = evaluator.get().baseline(h)
@@ -589,7 +718,7 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
             out.result = search_hotspot(store, run_id, h, baseline, proposers, evaluate, config.search_config(),
                                         backend=backend, root_candidates=tk.roots(h, backend),
                                         gpu=_gpu_info(env, baseline, evaluator), run_dir=run_dir,
-                                        on_progress=progress_cb, started_at=started_at)
+                                        on_progress=progress_cb, started_at=started_at, spent_s=spent_s)
             if out.result.stop_reason == "stopped":
                 status = "interrupted"
         summary = RunSummary(str(run_dir), config, device, forward_us, outcomes, status, time.monotonic() - t0)
@@ -605,6 +734,11 @@ def run(config: RunConfig, *, resume: bool = False, toolkit: Toolkit | None = No
         if run_id is not None:
             store.finish_run(run_id, status)
         store.close()
+
+
+def _stored_baseline(store: Store, hotspot_id: str) -> Baseline | None:
+    stored = store.query("SELECT baseline_json FROM hotspots WHERE id=?", (hotspot_id,))[0]["baseline_json"]
+    return Baseline.from_json(json.loads(stored)) if stored else None
 
 
 def with_overrides(config: RunConfig, **overrides: Any) -> RunConfig:

@@ -22,7 +22,11 @@ or the proposers run dry. With ``parallel=1`` everything runs inline and a seed 
 Resume: ``restore`` takes the nodes (and evaluations) of an earlier, interrupted search of the same
 hotspot; they are rebuilt into the tree without re-evaluation, a node that was in flight when the
 process died is evaluated first, and the search continues to the same total budget. Content hashes
-deduplicate: a candidate already in the tree is never evaluated again.
+deduplicate: a candidate already in the tree is never evaluated again. ``spent_s`` is the search time
+the earlier runs already used, so a resumed search gets only what is left of ``time_limit_s``.
+
+Time: the time limit counts active search time. Time spent paused (the control hook says 'pause'
+and nothing is in flight) does not count against it.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ POLL_S = 1.0
 @dataclass(frozen=True)
 class SearchConfig:
     budget: int = 50  # evaluations per hotspot, restored ones included
-    # no new evaluation starts after this much wall time, once a candidate beyond the given roots (the
-    # reference kernel) was evaluated: on huge shapes the reference alone can outlast a short limit
+    # no new evaluation starts after this much search time (pauses excluded, earlier runs of a resumed
+    # search included), once a candidate beyond the given roots (the reference kernel) was evaluated:
+    # on huge shapes the reference alone can outlast a short limit
     time_limit_s: float | None = None
     parallel: int = 1  # evaluations in flight at once
     seed: int = 0
@@ -161,7 +166,7 @@ class Progress:
     failures: int
     best_speedup: float | None
     in_flight: int
-    elapsed_s: float
+    elapsed_s: float  # search time: pauses excluded, earlier runs of a resumed search included
 
 
 class SearchHooks:
@@ -199,9 +204,10 @@ class SearchResult:
     evaluations: int  # evaluated nodes in the tree, restored ones included
     new_evaluations: int  # evaluated by this call
     budget: int
-    elapsed_s: float
+    elapsed_s: float  # wall time of this call
     stop_reason: str  # budget | time_limit | exhausted | stopped
     verdicts: dict[str, int]  # reason -> count
+    search_s: float = 0.0  # search time counted against the time limit: pauses excluded, spent_s included
 
     @property
     def failures(self) -> int:
@@ -213,7 +219,8 @@ class SearchResult:
 
     def summary(self) -> dict:
         return {"evaluations": self.evaluations, "new_evaluations": self.new_evaluations, "budget": self.budget,
-                "elapsed_s": round(self.elapsed_s, 3), "stop_reason": self.stop_reason,
+                "elapsed_s": round(self.elapsed_s, 3), "search_s": round(self.search_s, 3),
+                "stop_reason": self.stop_reason,
                 "verdicts": dict(self.verdicts), "best_node_id": self.best.id if self.best else None,
                 "best_speedup": self.best_speedup, "nodes": len(self.nodes)}
 
@@ -232,8 +239,10 @@ def search(proposers: Proposer | Callable | Sequence[Proposer | Callable],
            config: SearchConfig = SearchConfig(), *,
            hotspot: Hotspot | None = None, backend: str = "cpu", baseline: Baseline | None = None,
            gpu: dict | None = None, root_moves: Iterable[Move] = (), hooks: SearchHooks | None = None,
-           restore: Iterable[StoredNode] = ()) -> SearchResult:
-    """Search one hotspot. ``evaluate`` must be thread-safe when ``config.parallel > 1``."""
+           restore: Iterable[StoredNode] = (), spent_s: float = 0.0) -> SearchResult:
+    """Search one hotspot. ``evaluate`` must be thread-safe when ``config.parallel > 1``.
+
+    ``spent_s``: search time earlier runs of this hotspot already used (counts against the time limit)."""
     if callable(proposers) and not hasattr(proposers, "propose"):
         proposers = [proposers]  # type: ignore[list-item]
     elif hasattr(proposers, "propose"):
@@ -243,12 +252,20 @@ def search(proposers: Proposer | Callable | Sequence[Proposer | Callable],
     if len(set(names)) != len(names):
         raise ValueError(f"proposer names must be unique, got {names}")
     return _Search(plist, evaluate, config, hotspot, backend, baseline, gpu or {}, list(root_moves),
-                   hooks or SearchHooks(), list(restore)).run()
+                   hooks or SearchHooks(), list(restore), spent_s).run()
+
+
+def restored_result(restore: Iterable[StoredNode], config: SearchConfig, stop_reason: str,
+                    spent_s: float = 0.0) -> SearchResult:
+    """The result of a search that already ended, rebuilt from its stored nodes: nothing is proposed
+    or evaluated (a resumed run reports a finished hotspot without searching it again)."""
+    s = _Search([], None, config, None, "cpu", None, {}, [], SearchHooks(), list(restore), spent_s)
+    return s.result(stop_reason)
 
 
 class _Search:
     def __init__(self, proposers, evaluate, config: SearchConfig, hotspot, backend, baseline, gpu, root_moves,
-                 hooks: SearchHooks, restore: list[StoredNode]):
+                 hooks: SearchHooks, restore: list[StoredNode], spent_s: float = 0.0):
         self.proposers = {p.name: p for p in proposers}
         self.order = [p.name for p in proposers]
         self.weights = dict(config.proposer_weights)
@@ -270,6 +287,9 @@ class _Search:
         self.jobs: dict[Future, tuple[str, Node, str]] = {}  # future -> (kind, node, proposer)
         self.reeval: deque[Node] = deque()  # restored nodes that never finished their evaluation
         self.t0 = time.monotonic()
+        self.spent_s = max(spent_s, 0.0)  # search time of earlier runs (resume)
+        self.paused_s = 0.0  # idle pauses of this call, finished ones
+        self.pause_t0: float | None = None  # start of the idle pause under way
         self._restore(restore)
         self.given_roots = 0
         for m in root_moves:
@@ -390,6 +410,21 @@ class _Search:
                 return target
         return None
 
+    def _select_uncapped(self) -> Node | None:
+        """The node to expand when the UCT descent found none and nothing is in flight: the best node
+        that can still offer a move, widening cap ignored.
+
+        Without it the search could stall: a node at its cap ceil(widen_c * visits ** widen_alpha)
+        whose children are all dry offers nothing, no evaluation is in flight to raise its visits, and
+        the search would end as 'exhausted' with moves left. Starting points come first, then the
+        node with the best own reward."""
+        if self._can_offer(self.root):
+            return self.root
+        open_nodes = [n for n in self.nodes if n.status == "done" and self._can_offer(n)]
+        if not open_nodes:
+            return None
+        return max(open_nodes, key=lambda n: (n.reward, self.rng.random()))
+
     def _choose_source(self, node: Node) -> str:
         """Which source gives the next child: the caller's root moves first, then the proposers in
         turn (round-robin, or weighted at random), each from its queue or by a fresh call."""
@@ -463,14 +498,32 @@ class _Search:
 
     def progress(self) -> Progress:
         return Progress(self.done, self.cfg.budget, self.failures, self.best.speedup if self.best else None,
-                        self.evals_in_flight, time.monotonic() - self.t0)
+                        self.evals_in_flight, self.search_time())
+
+    # ------------------------------------------------------------------ time
+
+    def search_time(self) -> float:
+        """Search time so far: earlier runs' plus this call's wall time, idle pauses excluded."""
+        now = time.monotonic()
+        paused = self.paused_s + (now - self.pause_t0 if self.pause_t0 is not None else 0.0)
+        return self.spent_s + now - self.t0 - paused
+
+    def _track_pause(self, idle_paused: bool) -> None:
+        """Open or close an idle pause. Only a pause with nothing in flight is taken off the clock:
+        evaluations that finish during a pause are search work."""
+        now = time.monotonic()
+        if idle_paused and self.pause_t0 is None:
+            self.pause_t0 = now
+        elif not idle_paused and self.pause_t0 is not None:
+            self.paused_s += now - self.pause_t0
+            self.pause_t0 = None
 
     # ------------------------------------------------------------------ main loop
 
     def _stop_reason(self) -> str | None:
         if self.done + self.evals_in_flight >= self.cfg.budget:
             return "budget"
-        if self.cfg.time_limit_s is not None and time.monotonic() - self.t0 >= self.cfg.time_limit_s \
+        if self.cfg.time_limit_s is not None and self.search_time() >= self.cfg.time_limit_s \
                 and self.done > self.given_roots:
             return "time_limit"
         return None
@@ -487,6 +540,8 @@ class _Search:
                 self._start_eval(self.reeval.popleft())
                 continue
             target = self._select(self.root)
+            if target is None and not self.jobs:
+                target = self._select_uncapped()  # widening must not end a search that still has moves
             if target is None:
                 return True
             name = self._choose_source(target)
@@ -542,15 +597,22 @@ class _Search:
                         stop_reason = "exhausted"  # nothing in flight and nothing to start: proposers ran dry
                     if stop_reason is not None:
                         break
+                    self._track_pause(True)
                     time.sleep(0.2)  # paused with nothing in flight
                     continue
+                self._track_pause(False)
                 done, _ = wait(list(self.jobs), timeout=POLL_S, return_when=FIRST_COMPLETED)
                 for fut in sorted(done, key=lambda f: self.jobs[f][1].id):
                     self._complete(fut)
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        self._track_pause(False)
+        return self.result(stop_reason)
+
+    def result(self, stop_reason: str) -> SearchResult:
         return SearchResult(root=self.root, nodes=sorted(self.nodes, key=lambda n: n.id), best=self.best,
                             evaluations=self.done, new_evaluations=self.new_done, budget=self.cfg.budget,
                             elapsed_s=time.monotonic() - self.t0, stop_reason=stop_reason,
-                            verdicts=dict(Counter(n.reason for n in self.nodes if n.status == "done")))
+                            verdicts=dict(Counter(n.reason for n in self.nodes if n.status == "done")),
+                            search_s=self.search_time())
 

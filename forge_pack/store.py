@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS hotspots (
     baseline_json TEXT,                           -- Baseline.to_json(), once measured
     budget INTEGER,
     status TEXT NOT NULL DEFAULT 'pending',       -- pending | searching | done | skipped
-    best_node_id INTEGER
+    best_node_id INTEGER,
+    stop_reason TEXT,                             -- budget | time_limit | exhausted | stopped; NULL: never ended
+    search_s REAL                                 -- search time used (pauses excluded), kept up to date for resume
 );
 CREATE TABLE IF NOT EXISTS nodes (
     id INTEGER PRIMARY KEY,
@@ -125,8 +127,17 @@ class Store:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against process death
         self.conn.executescript(DDL)
+        self._add_missing_columns()
         self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
                           (str(SCHEMA_VERSION),))
+
+    def _add_missing_columns(self) -> None:
+        """Columns added after a run store was first written (CREATE TABLE IF NOT EXISTS keeps the old
+        table): an older run directory still resumes."""
+        have = {r["name"] for r in self.conn.execute("PRAGMA table_info(hotspots)")}
+        for name, kind in (("stop_reason", "TEXT"), ("search_s", "REAL")):
+            if name not in have:
+                self.conn.execute(f"ALTER TABLE hotspots ADD COLUMN {name} {kind}")
 
     # ---- generic helpers
     def execute(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
@@ -198,6 +209,11 @@ class Store:
                      (status, best_node_id, hotspot_id))
         self.event("hotspot_" + ("start" if status == "searching" else "done" if status == "done" else status),
                    hotspot_id=hotspot_id, payload={"best_node_id": best_node_id})
+
+    def set_hotspot_search(self, hotspot_id: str, search_s: float, stop_reason: str | None = None) -> None:
+        """The search time used so far and how the search ended (None while it runs: a process that
+        dies leaves the hotspot as interrupted, and --resume gives it only the time it has left)."""
+        self.execute("UPDATE hotspots SET search_s=?, stop_reason=? WHERE id=?", (search_s, stop_reason, hotspot_id))
 
     # ---- nodes and evaluations
     def add_node(self, hotspot_id: str, parent_id: int | None, depth: int, move: str, move_kind: str,
@@ -284,7 +300,8 @@ class Store:
 
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     """A read-only connection for the dashboard and reports; never creates or writes the file."""
-    path = Path(run_dir) / "run.db"
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    path = (Path(run_dir) / "run.db").resolve()
+    # as_uri() percent-quotes the path: a '#', '?' or '%' in a directory name would end or garble the URI
+    conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     return conn

@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_fakes import FakeEvaluator, fake_hotspots, fake_toolkit  # noqa: E402
+from search_fakes import ListProposer  # noqa: E402
 
 from forge_pack.cmd_search import ProgressBar, search_command  # noqa: E402
 from forge_pack.errors import ForgeError  # noqa: E402
@@ -176,3 +177,107 @@ def test_ui_port_without_ui_is_an_error():
 
     with pytest.raises(ForgeError, match="need --ui"):
         ui_options(False, 9000, False)
+
+
+def test_run_dir_that_is_a_file_is_a_user_error(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("")
+    for run_dir in (path, path / "below"):
+        with pytest.raises(ForgeError, match="is a file") as e:
+            search_command("m.py", run_dir=run_dir, budget=2, toolkit=fake_toolkit(), stdout=lambda s: None)
+        assert "--run-dir" in e.value.hint
+    assert path.read_text() == ""
+
+
+class _CtrlC(FakeEvaluator):
+    def __init__(self, run_dir, sleep_s):
+        super().__init__(run_dir, sleep_s)
+        self.calls = 0
+
+    def evaluate(self, cand, hotspot, baseline):
+        self.calls += 1
+        if self.calls == 3:
+            raise KeyboardInterrupt
+        return super().evaluate(cand, hotspot, baseline)
+
+
+def test_the_run_directory_is_named_at_the_start_and_in_the_interrupt_hint(tmp_path, monkeypatch, capsys):
+    from forge_pack.cmd_search import SearchInterrupted
+
+    monkeypatch.chdir(tmp_path)  # no --run-dir: the default runs/search-m-STAMP
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: _CtrlC(run_dir, 0.0)
+    with pytest.raises(KeyboardInterrupt) as e:
+        search_command("m.py", budget=10, toolkit=tk, stdout=lambda s: None)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rel = str(run_dir.relative_to(tmp_path))
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"run directory: {rel}"  # before any search output
+    assert isinstance(e.value, SearchInterrupted) and f"--resume {rel}" in e.value.hint
+    # the lock is gone with the process's run: the interrupted run resumes
+    s = search_command(None, resume=Path(rel), toolkit=fake_toolkit(), stdout=lambda s: None)
+    assert s.status == "finished"
+
+
+def test_cli_interrupt_hint_names_the_run_directory(monkeypatch, capfd):
+    from forge_pack import cli, cmd_search
+
+    def interrupted(*args, **kwargs):
+        raise cmd_search.SearchInterrupted("runs/search-m-1")
+
+    monkeypatch.setattr(cmd_search, "search_command", interrupted)
+    monkeypatch.setattr(sys, "argv", ["forge-pack", "search", "m.py"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == 130
+    err = capfd.readouterr().err
+    assert "error: interrupted" in err and "hint: continue the search with: forge-pack search --resume " \
+        "runs/search-m-1" in err
+
+
+def test_hotspots_that_were_not_searched_are_not_called_none_correct(tmp_path):
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: _NoBaseline(run_dir, 0.0)
+    out = []
+    search_command("m.py", run_dir=tmp_path / "a", budget=3, toolkit=tk, stdout=out.append)
+    assert "not searched" in out[0] and "none correct" not in out[0]
+    assert "No faster kernel found" not in out[0] and "No hotspot could be searched" in out[0]
+
+    class _FirstBaselineFails(_SlowKernels):
+        def baseline(self, hotspot):
+            if hotspot.op == "softmax":
+                raise RuntimeError("torch.compile exploded")
+            return super().baseline(hotspot)
+
+    tk.evaluator = lambda config, run_dir, backend: _FirstBaselineFails(run_dir, 0.0)
+    out = []
+    search_command("m.py", run_dir=tmp_path / "b", budget=3, toolkit=tk, stdout=out.append)
+    assert "on the 1 searched hotspot," in out[0]
+
+    tk = fake_toolkit()
+    tk.proposers = lambda config, backend, store: [ListProposer([], name="empty")]
+    out = []
+    search_command("m.py", run_dir=tmp_path / "c", budget=3, toolkit=tk, stdout=out.append)
+    assert "no candidates" in out[0] and "none correct" not in out[0]
+    assert "No faster kernel found" not in out[0]
+
+
+def test_resume_applies_workers_to_parallel_as_a_fresh_run_does(tmp_path):
+    run_dir = tmp_path / "r"
+    s = search_command("m.py", budget=2, run_dir=run_dir, toolkit=fake_toolkit(), stdout=lambda s: None)
+    assert (s.config.workers, s.config.parallel) == (1, 1)
+    s = search_command(None, resume=run_dir, budget=4, workers=3, toolkit=fake_toolkit(), stdout=lambda s: None)
+    assert (s.config.workers, s.config.parallel) == (3, 3)
+    s = search_command(None, resume=run_dir, budget=5, workers=2, parallel=1, toolkit=fake_toolkit(),
+                       stdout=lambda s: None)
+    assert (s.config.workers, s.config.parallel) == (2, 1)
+
+
+@pytest.mark.parametrize("flags", [dict(time_limit=0.0), dict(time_limit=-5.0), dict(time_limit=float("nan")),
+                                   dict(timeout=0.0), dict(timeout=float("nan"))])
+def test_time_limit_and_timeout_must_be_positive(tmp_path, flags):
+    with pytest.raises(ForgeError, match="positive number of seconds") as e:
+        search_command("m.py", run_dir=tmp_path / "r", budget=2, toolkit=fake_toolkit(), stdout=lambda s: None,
+                       **flags)
+    assert e.value.hint.startswith("e.g. --")
+    assert not (tmp_path / "r").exists()

@@ -218,3 +218,101 @@ def test_an_existing_run_dir_is_not_overwritten(tmp_path):
                      say=lambda s: None)
     with pytest.raises(ForgeError, match="not a forge-pack run directory"):
         pipeline.load_config(tmp_path / "nothing")
+
+
+def _wait_for_evaluations(proc, run_dir: Path, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while _count(run_dir, "SELECT COUNT(*) FROM evaluations") < n:
+        assert proc.poll() is None, "the search ended too early"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_run_still_going_cannot_be_resumed_by_a_second_process(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(HERE / "pipeline_fakes.py"), "model.py", "--run-dir", str(run_dir),
+                             "--budget", str(BUDGET), "--sleep", "0.2"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_evaluations(proc, run_dir, 2)
+        r = _fake_search("--resume", str(run_dir))
+        assert r.returncode == 1
+        assert "error: another forge-pack process" in r.stderr and "hint: " in r.stderr, r.stderr
+        assert str(proc.pid) in r.stderr  # the holder is named
+        with pytest.raises(ForgeError, match="another forge-pack process"):
+            pipeline.run(pipeline.load_config(run_dir), resume=True, toolkit=fake_toolkit(), say=lambda s: None)
+        assert proc.poll() is None  # the refusals touched nothing of the running search
+        os.kill(proc.pid, signal.SIGKILL)  # the OS drops the lock of a killed process
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = pipeline.run(pipeline.load_config(run_dir), resume=True, toolkit=fake_toolkit(), say=lambda s: None)
+    assert s.status == "finished" and [o.result.evaluations for o in s.searched] == [BUDGET, BUDGET]
+
+
+def test_resume_of_a_finished_run_searches_nothing_again_and_keeps_the_time_limit(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = pipeline.RunConfig(model="m.py", budget=50, time_limit_s=0.3, run_dir=str(run_dir))
+    s1 = pipeline.run(cfg, toolkit=fake_toolkit(sleep_s=0.03), say=lambda s: None)
+    assert [o.result.stop_reason for o in s1.searched] == ["time_limit", "time_limit"]
+    before = _calls(run_dir)
+    said = []
+    s2 = pipeline.run(pipeline.load_config(run_dir), resume=True, toolkit=fake_toolkit(sleep_s=0.03), say=said.append)
+    assert _calls(run_dir) == before  # the time limit does not start over
+    assert [(o.result.evaluations, o.result.stop_reason) for o in s2.searched] == \
+        [(o.result.evaluations, "time_limit") for o in s1.searched]
+    assert [o.best.id for o in s2.searched] == [o.best.id for o in s1.searched]
+    assert any("0 hotspots to search, 2 already finished" in line for line in said), said
+    # a larger --time-limit gives the hotspots more time (only what the new limit leaves)
+    s3 = pipeline.run(pipeline.with_overrides(pipeline.load_config(run_dir), time_limit_s=0.6), resume=True,
+                      toolkit=fake_toolkit(sleep_s=0.03), say=lambda s: None)
+    assert all(o.result.new_evaluations > 0 for o in s3.searched)
+
+
+def test_resume_gives_an_interrupted_hotspot_only_the_time_it_has_left(tmp_path):
+    run_dir = tmp_path / "run"
+    tk = fake_toolkit()
+    inner = tk.evaluator
+
+    def evaluator(config, rd, backend):
+        ev = inner(config, rd, backend)
+        orig, n = ev.evaluate, {"calls": 0}
+
+        def evaluate(c, h, b):
+            n["calls"] += 1
+            if n["calls"] == 3:
+                write_control(rd, "stop")
+            return orig(c, h, b)
+
+        ev.evaluate = evaluate
+        return ev
+
+    tk.evaluator = evaluator
+    s = pipeline.run(pipeline.RunConfig(model="m.py", budget=8, time_limit_s=30.0, run_dir=str(run_dir)),
+                     toolkit=tk, say=lambda s: None)
+    first = s.searched[0].hotspot.id
+    conn = sqlite3.connect(run_dir / "run.db")
+    row = conn.execute("SELECT stop_reason, search_s FROM hotspots WHERE id=?", (first,)).fetchone()
+    assert row[0] == "stopped" and row[1] > 0  # how it ended and the time it used are stored
+    conn.execute("UPDATE hotspots SET search_s=30.0 WHERE id=?", (first,))  # as if it had used all its time
+    conn.commit()
+    conn.close()
+    s2 = pipeline.run(pipeline.load_config(run_dir), resume=True, toolkit=fake_toolkit(), say=lambda s: None)
+    one, two = s2.searched
+    assert one.result.stop_reason == "time_limit" and one.result.new_evaluations == 0
+    assert two.result.stop_reason == "budget" and two.result.evaluations == 8  # never started: all its time
+
+
+def test_a_run_dir_with_url_characters_opens_read_only(tmp_path):
+    run_dir = tmp_path / "we#ird?dir%20x"
+    pipeline.run(pipeline.RunConfig(model="m.py", budget=2, top=1, run_dir=str(run_dir)), toolkit=fake_toolkit(),
+                 say=lambda s: None)
+    assert _count(run_dir, "SELECT COUNT(*) FROM evaluations") == 2
+    conn = open_readonly(run_dir)
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            conn.execute("DELETE FROM events")  # still read-only
+    finally:
+        conn.close()

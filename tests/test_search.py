@@ -278,3 +278,64 @@ def test_root_moves_are_evaluated_first():
     assert land.calls[0] == root[0].candidate.content_hash
     # then every proposer's starting points, before any deeper node
     assert all(n.depth == 0 for n in r.nodes[:4])
+
+
+class _Star:
+    """One starting point A with 30 children, every child a dry leaf: A sits at its widening cap with
+    only dry children and nothing in flight, the state in which the search used to stall."""
+
+    name = "star"
+
+    def propose(self, request):
+        if request.parent is None:
+            return [Move(cand({"f": 0, "a": 0, "b": 0, "c": 0}), "A")]
+        if request.parent.candidate.params["b"] != 0:
+            return []  # the leaves offer nothing
+        moves = [Move(cand({"f": 0, "a": 0, "b": i, "c": 0}), f"b={i}") for i in range(1, 31)]
+        return [m for m in moves if m.candidate.content_hash not in request.tried_hashes][:request.max_moves]
+
+
+@pytest.mark.parametrize("parallel", [1, 3])
+def test_progressive_widening_never_ends_a_search_that_still_has_moves(parallel):
+    r = search([_Star()], lambda c: ok_eval(1.0 + 0.01 * c.params["b"]), SearchConfig(budget=50, parallel=parallel))
+    assert r.evaluations == 31 and r.stop_reason == "exhausted"  # every candidate there is, then dry
+    r = search([_Star()], lambda c: ok_eval(1.0 + 0.01 * c.params["b"]), SearchConfig(budget=20, parallel=parallel))
+    assert r.evaluations == 20 and r.stop_reason == "budget"
+
+
+class _PauseAfter(SearchHooks):
+    def __init__(self, after: int, pause_s: float):
+        self.done, self.after, self.pause_s, self.t = 0, after, pause_s, None
+
+    def eval_done(self, node, progress):
+        self.done += 1
+        if self.done == self.after:
+            self.t = time.monotonic()
+
+    def control(self):
+        return "pause" if self.t is not None and time.monotonic() - self.t < self.pause_s else "run"
+
+
+def test_time_spent_paused_does_not_count_against_the_time_limit():
+    land = Landscape(14, sleep_s=0.02)
+    t = time.monotonic()
+    r = search([GridProposer()], land.evaluate, SearchConfig(budget=1000, time_limit_s=0.6),
+               hooks=_PauseAfter(3, 1.0))
+    wall = time.monotonic() - t
+    assert r.stop_reason == "time_limit"
+    assert r.evaluations > 6  # a pause longer than the limit used to end the search at 3
+    assert wall >= 1.0 and r.search_s < wall - 0.8  # the pause is off the clock
+    assert r.search_s >= 0.6
+
+
+def test_a_resumed_search_gets_only_the_time_it_has_left():
+    r1 = search([GridProposer()], Landscape(15).evaluate, SearchConfig(budget=10, seed=15))
+    land = Landscape(15)
+    r2 = search([GridProposer()], land.evaluate, SearchConfig(budget=50, seed=15, time_limit_s=5.0),
+                restore=_stored(r1), spent_s=5.0)
+    assert r2.stop_reason == "time_limit" and r2.new_evaluations == 0 and land.calls == []
+    assert r2.search_s >= 5.0  # the earlier runs' time is carried on
+    land = Landscape(15)
+    r3 = search([GridProposer()], land.evaluate, SearchConfig(budget=12, seed=15, time_limit_s=60.0),
+                restore=_stored(r1), spent_s=5.0)
+    assert r3.stop_reason == "budget" and r3.new_evaluations == 2 and r3.search_s >= 5.0

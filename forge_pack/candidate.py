@@ -105,6 +105,8 @@ def parse_spec(raw: Any) -> LaunchSpec:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ForgeError(f"launch spec is not valid JSON: {e}", "see docs/candidate-format.md")
+        except RecursionError:  # e.g. 100000 nested brackets from an LLM
+            raise ForgeError("launch spec is nested too deeply to read", "see docs/candidate-format.md")
     if not isinstance(raw, dict):
         raise ForgeError("launch spec must be a JSON object", "see docs/candidate-format.md")
     unknown = set(raw) - {"kernels", "workspaces", "requires"}
@@ -116,6 +118,10 @@ def parse_spec(raw: Any) -> LaunchSpec:
         raise ForgeError(f"launch spec needs 'kernels': a list of 1..{MAX_KERNELS} launches",
                          "see docs/candidate-format.md")
     kernels = tuple(_parse_kernel(k, i) for i, k in enumerate(kernels_raw))
+    for key in ("workspaces", "requires"):  # iterated below: a number or a string here is a malformed spec
+        if not isinstance(raw.get(key) or [], list):
+            raise ForgeError(f"launch spec '{key}' must be a list, got {raw[key]!r}"[:300],
+                             'e.g. "requires": ["cols % 4 == 0"], "workspaces": [{"name": "ws0", "bytes": "rows * 8"}]')
     workspaces = []
     for i, w in enumerate(raw.get("workspaces", []) or []):
         if not isinstance(w, dict) or not _is_ident(w.get("name")) or "bytes" not in w:
@@ -207,10 +213,11 @@ _FUNCS = {"min": min, "max": max, "ceil_div": lambda a, b: -(-a // b),
 def _check_expression(text: str) -> None:
     try:
         tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        raise ForgeError(f"cannot parse expression {text!r}",
+        nodes = list(ast.walk(tree))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting: the parser gives up
+        raise ForgeError(f"cannot parse expression {text[:200]!r}",
                          "expressions use size variables, numbers, + - * / // % << >> min max ceil_div round_up")
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS or node.keywords:
                 raise ForgeError(f"expression {text!r} calls something other than {sorted(_FUNCS)}",

@@ -10,7 +10,9 @@ Configuration: ``LLMConfig`` defaults, then ``[llm]`` in forge.toml, then the en
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import random
 import re
@@ -47,8 +49,10 @@ class LLMConfig:
     base_url: str = OPENAI_BASE_URL
     budget_usd: float | None = 5.0  # stops LLM moves, never the search
     budget_tokens: int | None = None
-    timeout_s: float = 180.0  # one request; a kernel reply from a reasoning model can take minutes
-    max_retries: int = 3  # on 429 and 5xx only; a timeout is recorded, not retried
+    # One request, from sending it to its last byte: a deadline, not a per-read limit (a server
+    # trickling bytes cannot stretch it). A kernel reply from a reasoning model can take minutes.
+    timeout_s: float = 180.0
+    max_retries: int = 3  # on 429 (not insufficient_quota) and 5xx only; a timeout is recorded, not retried
     backoff_s: float = 2.0  # first retry waits this long, then doubles (jittered), capped at 30 s
     max_concurrency: int = 4
     max_tokens: int = 8192  # completion cap; reasoning models spend part of it thinking
@@ -75,6 +79,7 @@ class LLMConfig:
     def to_json(self) -> dict:
         """The effective config for the run dir: the key itself is never part of it."""
         d = asdict(self)
+        d["base_url"] = safe_url(self.base_url)
         d["price_usd_per_mtok"] = list(self.price()[:2])
         d["price_source"] = self.price()[2]
         return d
@@ -88,6 +93,10 @@ _PATTERNS = (
     (re.compile(r"(?i)(bearer\s+)[^\s\"',;]+"), r"\1[REDACTED]"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-*.]{6,}"), "sk-[REDACTED]"),
     (re.compile(r"(?i)((?:api[_-]?key|authorization)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+"), r"\1[REDACTED]"),
+    # credentials in a URL: https://user:pass@host/..., ...?api-key=...&token=...
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@\"'<>]+@"), r"\1[REDACTED]@"),
+    (re.compile(r"(?i)([?&](?:[a-z0-9_\-]*(?:key|token|secret|password|passwd|pwd|sig|signature|auth|credential)"
+                r"[a-z0-9_\-]*)=)[^&#\s\"']+"), r"\1[REDACTED]"),
 )
 
 
@@ -108,6 +117,12 @@ def redact(text: Any) -> str:
     for pattern, repl in _PATTERNS:
         s = pattern.sub(repl, s)
     return s
+
+
+def safe_url(url: str) -> str:
+    """The URL as it may be printed or stored: no user:password@ and no secret-looking query values
+    (some proxies take the key in the URL). The client itself still connects with the full URL."""
+    return redact(url)
 
 
 class _RedactFilter(logging.Filter):
@@ -199,10 +214,14 @@ class ChatResult:
 
 
 class LLMCallError(Exception):
-    """A call that produced no reply. ``outcome`` is one of OUTCOMES; the message is redacted."""
+    """A call that produced no reply. ``outcome`` is one of OUTCOMES; the message is redacted.
+    ``permanent``: no later call can succeed either (no quota left, no such model), so LLM moves
+    should stop for the run instead of paying for the same error on every move."""
 
-    def __init__(self, outcome: str, message: str, latency_s: float = 0.0, retryable: bool = False):
+    def __init__(self, outcome: str, message: str, latency_s: float = 0.0, retryable: bool = False,
+                 permanent: bool = False):
         self.outcome, self.message, self.latency_s, self.retryable = outcome, redact(message), latency_s, retryable
+        self.permanent = permanent
         super().__init__(self.message)
 
 
@@ -227,6 +246,7 @@ class LLMClient:
         self._client_lock = threading.Lock()
         self._semaphore = threading.BoundedSemaphore(max(1, config.max_concurrency))
         self._sleep = sleep
+        self._url = safe_url(config.base_url)  # for messages: no credentials a URL may carry
         # Official OpenAI wants max_completion_tokens (reasoning models reject max_tokens); other
         # servers know max_tokens. A 400 naming the parameter flips it once.
         self._token_param = "max_completion_tokens" if "api.openai.com" in config.base_url else "max_tokens"
@@ -267,44 +287,61 @@ class LLMClient:
             kwargs["temperature"] = self.config.temperature
         t0 = time.monotonic()
         try:
-            resp = client.chat.completions.create(**kwargs)
+            body = self._post(client, kwargs, t0 + self.config.timeout_s)
         except openai.APITimeoutError:
             raise LLMCallError("timeout", f"no reply within {self.config.timeout_s:g} s")
         except openai.APIConnectionError as e:
-            raise LLMCallError("connection", f"cannot reach {self.config.base_url}: {_cause(e)}")
+            raise LLMCallError("connection", f"cannot reach {self._url}: {_cause(e)}")
         except openai.APIStatusError as e:
-            status = int(getattr(e, "status_code", 0) or 0)
-            text = _status_text(e)
-            if status == 400 and self._token_param in text and "unsupported" in text.lower():
-                self._token_param = "max_tokens" if self._token_param != "max_tokens" else "max_completion_tokens"
-                err = LLMCallError("http_error", f"HTTP 400: {text}", retryable=True)
-                err.retry_after = 0.0  # type: ignore[attr-defined]
-                raise err
-            if status in (401, 403):
-                raise LLMCallError("auth", f"HTTP {status} from {self.config.base_url}: {text}")
-            err = LLMCallError("http_error", f"HTTP {status}: {text}", retryable=status == 429 or status >= 500)
-            err.retry_after = _retry_after(e)  # type: ignore[attr-defined]
-            raise err
+            raise self._status_error(e)
         except openai.OpenAIError as e:
             raise LLMCallError("error", f"{type(e).__name__}: {e}")
-        except ValueError as e:  # a 200 whose body is not JSON: a proxy's error page, a broken server
-            raise LLMCallError("unparseable", f"the endpoint's answer is not a chat completion: {e}")
         latency = time.monotonic() - t0
-        choices = getattr(resp, "choices", None) or []
-        if not choices:
-            raise LLMCallError("unparseable", "the reply has no choices")
-        msg = choices[0].message
-        text = (getattr(msg, "content", None) or "")
-        refusal = getattr(msg, "refusal", None)
-        if refusal and not text:
-            text = f"[refusal] {refusal}"
-        usage = getattr(resp, "usage", None)
-        if usage is not None and getattr(usage, "prompt_tokens", None) is not None:
-            pt, ct, est = int(usage.prompt_tokens or 0), int(usage.completion_tokens or 0), False
-        else:
-            pt = estimate_tokens("".join(str(m.get("content", "")) for m in messages))
-            ct, est = estimate_tokens(text), True
-        return ChatResult(text, pt, ct, latency, str(choices[0].finish_reason or ""), est)
+        try:
+            data = json.loads(body)
+        except (ValueError, RecursionError) as e:  # a proxy's error page, a broken server
+            raise LLMCallError("unparseable", f"the endpoint's answer is not a chat completion: {e}")
+        return _chat_result(data, messages, latency)
+
+    def _post(self, client: Any, kwargs: dict, deadline: float) -> bytes:
+        """The response body of one request. httpx's timeout is per read: a server (or proxy)
+        trickling keep-alive bytes would hold a plain call forever, so the body is read in chunks
+        and the call ends at ``deadline`` (one request's ``timeout_s``) however the bytes come."""
+        with client.chat.completions.with_streaming_response.create(**kwargs) as resp:
+            chunks = []
+            try:
+                for chunk in resp.iter_bytes():
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline:
+                        raise LLMCallError("timeout", f"no complete reply within {self.config.timeout_s:g} s "
+                                                      f"(the server kept the connection open with a trickle of bytes)")
+            except LLMCallError:
+                raise
+            except Exception as e:  # the transport's own errors: the SDK does not wrap them while streaming
+                outcome = "timeout" if "timeout" in type(e).__name__.lower() else "connection"
+                raise LLMCallError(outcome, f"the reply from {self._url} broke off: {type(e).__name__}: {e}")
+        return b"".join(chunks)
+
+    def _status_error(self, e: Any) -> LLMCallError:
+        """An HTTP error status as an LLMCallError: retryable (429, 5xx) or permanent (no quota, no model)."""
+        status = int(getattr(e, "status_code", 0) or 0)
+        text = _status_text(e)
+        if status == 400 and self._token_param in text and "unsupported" in text.lower():
+            self._token_param = "max_tokens" if self._token_param != "max_tokens" else "max_completion_tokens"
+            err = LLMCallError("http_error", f"HTTP 400: {text}", retryable=True)
+            err.retry_after = 0.0  # type: ignore[attr-defined]
+            return err
+        if status in (401, 403):
+            return LLMCallError("auth", f"HTTP {status} from {self._url}: {text}")
+        if "insufficient_quota" in _error_code(e):  # a 429 that waiting does not fix: the account is out of credit
+            return LLMCallError("http_error", f"the account has no quota left (HTTP {status} insufficient_quota): "
+                                              f"{text}", permanent=True)
+        if status == 404:  # no such model (or no chat endpoint at this URL): every later call gets the same
+            what = f"model {self.config.model!r} is not served" if "model" in text.lower() else "no chat endpoint"
+            return LLMCallError("http_error", f"{what} at {self._url} (HTTP 404: {text})", permanent=True)
+        err = LLMCallError("http_error", f"HTTP {status}: {text}", retryable=status == 429 or status >= 500)
+        err.retry_after = _retry_after(e)  # type: ignore[attr-defined]
+        return err
 
     def probe(self, timeout_s: float = 15.0) -> tuple[bool, str]:
         """Does the endpoint answer and serve the model? (ok, one-line explanation)."""
@@ -314,31 +351,31 @@ class LLMClient:
         try:
             ids = [m.id for m in client.models.list()]
         except openai.APIConnectionError as e:  # includes timeouts
-            return False, f"endpoint {self.config.base_url} does not answer: {redact(_cause(e))}"
+            return False, f"endpoint {self._url} does not answer: {redact(_cause(e))}"
         except openai.APIStatusError as e:
             status = int(getattr(e, "status_code", 0) or 0)
             if status in (401, 403):
-                return False, (f"endpoint {self.config.base_url} refused the API key (HTTP {status}); "
+                return False, (f"endpoint {self._url} refused the API key (HTTP {status}); "
                                f"set FORGE_LLM_API_KEY or OPENAI_API_KEY")
             ids = None  # some servers do not list models: ask for one token instead
         except openai.OpenAIError as e:
-            return False, f"endpoint {self.config.base_url}: {redact(e)}"
+            return False, f"endpoint {self._url}: {redact(e)}"
         if ids is not None and _model_listed(model, ids):
-            return True, f"endpoint {self.config.base_url} answers and serves {model}"
+            return True, f"endpoint {self._url} answers and serves {model}"
         try:
             kwargs = {"model": model, "messages": [{"role": "user", "content": "Say OK."}], self._token_param: 1}
             client.chat.completions.create(**kwargs)
         except openai.APIConnectionError as e:
-            return False, f"endpoint {self.config.base_url} does not answer: {redact(_cause(e))}"
+            return False, f"endpoint {self._url} does not answer: {redact(_cause(e))}"
         except openai.APIStatusError as e:
             status = int(getattr(e, "status_code", 0) or 0)
             listed = f" (it lists: {', '.join(sorted(ids)[:8])})" if ids else ""
             if status == 400 and "max" in _status_text(e).lower():
-                return True, f"endpoint {self.config.base_url} answers and serves {model}"
-            return False, f"model {model!r} is not served by {self.config.base_url}: HTTP {status}{listed}"
+                return True, f"endpoint {self._url} answers and serves {model}"
+            return False, f"model {model!r} is not served by {self._url}: HTTP {status}{listed}"
         except openai.OpenAIError as e:
-            return False, f"endpoint {self.config.base_url}: {redact(e)}"
-        return True, f"endpoint {self.config.base_url} answers and serves {model}"
+            return False, f"endpoint {self._url}: {redact(e)}"
+        return True, f"endpoint {self._url} answers and serves {model}"
 
 
 def _model_listed(model: str, ids: list[str]) -> bool:
@@ -364,9 +401,63 @@ def _status_text(e: Any) -> str:
 def _retry_after(e: Any) -> float | None:
     try:
         value = e.response.headers.get("retry-after")
-        return float(value) if value is not None else None
+        delay = float(value) if value is not None else None
     except (AttributeError, TypeError, ValueError):
         return None
+    return delay if delay is None or math.isfinite(delay) else None  # "nan" would make sleep() raise
+
+
+def _error_code(e: Any) -> str:
+    """The error's code and type (OpenAI: "insufficient_quota"), from the exception or its JSON body."""
+    parts = [getattr(e, "code", None), getattr(e, "type", None)]
+    body = getattr(e, "body", None)
+    err = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        parts += [err.get("code"), err.get("type")]
+    return " ".join(str(p) for p in parts if p)
+
+
+def _chat_result(data: Any, messages: list[dict], latency: float) -> ChatResult:
+    """The reply text and token counts of a chat completion's JSON, whatever shape a server gives it."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        err = data.get("error") if isinstance(data, dict) else None
+        detail = f" (error: {err.get('message', err) if isinstance(err, dict) else err})" if err else ""
+        raise LLMCallError("unparseable", f"the reply has no choices{detail}")
+    msg = choices[0].get("message")
+    msg = msg if isinstance(msg, dict) else {}
+    text = message_text(msg.get("content"))
+    refusal = msg.get("refusal")
+    if refusal and not text:
+        text = f"[refusal] {message_text(refusal) or refusal}"
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    pt, ct = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    est = pt is None or ct is None  # a missing or non-numeric count is estimated, so the budget still sees it
+    if pt is None:
+        pt = estimate_tokens("".join(message_text(m.get("content")) for m in messages))
+    if ct is None:
+        ct = estimate_tokens(text)
+    return ChatResult(text, pt, ct, latency, str(choices[0].get("finish_reason") or ""), est)
+
+
+def message_text(content: Any) -> str:
+    """A message's text. Some OpenAI-compatible servers send ``content`` as a list of parts
+    ({"type": "text", "text": ...}) rather than a string: the text parts are joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = (p if isinstance(p, str) else p.get("text") if isinstance(p, dict) else None for p in content)
+        return "".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _count(v: Any) -> int | None:
+    """A token count as sent by a server (int, "12", 12.0), or None when it is not a count."""
+    try:
+        n = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(n) if math.isfinite(n) and n >= 0 and not isinstance(v, bool) else None
 
 
 # ---------------------------------------------------------------- accounting

@@ -41,7 +41,9 @@ _REFUSAL = re.compile(r"(?i)\b(i can(no|')t|i am unable|i'm unable|i won't|i wil
 
 def parse_reply(text: str, backend: str) -> ParsedReply:
     """Source and launch spec from a reply; ReplyError when there is none or it is malformed."""
-    text = _THINK.sub("", text or "")  # reasoning models served by vLLM/Ollama think out loud first
+    if not isinstance(text, str):  # the client joins a server's content parts; anything else is no reply
+        raise ReplyError("unparseable", f"the reply is not text ({type(text).__name__})")
+    text = _THINK.sub("", text)  # reasoning models served by vLLM/Ollama think out loud first
     blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text)]
     if not blocks:
         if text.startswith("[refusal]") or (_REFUSAL.search(text[:400]) and len(text) < 2000):
@@ -68,6 +70,10 @@ def parse_reply(text: str, backend: str) -> ParsedReply:
         spec = parse_spec(specs[-1])
     except ForgeError as e:
         raise ReplyError("unparseable", f"launch spec: {e.message}")
+    except (TypeError, ValueError, AttributeError, RecursionError, MemoryError) as e:
+        # parse_spec names what is wrong; this is the net under it, so that a spec of a shape nobody
+        # foresaw is still a rejected reply (with a fix turn), not a crashed move
+        raise ReplyError("unparseable", f"launch spec is malformed ({type(e).__name__}: {str(e)[:200]})")
     note = text[:text.find("```")].strip()[:300]
     return ParsedReply(source, spec, note)
 

@@ -21,7 +21,8 @@ from typing import Any, Callable
 import typer
 
 from forge_pack.errors import ForgeError
-from forge_pack.llm import OPENAI_BASE_URL, LLMClient, LLMConfig, _import_openai, api_key_from_env, redact
+from forge_pack.llm import (OPENAI_BASE_URL, LLMClient, LLMConfig, _import_openai, api_key_from_env, redact,
+                            safe_url)
 from forge_pack.llm_proposer import LLMProposer
 
 LLM_OPTION = typer.Option(None, "--llm", metavar="MODEL",
@@ -90,7 +91,7 @@ def llm_config(model: str | None, budget_usd: float | None = None, budget_tokens
         values["budget_tokens"] = budget_tokens
     values["base_url"] = str(values.get("base_url") or OPENAI_BASE_URL).rstrip("/")
     if not values["base_url"].startswith(("http://", "https://")):
-        raise ForgeError(f"LLM base URL {redact(values['base_url'])!r} is not an http(s) URL",
+        raise ForgeError(f"LLM base URL {safe_url(values['base_url'])!r} is not an http(s) URL",
                          "e.g. FORGE_LLM_BASE_URL=http://localhost:8000/v1 for a vLLM server")
     for k in ("budget_usd", "budget_tokens", "timeout_s", "max_retries", "backoff_s", "max_concurrency", "max_tokens",
               "price_in_usd_per_mtok", "price_out_usd_per_mtok", "repair_attempts", "rewrites_per_node",
@@ -141,6 +142,6 @@ def build_llm_proposer(model: str | None, budget_usd: float | None = None, budge
         budget = f"${config.budget_usd:.2f}" if config.budget_usd is not None else "no dollar limit"
         if config.budget_tokens is not None:
             budget += f", {config.budget_tokens:,} tokens"
-        say(f"LLM {config.model} at {config.base_url} (key from {key_env or 'nowhere: none set'}); budget {budget}; "
-            f"price ${price_in:g}/${price_out:g} per M tokens in/out ({source})")
+        say(f"LLM {config.model} at {safe_url(config.base_url)} (key from {key_env or 'nowhere: none set'}); "
+            f"budget {budget}; price ${price_in:g}/${price_out:g} per M tokens in/out ({source})")
     return proposer

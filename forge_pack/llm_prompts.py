@@ -9,6 +9,7 @@ compile log and what was already tried from it.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -99,10 +100,68 @@ def context(request: ProposeRequest) -> str:
         "env": ", ".join(f"`{k}` = {v}" for k, v in env.items()),
         "scalars": ", ".join(f"`{k}` = {v:g}" for k, v in scalars.items()) or "none",
         "bytes_moved": f"{abi.bytes_moved(sig):,}",
+        "tolerance": tolerance_line(sig),
         "hardware": _hardware(request),
         "baseline": _baseline(request),
     }
     return Template(load("context.md")).substitute(values).strip()
+
+
+def tolerance_line(sig: Signature) -> str:
+    """The tolerance this call is verified with. The candidate format's line is generic (per dtype);
+    per-op overrides (softmax's tiny atol, group_norm's 1e-4) are what a kernel must actually meet."""
+    dtype = sig.output.dtype if sig.output is not None else sig.x.dtype
+    tables, slack = _tolerance_tables()
+    tol = tables.get((sig.op, dtype)) or tables.get(("", dtype))
+    if tol is None:
+        return f"within the {dtype} tolerance of the candidate format (How a candidate is judged)"
+    text = f"`|out - ref| <= atol + rtol*|ref|` with atol = {tol[0]:g}, rtol = {tol[1]:g} (output {dtype})"
+    if slack:
+        text += f"; atol is raised to {slack:g}x eager PyTorch's own error on elements of the same or smaller magnitude where that is larger"
+    return text
+
+
+@lru_cache(maxsize=1)
+def _tolerance_tables() -> tuple[dict[tuple[str, str], tuple[float, float]], float | None]:
+    """{(op, dtype) or ("", dtype): (atol, rtol)} and EAGER_SLACK, read from forge_pack/tolerance.py's
+    source: importing it imports torch, which the LLM side must not (it runs without a GPU stack)."""
+    tables: dict[tuple[str, str], tuple[float, float]] = {}
+    slack = None
+    try:
+        tree = ast.parse((Path(__file__).resolve().parent / "tolerance.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return tables, slack
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        name, value = getattr(target, "id", ""), getattr(node, "value", None)
+        if name == "EAGER_SLACK":
+            slack = _literal(value)
+        elif name in ("TABLE", "OP_TABLE") and isinstance(value, ast.Dict):
+            for k, v in zip(value.keys, value.values):
+                key, tol = _literal(k), _tolerance_args(v)
+                key = ("", key) if isinstance(key, str) else key
+                if isinstance(key, tuple) and len(key) == 2 and tol is not None:
+                    tables[key] = tol
+    return tables, slack if isinstance(slack, (int, float)) else None
+
+
+def _literal(node) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return None
+
+
+def _tolerance_args(node) -> tuple[float, float] | None:
+    """(atol, rtol) of a ``Tolerance(atol, rtol, reason)`` call, positional or by keyword."""
+    if not isinstance(node, ast.Call):
+        return None
+    args = dict(zip(("atol", "rtol"), node.args))
+    args.update({k.arg: k.value for k in node.keywords if k.arg in ("atol", "rtol")})
+    atol, rtol = _literal(args.get("atol")), _literal(args.get("rtol"))
+    if isinstance(atol, (int, float)) and isinstance(rtol, (int, float)):
+        return float(atol), float(rtol)
+    return None
 
 
 # Keyword arguments of each torch.nn.functional op; other signature params are forge-pack's own

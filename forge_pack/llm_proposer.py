@@ -24,12 +24,13 @@ from typing import Any, Callable
 from forge_pack import llm_prompts
 from forge_pack.candidate import Candidate
 from forge_pack.llm import (Budget, ChatResult, LLMCallError, LLMClient, LLMConfig, api_key_from_env, estimate_tokens,
-                            format_summary, redact, summary_from_rows)
+                            format_summary, redact, safe_url, summary_from_rows)
 from forge_pack.llm_check import ReplyError, parse_reply, static_check
 from forge_pack.propose import Move, ProposeRequest
 
-# Consecutive calls that got no answer at all before LLM moves stop for the run: one slow reply is
-# noise, three in a row is an endpoint that is down or overloaded.
+# Consecutive calls that got no reply (no answer at all, or an HTTP error that outlived its retries)
+# before LLM moves stop for the run: one slow reply is noise, three in a row is an endpoint that is
+# down, overloaded or refusing every request (a 400 for each prompt).
 UNREACHABLE_LIMIT = 3
 # Verdicts a repair cannot fix: the candidate is fine, the call is out of its scope (or ours).
 NOT_REPAIRABLE = ("inapplicable", "internal_error", "ok")
@@ -151,36 +152,49 @@ class LLMProposer:
                 return []
             result, base = got
             try:
-                parsed = parse_reply(result.text, request.backend)
-                problems = static_check(parsed.source, parsed.spec, request.hotspot.signature, request.backend)
-                if problems:
-                    raise ReplyError("static_check", "; ".join(problems))
-            except ReplyError as e:
-                message = e.message
-                if result.finish_reason == "length" and e.outcome == "unparseable":
-                    message += f" (the reply hit the {self.config.max_tokens}-token limit)"
-                self._record(request, call_purpose, outcome=e.outcome, error=message, **base)
-                self._remember(fkey, f"{purpose} #{attempt} rejected before compiling ({e.outcome}): {message[:300]}")
-                if e.outcome in ("unparseable", "static_check") and result.text.strip():
-                    messages = llm_prompts.fix_reply(messages, result.text, message, request.backend)
-                    continue
+                moves, problem = self._take(request, purpose, call_purpose, attempt, result, base)
+            except Exception as e:  # the call was made and paid for: its row keeps tokens, cost, prompt and reply
+                self._record(request, call_purpose, outcome="error", error=f"{type(e).__name__}: {e}", **base)
                 return []
-            params = {"move": purpose}  # the model is in llm_calls; labels stay short in tables
-            cand = Candidate(op=request.hotspot.op, backend=request.backend, source=parsed.source, spec=parsed.spec,
-                             family="llm", params=params, origin="repair" if purpose == "repair" else "llm")
-            if cand.content_hash in request.tried_hashes:
-                self._record(request, call_purpose, outcome="duplicate", cand_hash=cand.content_hash,
-                             error="the reply repeats a kernel already in the tree", **base)
-                self._remember(fkey, f"{purpose} #{attempt} repeated a kernel already tried")
-                return []
-            self._record(request, call_purpose, outcome="ok", cand_hash=cand.content_hash, **base)
-            if purpose == "repair":
-                with self._lock:
-                    self._repair_gen[cand.content_hash] = attempt
-            label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
-                     "new_family": "llm new family"}[purpose]
-            return [Move(cand, label, "repair" if purpose == "repair" else "llm")]
+            if not problem:
+                return moves
+            messages = llm_prompts.fix_reply(messages, result.text, problem, request.backend)
         return []
+
+    def _take(self, request: ProposeRequest, purpose: str, call_purpose: str, attempt: int, result: ChatResult,
+              base: dict) -> tuple[list[Move], str]:
+        """The reply as a move, or ([], why) when a follow-up turn may fix it, or ([], "") when not.
+        Records the call (once, last, so that a failure before it is recorded by the caller)."""
+        parent = request.parent
+        fkey = (request.hotspot.id, parent.node_id if parent else None)
+        try:
+            parsed = parse_reply(result.text, request.backend)
+            problems = static_check(parsed.source, parsed.spec, request.hotspot.signature, request.backend)
+            if problems:
+                raise ReplyError("static_check", "; ".join(problems))
+        except ReplyError as e:
+            message = e.message
+            if result.finish_reason == "length" and e.outcome == "unparseable":
+                message += f" (the reply hit the {self.config.max_tokens}-token limit)"
+            self._remember(fkey, f"{purpose} #{attempt} rejected before compiling ({e.outcome}): {message[:300]}")
+            self._record(request, call_purpose, outcome=e.outcome, error=message, **base)
+            fixable = e.outcome in ("unparseable", "static_check") and result.text.strip()
+            return [], message if fixable else ""
+        params = {"move": purpose}  # the model is in llm_calls; labels stay short in tables
+        cand = Candidate(op=request.hotspot.op, backend=request.backend, source=parsed.source, spec=parsed.spec,
+                         family="llm", params=params, origin="repair" if purpose == "repair" else "llm")
+        if cand.content_hash in request.tried_hashes:
+            self._remember(fkey, f"{purpose} #{attempt} repeated a kernel already tried")
+            self._record(request, call_purpose, outcome="duplicate", cand_hash=cand.content_hash,
+                         error="the reply repeats a kernel already in the tree", **base)
+            return [], ""
+        if purpose == "repair":
+            with self._lock:
+                self._repair_gen[cand.content_hash] = attempt
+        label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
+                 "new_family": "llm new family"}[purpose]
+        self._record(request, call_purpose, outcome="ok", cand_hash=cand.content_hash, **base)
+        return [Move(cand, label, "repair" if purpose == "repair" else "llm")], ""
 
     def _call(self, request: ProposeRequest, purpose: str, messages: list[dict]) -> tuple[ChatResult, dict] | None:
         """One chat completion within the budget; None (recorded) when it gave no reply."""
@@ -189,15 +203,17 @@ class LLMProposer:
         if isinstance(reservation, str):
             self._disable(reservation, request, purpose, outcome="budget")
             return None
+        used = (0, 0)
         try:
             result = self.client.chat(messages, self.config.max_tokens)
+            used = (result.prompt_tokens, result.completion_tokens)
         except LLMCallError as err:
-            self.budget.settle(reservation, 0, 0)
             self._record(request, purpose, prompt=prompt, latency_s=err.latency_s, outcome=err.outcome,
                          error=err.message)
             self._after_failure(err, request, purpose)
             return None
-        cost = self.budget.settle(reservation, result.prompt_tokens, result.completion_tokens)
+        finally:  # whatever the client raised, the reservation goes back: a leak would shrink the budget for good
+            cost = self.budget.settle(reservation, *used)
         with self._lock:
             self._unreachable = 0
         return result, dict(prompt=prompt, reply=result.text, prompt_tokens=result.prompt_tokens,
@@ -209,12 +225,15 @@ class LLMProposer:
         if err.outcome == "auth":
             self._disable(f"the endpoint refused the API key: {err.message}", request, purpose)
             return
-        if err.outcome in ("connection", "timeout"):
+        if err.permanent:  # no quota left, no such model: every later move would pay for the same error
+            self._disable(err.message, request, purpose)
+            return
+        if err.outcome in ("connection", "timeout", "http_error"):  # an HTTP error that outlived its retries too
             with self._lock:
                 self._unreachable += 1
                 down = self._unreachable >= UNREACHABLE_LIMIT
             if down:
-                self._disable(f"{UNREACHABLE_LIMIT} calls in a row got no answer from {self.config.base_url} "
+                self._disable(f"{UNREACHABLE_LIMIT} calls in a row got no answer from {safe_url(self.config.base_url)} "
                               f"(last: {err.message})", request, purpose)
 
     def _disable(self, reason: str, request: ProposeRequest, purpose: str, outcome: str = "") -> None:
@@ -260,7 +279,7 @@ class LLMProposer:
         with self._lock:
             rows = list(self._calls)
         s = summary_from_rows(rows)
-        s.update(model=self.config.model, base_url=self.config.base_url, budget_usd=self.config.budget_usd,
+        s.update(model=self.config.model, base_url=safe_url(self.config.base_url), budget_usd=self.config.budget_usd,
                  budget_tokens=self.config.budget_tokens, disabled=self.disabled_reason)
         return s
 

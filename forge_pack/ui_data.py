@@ -360,8 +360,9 @@ def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
             " error, created_at, node_id")
     llm = []
     if has_hash:
+        # outcome 'ok' only: a 'duplicate' row also carries the hash, of the kernel it repeated
         llm += [dict(r, relation="produced this candidate") for r in conn.execute(
-            f"SELECT {cols} FROM llm_calls WHERE cand_hash=? AND hotspot_id=? ORDER BY id",
+            f"SELECT {cols} FROM llm_calls WHERE cand_hash=? AND hotspot_id=? AND outcome='ok' ORDER BY id",
             (n["cand_hash"], n["hotspot_id"]))]
     seen_ids = {c["id"] for c in llm}
     llm += [dict(r, relation="made while expanding this node") for r in conn.execute(

@@ -47,6 +47,7 @@ CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self';
        "font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 MAX_BODY = 4096
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # what a SQLite INTEGER parameter can hold
 
 
 
@@ -120,7 +121,7 @@ class UIApp:
         depth = _str(q, "depth")
         return ui_data.candidates(
             conn, hotspot=_str(q, "hotspot") or None, verdict=_str(q, "verdict") or None,
-            depth=int(depth) if depth.lstrip("-").isdigit() else None, best_only=_str(q, "best") in ("1", "true"),
+            depth=_int(q, "depth") if depth.lstrip("-").isdigit() else None, best_only=_str(q, "best") in ("1", "true"),
             sort=_str(q, "sort") or "id", desc=_str(q, "dir") == "desc", offset=_int(q, "offset", 0),
             limit=_int(q, "limit", 100))
 
@@ -150,9 +151,12 @@ def _int(q: dict, key: str, default: int | None = None) -> int:
             raise BadRequest(f"missing parameter {key}")
         return default
     try:
-        return int(v)
+        n = int(v)
     except ValueError:
         raise BadRequest(f"parameter {key} must be an integer")
+    if not INT64_MIN <= n <= INT64_MAX:  # SQLite raises OverflowError (not sqlite3.Error) past 64 bits
+        raise BadRequest(f"parameter {key} is out of range")
+    return n
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -225,6 +229,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             status, result = 400, {"error": str(e)}
         except sqlite3.Error as e:
             status, result = 503, {"error": f"run store unavailable: {e}"}
+        except Exception as e:  # a bug or a store nobody foresaw: an answer, not a dropped connection
+            status, result = 500, {"error": f"internal error ({type(e).__name__})"}
         self._json(status, result)
 
     def do_POST(self) -> None:
@@ -251,7 +257,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if action not in control.ACTIONS:
             self._json(400, {"error": f"action must be one of {', '.join(control.ACTIONS)}"})
             return
-        self._json(200, {"control": control.write_control(self.app.run_dir, action)})
+        try:
+            written = control.write_control(self.app.run_dir, action)
+        except Exception as e:  # a full or read-only disk: say so rather than drop the connection
+            self._json(500, {"error": f"cannot write the control file ({type(e).__name__})"})
+            return
+        self._json(200, {"control": written})
 
 
 class UIServer(http.server.ThreadingHTTPServer):

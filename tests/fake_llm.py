@@ -6,6 +6,11 @@ of the request body):
     {"status": 429, "body": {...}}        an HTTP error (optional "headers")
     {"hang": seconds}                     sleep before answering: the client times out first
     {"raw": bytes}                        a 200 with a body that is not JSON
+    {"parts": [text, ...]}                a completion whose content is a list of text parts
+                                          (some OpenAI-compatible servers send that)
+    {"reply": text, "usage": {...}}       a completion with exactly this usage object
+    {"trickle": seconds, "reply": text}   headers at once, then one keep-alive space every 0.1 s for
+                                          that long, then the completion (every read is quick)
 """
 
 from __future__ import annotations
@@ -86,16 +91,39 @@ class FakeLLM:
                 if "raw" in action:
                     self._send(200, action["raw"])
                     return
-                text = action["reply"]
+                text = action["reply"] if "reply" in action else "".join(action["parts"])
+                content = [{"type": "text", "text": t} for t in action["parts"]] if "parts" in action else text
                 payload = {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
                            "model": body["model"],
                            "choices": [{"index": 0, "finish_reason": action.get("finish_reason", "stop"),
-                                        "message": {"role": "assistant", "content": text}}]}
-                if action.get("usage", True):
+                                        "message": {"role": "assistant", "content": content}}]}
+                usage = action.get("usage", True)
+                if isinstance(usage, dict):
+                    payload["usage"] = usage
+                elif usage:
                     prompt_chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
                     payload["usage"] = {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(text) // 4,
                                         "total_tokens": prompt_chars // 4 + len(text) // 4}
+                if "trickle" in action:
+                    self._trickle(json.dumps(payload).encode(), action["trickle"])
+                    return
                 self._send(200, payload)
+
+            def _trickle(self, data, seconds):
+                spaces = int(seconds / 0.1)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(spaces + len(data)))
+                self.end_headers()
+                try:
+                    for _ in range(spaces):  # leading whitespace is valid JSON: a keep-alive trick of proxies
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                        if outer._stop.wait(0.1):
+                            return
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -503,3 +503,204 @@ def test_a_resumed_run_counts_what_earlier_sessions_spent(tmp_path):
             # the hotspot had its new-family move: the next move on a working node is a rewrite
             (move,) = again.propose(request(ok_node(5, candidate_from("broken_cpu"))))
             assert move.label == "llm rewrite #1"
+
+
+# ---------------------------------------------------------------- replies, errors and URLs found in review
+
+
+def _with_spec(spec: str) -> dict:
+    """good_cpu's kernel with another launch spec block."""
+    good = (REPLIES / "good_cpu.md").read_text()
+    source = good.split("```cpp")[1].split("```")[0]
+    return {"reply": f"```cpp{source}```\n```json\n{spec}\n```"}
+
+
+def test_llm_content_sent_as_a_list_of_text_parts_is_a_move(tmp_path):
+    good = (REPLIES / "good_cpu.md").read_text()
+    half = len(good) // 2
+    with FakeLLM([{"parts": [good[:half], good[half:]]}]) as srv, Store(tmp_path) as store:
+        (move,) = make_proposer(srv.url, store).propose(request(None))
+        assert "llm_softmax" in move.candidate.source
+        (row,) = llm_rows(store)
+        assert row["outcome"] == "ok" and row["reply"] == good and row["cost_usd"] > 0
+
+
+@pytest.mark.parametrize("spec", ['"requires": 1', '"workspaces": 2', '"requires": "cols > 0"'])
+def test_llm_spec_with_a_wrongly_typed_field_is_unparseable_and_keeps_the_calls_cost(tmp_path, spec):
+    kernels = '{"kernels": [{"name": "llm_softmax", "args": ["x", "out", "rows", "cols"]}], ' + spec + '}'
+    with FakeLLM([_with_spec(kernels), reply("good_cpu")]) as srv, Store(tmp_path) as store:
+        (move,) = make_proposer(srv.url, store).propose(request(None))  # the fix turn gives the kernel
+        first, fixed = llm_rows(store)
+        assert (first["outcome"], fixed["outcome"]) == ("unparseable", "ok")
+        assert "must be a list" in first["error"]
+        assert first["prompt_tokens"] > 0 and first["cost_usd"] > 0 and "llm_softmax" in first["reply"]
+
+
+def test_parse_reply_turns_a_spec_nobody_foresaw_into_a_reply_error():
+    from forge_pack.llm_check import ReplyError
+
+    for spec in ('{"kernels": [{"name": "llm_softmax", "args": ["x"]}], "requires": 1}',
+                 "[" * 100000 + "]" * 100000,
+                 '{"kernels": [{"name": "k", "args": ["x"], "grid": ["' + "-" * 100000 + '1"]}]}'):
+        with pytest.raises(ReplyError) as info:
+            parse_reply(_with_spec(spec)["reply"], "cpu")
+        assert info.value.outcome == "unparseable"
+    with pytest.raises(ReplyError):
+        parse_reply([{"type": "text", "text": "x"}], "cpu")  # type: ignore[arg-type]
+
+
+def test_llm_failure_after_the_reply_came_still_records_its_tokens_cost_prompt_and_reply(tmp_path, monkeypatch):
+    import forge_pack.llm_proposer as llm_proposer
+
+    def broken_check(*args, **kwargs):
+        raise RuntimeError("a bug in a check")
+
+    monkeypatch.setattr(llm_proposer, "static_check", broken_check)
+    with FakeLLM([reply("good_cpu")]) as srv, Store(tmp_path) as store:
+        p = make_proposer(srv.url, store)
+        assert p.propose(request(None)) == []
+        (row,) = llm_rows(store)
+        assert row["outcome"] == "error" and "a bug in a check" in row["error"]
+        assert row["prompt_tokens"] > 0 and row["completion_tokens"] > 0 and row["cost_usd"] > 0
+        assert "llm_softmax" in row["reply"] and "softmax" in row["prompt"]
+        assert p.summary()["cost_usd"] == pytest.approx(p.budget.spent_usd) and p.budget.spent_usd > 0
+
+
+def test_llm_insufficient_quota_is_not_retried_and_stops_llm_moves(tmp_path):
+    quota = {"status": 429, "body": {"error": {"message": "You exceeded your current quota.",
+                                               "type": "insufficient_quota", "code": "insufficient_quota"}}}
+    with FakeLLM(default=quota) as srv, Store(tmp_path) as store:
+        p = make_proposer(srv.url, store, new_family=False, max_retries=3)
+        good = candidate_from("good_cpu")
+        for n in range(1, 6):
+            assert p.propose(request(ok_node(n, good))) == []
+        assert len(srv.chat_requests) == 1  # no retry, and no further move asks
+        assert "quota" in p.disabled_reason
+        assert "LLM moves stopped" in p.format_summary() and "quota" in p.format_summary()
+    assert "quota" in run_summary_text(tmp_path)
+
+
+def test_llm_model_the_server_does_not_know_stops_llm_moves(tmp_path):
+    with FakeLLM(models=("other-model",)) as srv, Store(tmp_path) as store:  # answers 404 "model ... does not exist"
+        p = make_proposer(srv.url, store, new_family=False)
+        good = candidate_from("good_cpu")
+        for n in range(1, 6):
+            assert p.propose(request(ok_node(n, good))) == []
+        assert len(srv.chat_requests) == 1
+        assert "HTTP 404" in p.disabled_reason and MODEL in p.disabled_reason
+        assert [r["outcome"] for r in llm_rows(store)] == ["http_error"]
+
+
+def test_llm_http_errors_every_move_count_toward_the_unreachable_limit(tmp_path):
+    bad = {"status": 400, "body": {"error": {"message": "this server rejects every prompt"}}}
+    with FakeLLM(default=bad) as srv, Store(tmp_path) as store:
+        p = make_proposer(srv.url, store, new_family=False)
+        good = candidate_from("good_cpu")
+        for n in range(1, 8):
+            p.propose(request(ok_node(n, good)))
+        assert len(srv.chat_requests) == 3
+        assert "3 calls in a row" in p.disabled_reason and "rejects every prompt" in p.disabled_reason
+
+
+def test_llm_timeout_is_a_deadline_for_the_whole_call_not_for_each_read(tmp_path):
+    with FakeLLM([{"trickle": 6.0, "reply": (REPLIES / "good_cpu.md").read_text()}]) as srv, \
+            Store(tmp_path) as store:
+        t = time.monotonic()
+        assert make_proposer(srv.url, store, timeout_s=0.6, max_retries=0).propose(request(None)) == []
+        assert time.monotonic() - t < 3.0  # the server would have kept the call alive for 6 s
+        (row,) = llm_rows(store)
+        assert row["outcome"] == "timeout"
+
+
+def test_llm_a_slow_trickle_within_the_timeout_is_still_a_reply(tmp_path):
+    with FakeLLM([{"trickle": 0.3, "reply": (REPLIES / "good_cpu.md").read_text()}]) as srv:
+        (move,) = make_proposer(srv.url, timeout_s=5.0).propose(request(None))
+        assert "llm_softmax" in move.candidate.source
+
+
+def test_llm_credentials_in_the_base_url_are_never_printed_or_stored(tmp_path, monkeypatch):
+    port_url = free_port_url()
+    url = port_url.replace("http://", "http://alice:URLPASS-1234@") + "?api-key=QUERYKEY-5678&x=1"
+    with Store(tmp_path) as store:
+        p = make_proposer(url, store, new_family=False, max_retries=0)
+        broken = candidate_from("broken_cpu")
+        for node in range(1, 5):
+            p.propose(request(failed_node(node, broken)))
+        assert p.disabled_reason  # three connection failures, each naming the URL
+        texts = [json.dumps(p.config.to_json()), json.dumps(p.summary()), p.format_summary(), p.disabled_reason]
+    said = []
+    monkeypatch.setenv("FORGE_LLM_BASE_URL", url)
+    build_llm_proposer(MODEL, toml={"llm": {"probe": False}}, echo=said.append)
+    texts += said
+    for text in texts:
+        assert "URLPASS" not in text and "QUERYKEY" not in text and "alice" not in text, text
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert b"URLPASS" not in f.read_bytes() and b"QUERYKEY" not in f.read_bytes(), f
+    assert "127.0.0.1" in said[0]  # the rest of the URL is still shown
+
+
+def test_redact_removes_credentials_from_urls():
+    text = redact("cannot reach https://bob:hunter2@llm.example.com/v1?key=abc123&model=m and "
+                  "http://TOKEN42@proxy:8000/v1/chat?access_token=tok99#frag")
+    for secret in ("bob", "hunter2", "abc123", "TOKEN42", "tok99"):
+        assert secret not in text
+    assert "llm.example.com/v1" in text and "model=m" in text
+
+
+class _ExplodingClient:
+    def chat(self, messages, max_tokens=None):
+        raise RuntimeError("the client fell over")
+
+
+def test_llm_budget_reservation_is_released_when_the_client_raises_anything(tmp_path):
+    config = LLMConfig(MODEL, base_url="http://127.0.0.1:9/v1", budget_usd=1.0, price_in_usd_per_mtok=10.0,
+                       price_out_usd_per_mtok=10.0, new_family=False)
+    p = LLMProposer(config, client=_ExplodingClient())
+    good = candidate_from("good_cpu")
+    for n in range(1, 40):
+        p.propose(request(ok_node(n, good)))
+    assert p.budget._reserved_usd == pytest.approx(0.0) and p.budget._reserved_tokens == 0
+    assert p.enabled  # a reservation leak would have "spent" the budget without a single reply
+
+
+def test_llm_usage_with_non_numeric_counts_is_estimated_and_charged(tmp_path):
+    usage = {"prompt_tokens": "n/a", "completion_tokens": None, "total_tokens": "lots"}
+    script = [{"reply": (REPLIES / "good_cpu.md").read_text(), "usage": usage},
+              {"reply": (REPLIES / "fixed_cpu.md").read_text(), "usage": {"prompt_tokens": "120",
+                                                                          "completion_tokens": 80.0}}]
+    with FakeLLM(script) as srv, Store(tmp_path) as store:
+        p = make_proposer(srv.url, store, budget_usd=1.0, price_in_usd_per_mtok=10.0, price_out_usd_per_mtok=10.0)
+        (first,) = p.propose(request(None))
+        (second,) = p.propose(request(ok_node(3, first.candidate)))
+        estimated, numeric = llm_rows(store)
+        assert estimated["outcome"] == "ok" and estimated["prompt_tokens"] > 0 and estimated["cost_usd"] > 0
+        assert (numeric["prompt_tokens"], numeric["completion_tokens"]) == (120, 80)
+        assert p.budget._reserved_usd == pytest.approx(0.0)
+
+
+def test_llm_retry_after_that_is_not_a_number_falls_back_to_backoff(tmp_path):
+    script = [{"status": 429, "headers": {"Retry-After": "nan"}}, reply("good_cpu")]
+    with FakeLLM(script) as srv, Store(tmp_path) as store:
+        (move,) = make_proposer(srv.url, store).propose(request(None))
+        assert [r["outcome"] for r in llm_rows(store)] == ["ok"]
+
+
+def test_prompt_states_the_tolerance_this_call_is_verified_with():
+    from forge_pack import llm_prompts
+
+    user = llm_prompts.render("new_family", request(None))[1]["content"]
+    assert "atol = 1e-08, rtol = 0.0001 (output float32)" in user  # softmax's override, not fp32's generic atol
+    assert "2x eager PyTorch's own error" in user
+
+
+def test_prompt_tolerances_read_without_torch_match_the_evaluators_table():
+    from forge_pack import llm_prompts
+
+    tolerance = pytest.importorskip("forge_pack.tolerance")
+    tables, slack = llm_prompts._tolerance_tables()
+    assert slack == tolerance.EAGER_SLACK
+    assert len(tables) == len(tolerance.TABLE) + len(tolerance.OP_TABLE)
+    for (op, dtype), (atol, rtol) in tables.items():
+        tol = tolerance.tolerance(op or None, dtype)
+        assert (tol.atol, tol.rtol) == (atol, rtol), (op, dtype)

@@ -409,3 +409,54 @@ def test_running_run_without_heartbeat_is_shown_stalled(tmp_path):
         assert run["status"] == "running" and run["state"] == "stalled"
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------- errors found in review
+
+
+@pytest.mark.parametrize("path", [
+    "/api/node?id=99999999999999999999999", "/api/source?id=-99999999999999999999999",
+    "/api/events?after=9223372036854775808", "/api/events?after=0&limit=99999999999999999999",
+    "/api/candidates?offset=99999999999999999999", "/api/candidates?limit=99999999999999999999",
+    "/api/candidates?depth=99999999999999999999",
+])
+def test_integers_past_64_bits_are_a_400_not_a_dropped_connection(server, path):
+    status, h, body = api(server, path)
+    assert status == 400 and "out of range" in strict_json(body)["error"]
+    assert h["Content-Type"] == "application/json; charset=utf-8"
+    status, _, _ = api(server, "/api/events?after=9223372036854775807")  # the largest 64-bit value is fine
+    assert status == 200
+
+
+def test_unexpected_error_is_a_500_json_answer(server, monkeypatch):
+    from forge_pack import ui_data
+
+    def broken(conn, *a, **kw):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(ui_data, "progress", broken)
+    status, h, body = api(server, "/api/progress")
+    assert status == 500 and strict_json(body)["error"] == "internal error (ZeroDivisionError)"
+    assert h["X-Content-Type-Options"] == "nosniff"
+    monkeypatch.undo()
+    assert api(server, "/api/progress")[0] == 200  # the server is still serving
+
+
+def test_rejected_duplicate_reply_is_not_shown_as_producing_the_candidate(tmp_path):
+    make_run(tmp_path, n_candidates=8)
+    with Store(tmp_path) as store:
+        hid = store.hotspots()[0]["id"]
+        first, other = store.nodes(hid)[:2]
+        store.record_llm_call(hotspot_id=hid, node_id=other["id"], model="m", purpose="rewrite", prompt="p",
+                              reply="the same kernel again", outcome="duplicate", cand_hash=first["cand_hash"],
+                              error="the reply repeats a kernel already in the tree")
+    server = _serve(tmp_path)
+    try:
+        node = strict_json(api(server, f"/api/node?id={first['id']}")[2])
+        assert not any(c["outcome"] == "duplicate" for c in node["llm_calls"])
+        expanded = strict_json(api(server, f"/api/node?id={other['id']}")[2])
+        (dup,) = [c for c in expanded["llm_calls"] if c["outcome"] == "duplicate"]
+        assert dup["relation"] == "made while expanding this node"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -117,7 +117,8 @@ def tolerance_line(sig: Signature) -> str:
         return f"within the {dtype} tolerance of the candidate format (How a candidate is judged)"
     text = f"`|out - ref| <= atol + rtol*|ref|` with atol = {tol[0]:g}, rtol = {tol[1]:g} (output {dtype})"
     if slack:
-        text += f"; atol is raised to {slack:g}x eager PyTorch's own error on elements of the same or smaller magnitude where that is larger"
+        text += (f"; atol is raised to {slack:g}x eager PyTorch's own error on elements of the same or smaller "
+                 f"magnitude where that is larger")
     return text
 
 

@@ -35,8 +35,11 @@ def format_result(r: PackResult) -> str:
     if m:
         a = m.get("argmax_agreement")
         agree = f", argmax agreement {100 * a:.2f}%" if a is not None else ""
+        d = m.get("max_abs_diff")  # None: the outputs' structures differ, no difference to report
+        diff = f"{d:.3g}" if d is not None else "n/a"
         lines.append(f"Whole model: {m['eager']['median_us'] / 1e3:.3f} ms eager -> "
-                     f"{m['patched']['median_us'] / 1e3:.3f} ms patched ({m['speedup']:.2f}x), max output difference {m['max_abs_diff']:.3g}{agree}")
+                     f"{m['patched']['median_us'] / 1e3:.3f} ms patched ({m['speedup']:.2f}x), "
+                     f"max output difference {diff}{agree}")
         if m.get("note"):
             lines.append(f"  note: {m['note']}")
         if m["speedup"] < 1.0:

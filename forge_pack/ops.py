@@ -140,7 +140,7 @@ def normalize_call(op: str, style: str, args: tuple, kwargs: dict) -> tuple[dict
     if op == "rms_norm":
         b = _bind(("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None}, args, kwargs)
         x = b["input"]
-        eps = b["eps"] if b["eps"] is not None else torch.finfo(x.dtype).eps
+        eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps  # torch: f32 eps for half/bf16
         return ({"x": x, "weight": b["weight"]},
                 {"normalized_shape": list(_shape(b["normalized_shape"])), "eps": float(eps), "weight_offset": 0.0,
                  "composite": False})

@@ -60,6 +60,32 @@ def model_table(doc: dict) -> str:
     return table
 
 
+def model_speed(r: dict) -> str:
+    """The summary's end-to-end sentence: faster, or plainly slower (never "0.91x faster")."""
+    s = r.get("speedup")
+    if not s:
+        return ""
+    if s >= 1.0:
+        return f" The whole model runs {x(s)} faster end to end on the user's inputs."
+    return (f" The whole model runs slower end to end on the user's inputs ({x(s)} the original's speed): the "
+            "kernels' gains do not survive the whole forward here; time it on the target machine before deploying.")
+
+
+def retimed(doc: dict) -> str:
+    """Whether the timings were re-measured in a fresh process (confirmation) or are the search's own
+    (packed with --no-confirm): said per the manifest, not assumed."""
+    ts = doc["targets"]
+    done = [t["id"] for t in ts if t.get("confirmed")]
+    fresh = "re-timed against eager PyTorch and `torch.compile` in a fresh process before packing"
+    if done and len(done) == len(ts):
+        return f", then {fresh}."
+    if not done:
+        return (". The timings are the search's own: the kernels were not re-timed in a fresh process before "
+                "packing (packed unconfirmed).")
+    return (f". {len(done)} of {len(ts)} kernels ({', '.join(done)}) were {fresh}; the others' timings are the "
+            "search's own.")
+
+
 def render(doc: dict) -> str:
     from forge_pack.compile import templates_dir
 
@@ -75,7 +101,7 @@ def render(doc: dict) -> str:
     summary = (f"{n} kernel{'s' if n != 1 else ''} replace{'s' if n == 1 else ''} "
                + ", ".join(f"`{t['op']}` ({x(t['speedup']['vs_eager'])} vs eager)" for t in doc["targets"]) + ".")
     if r:
-        summary += f" The whole model runs {x(r['speedup'])} faster end to end on the user's inputs."
+        summary += model_speed(r)
     dropped = ""
     if doc["dropped"]:
         dropped = "\n\nNot accelerated:\n" + "\n".join(f"- `{d['pretty']}`: {d['reason']}" for d in doc["dropped"])
@@ -92,5 +118,5 @@ def render(doc: dict) -> str:
         name=doc["package"]["name"], model_name=doc["model"]["name"], model_path=doc["model"]["path"],
         model_hash_short=(doc["model"]["sha256"] or "unknown")[:12], forge_url=FORGE_URL,
         forge_version=doc["forge_pack_version"], measured_on=where, summary=summary,
-        target_table=target_table(doc), model_table=model_table(doc), dropped=dropped,
+        target_table=target_table(doc), model_table=model_table(doc), retimed=retimed(doc), dropped=dropped,
         install_path=".", build_note=build_note, paths=", ".join(f"`{p}`" for p in paths) or "none")

@@ -252,3 +252,53 @@ def test_pack_drops_a_winner_that_does_not_hold(cpu_run, tmp_path, monkeypatch):
     # a second pack reuses the saved confirmation instead of re-running it
     pack(cpu_run, tmp_path / "out2", "tiny_pkg", model_check=False)
     assert len(fake.calls) == 5
+
+
+# ------------------------------------------------------------------ what the README and build output claim
+
+
+def _model_result(speedup: float, max_abs_diff: float | None) -> dict:
+    t = {"median_us": 1000.0, "iqr_us": 10.0, "n": 20}
+    return {"eager": t, "patched": {**t, "median_us": 1000.0 / speedup}, "speedup": speedup,
+            "max_abs_diff": max_abs_diff, "output_kind": "tensor", "argmax_agreement": None,
+            "within_tolerance": True, "kernel_calls": {}, "fallback_calls": {}}
+
+
+def test_readme_says_slower_when_the_model_is_slower(packed):
+    from forge_pack import readme
+
+    out, _ = packed
+    doc = manifest.load(out / "tiny_pkg" / "manifest.json")
+    doc["model_result"] = _model_result(0.91, 1e-6)
+    text = readme.render(doc)
+    assert "runs slower end to end" in text and "0.91x the original's speed" in text and "faster end to end" not in text
+    doc["model_result"] = _model_result(1.25, 1e-6)
+    assert "The whole model runs 1.25x faster end to end" in readme.render(doc)
+
+
+def test_readme_says_which_kernels_were_re_timed(packed):
+    """Packed with confirm=False: no target is confirmed, and the README must not claim a re-timing."""
+    from forge_pack import readme
+
+    out, _ = packed
+    doc = manifest.load(out / "tiny_pkg" / "manifest.json")
+    text = (out / "README.md").read_text()
+    assert not any(t["confirmed"] for t in doc["targets"])
+    assert "re-timed against eager PyTorch" not in text and "not re-timed in a fresh process" in text
+    assert "(tolerances above). The timings are the search's own" in text
+    for t in doc["targets"][:2]:
+        t["confirmed"] = True
+    assert "2 of 5 kernels (t0, t1) were re-timed" in readme.render(doc)
+    for t in doc["targets"]:
+        t["confirmed"] = True
+    assert "(tolerances above), then re-timed against eager PyTorch" in readme.render(doc)
+
+
+def test_build_output_without_a_max_difference_says_n_a():
+    from forge_pack.cmd_build import format_result
+    from forge_pack.pack import PackResult
+
+    r = PackResult(True, "packed", out_dir="/x", package="p", model_result=_model_result(1.2, None))
+    assert "max output difference n/a" in format_result(r)
+    r.model_result = _model_result(1.2, 2.5e-5)
+    assert "max output difference 2.5e-05" in format_result(r)

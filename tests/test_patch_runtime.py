@@ -21,13 +21,23 @@ from forge_pack.pack import pack  # noqa: E402
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "package" / "_patch.py"
 
 
-@pytest.fixture(scope="module")
-def patch_mod():
-    spec = importlib.util.spec_from_file_location("_forge_test_patch", TEMPLATE)
+def _load_template(name: str):
+    spec = importlib.util.spec_from_file_location(name, TEMPLATE)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def patch_mod():
+    return _load_template("_forge_test_patch")
+
+
+@pytest.fixture(scope="module")
+def other_patch_mod():
+    """A second package's own copy of _patch.py, as two installed packages each ship one."""
+    return _load_template("_forge_test_patch_other")
 
 
 x3 = torch.randn(2, 3, 8)
@@ -158,3 +168,210 @@ def test_a_fall_back_through_two_patched_paths_counts_once(patch_mod, cpu_manife
         assert p.kernel_calls == {gn.id: 1, sm.id: 1} and ran == [gn.id, sm.id]
     finally:
         p.revert()
+
+
+# ------------------------------------------------------------------ runtime semantics (fake kernels)
+# No extension here: each target's "kernel" records itself and returns a copy of its input, an
+# answer no real op gives, so a call a kernel should not have taken shows in the result.
+
+import copy  # noqa: E402
+import io  # noqa: E402
+import pickle  # noqa: E402
+
+import torch.autograd.forward_ad as fwAD  # noqa: E402
+import tiny_model  # noqa: E402
+
+
+def _fake_patcher(patch_mod, manifest: dict, package: str, monkeypatch, ran: list | None = None):
+    p = patch_mod.Patcher(manifest, package, lambda: None)
+    ran = [] if ran is None else ran
+
+    def bind():
+        for t in p.targets:
+            t.fn = lambda *ts, t=t: ran.append((package, t.id)) or ts[0].clone()
+
+    monkeypatch.setattr(p, "_bind_ops", bind)
+    return p
+
+
+def _target_x(p, op: str, composite: bool = False) -> torch.Tensor:
+    t = next(t for t in p.targets if t.op == op and t.composite == composite)
+    return torch.randn(*dict(t.specs)["x"][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_rms_norm_default_eps_is_pytorchs(patch_mod, dtype):
+    """eps=None (nn.RMSNorm's default): PyTorch uses the eps of the dtype it computes in (float32 for
+    half and bfloat16), not the input dtype's; both normalisers record the eps torch really uses."""
+    x = (torch.randn(4, 64, dtype=torch.float64) * 1e-4).to(dtype)  # tiny values: the eps decides the result
+    mine = patch_mod.NORMALIZERS["rms_norm"]("F", (x, (64,)), {})[1]["eps"]
+    assert ops.normalize_call("rms_norm", "F", (x, (64,)), {})[1]["eps"] == mine
+    assert torch.equal(F.rms_norm(x, (64,)), F.rms_norm(x, (64,), eps=mine))
+    assert mine == torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def test_a_copy_or_pickle_of_a_patched_model_is_the_unpatched_model(patch_mod, cpu_manifest, monkeypatch):
+    """copy.deepcopy / pickle / torch.save of a model with patched module instances: the copy is the
+    model's own class, computes with its own weights, and needs no revert; saving works while applied."""
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch)
+    m = torch.nn.Sequential(tiny_model.TinyRMSNorm(64))
+    x = _target_x(p, "rms_norm", composite=True)
+    assert p.apply(m)
+    try:
+        with torch.inference_mode():
+            assert torch.equal(m(x), x), "the patched instance takes the verified call"
+        m2 = copy.deepcopy(m)
+        with torch.no_grad():
+            m2[0].weight.mul_(3.0)
+        loaded = pickle.loads(pickle.dumps(m))
+        buf = io.BytesIO()
+        torch.save(m, buf)
+    finally:
+        p.revert()
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=False)
+    for copied in (m2[0], loaded[0], saved[0], m[0]):
+        assert type(copied) is tiny_model.TinyRMSNorm and "forward" not in vars(copied)
+    fresh = tiny_model.TinyRMSNorm(64)
+    with torch.no_grad():
+        fresh.weight.copy_(m2[0].weight)
+    with torch.inference_mode():
+        assert torch.equal(m2(x), fresh(x)), "the copy computes with its own weights"
+        assert torch.equal(loaded(x), m(x)) and torch.equal(saved(x), m(x))
+
+
+def test_autocast_falls_back_to_the_original(patch_mod, cpu_manifest, monkeypatch):
+    """Under torch.autocast the original ops change their output dtype; the kernels were verified
+    without it: every call, function or module, runs the original."""
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    x = _target_x(p, "softmax")
+    rms = torch.nn.Sequential(tiny_model.TinyRMSNorm(64))
+    xr = _target_x(p, "rms_norm", composite=True)
+    assert p.apply(rms)
+    try:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            got = [F.softmax(x, -1), torch.softmax(x, -1), x.softmax(-1), rms(xr)]
+        assert ran == [] and p.kernel_calls == {}
+        with torch.inference_mode():
+            assert torch.equal(F.softmax(x, -1), x) and len(ran) == 1, "without autocast: the kernel"
+    finally:
+        p.revert()
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = [F.softmax(x, -1), torch.softmax(x, -1), x.softmax(-1), rms(xr)]
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_functorch_transforms_and_forward_ad_fall_back(patch_mod, cpu_manifest, monkeypatch):
+    """vmap, jvp, grad and forward-mode dual tensors: the kernels have no batching rule and no
+    derivatives (they would drop the batch dimension or the tangent); the original op runs."""
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    x = _target_x(p, "softmax")
+    tangent = torch.randn_like(x)
+    sm = patch_mod.ORIGINALS[("torch.nn.functional", "softmax")]
+    assert p.apply()
+    try:
+        with torch.no_grad():
+            batched = torch.vmap(lambda v: F.softmax(v, -1))(torch.stack([x, 2 * x]))
+        _, jvp_t = torch.func.jvp(lambda v: F.softmax(v, -1), (x,), (tangent,))
+        g = torch.func.grad(lambda v: F.softmax(v, -1).pow(2).sum())(x)
+        with fwAD.dual_level(), torch.no_grad():
+            dual_t = fwAD.unpack_dual(F.softmax(fwAD.make_dual(x, tangent), -1)).tangent
+            with_level = F.softmax(x, -1)  # a plain tensor inside a dual level: still the kernel
+    finally:
+        p.revert()
+    assert ran == [("cpu_pkg", next(t.id for t in p.targets if t.op == "softmax" and not t.composite))]
+    assert torch.equal(with_level, x)
+    assert torch.allclose(batched, torch.stack([sm(x, -1), sm(2 * x, -1)]))
+    _, want_t = torch.func.jvp(lambda v: sm(v, -1), (x,), (tangent,))
+    assert torch.allclose(jvp_t, want_t) and torch.allclose(dual_t, want_t) and want_t.abs().max() > 0
+    assert torch.allclose(g, torch.func.grad(lambda v: sm(v, -1).pow(2).sum())(x))
+
+
+def _identities(model) -> dict:
+    """Every object either package patches here: functions, Tensor methods, the class's forward, the
+    classes of the model's modules."""
+    owners = {"torch.nn.functional": F, "torch": torch, "torch.Tensor": torch.Tensor}
+    snap = {(o, a): getattr(owners[o], a) for o, a in [("torch.nn.functional", "softmax"), ("torch", "softmax"),
+            ("torch.Tensor", "softmax"), ("torch.nn.functional", "layer_norm"), ("torch", "group_norm")]}
+    snap["forward"] = vars(tiny_model.TinyRMSNorm)["forward"]
+    snap["classes"] = [type(m) for m in model.modules()]
+    return snap
+
+
+@pytest.mark.parametrize("composite", ["instance", "class"])
+@pytest.mark.parametrize("first", ["a", "b"])
+def test_two_packages_revert_in_any_order(patch_mod, other_patch_mod, cpu_manifest, monkeypatch, composite, first):
+    """A.apply(); B.apply(); then either reverts first: the other keeps working (its kernels take its
+    calls, its module patches stay), and once both are reverted every object is the original again."""
+    doc = copy.deepcopy(cpu_manifest)
+    if composite == "class":  # an importable class: patched at class level, not per instance
+        for t in doc["targets"]:
+            if t["module_class"]:
+                t["module_class"] = "tiny_model:TinyRMSNorm"
+    ran = []
+    pkgs = {"a": _fake_patcher(patch_mod, doc, "a", monkeypatch, ran),
+            "b": _fake_patcher(other_patch_mod, doc, "b", monkeypatch, ran)}
+    model = torch.nn.Sequential(tiny_model.TinyRMSNorm(64))
+    x, xr = _target_x(pkgs["a"], "softmax"), _target_x(pkgs["a"], "rms_norm", composite=True)
+    before = _identities(model)
+    second = "b" if first == "a" else "a"
+    try:
+        assert pkgs["a"].apply(model) and pkgs["b"].apply(model)
+        pkgs[first].revert()
+        assert pkgs[second].applied and not pkgs[first].applied
+        ran.clear()
+        with torch.inference_mode():
+            outs = [F.softmax(x, -1), torch.softmax(x, -1), x.softmax(-1), model(xr)]
+        assert all(torch.equal(o, i) for o, i in zip(outs, [x, x, x, xr])), "the other package still patches"
+        assert {pkg for pkg, _ in ran} == {second} and len(ran) == 4
+    finally:
+        pkgs[second].revert()
+        pkgs[first].revert()
+    assert _identities(model) == before
+    ran.clear()
+    with torch.inference_mode():
+        F.softmax(x, -1), model(xr)
+    assert ran == []
+
+
+def test_revert_under_a_foreign_patch_leaves_a_pass_through(patch_mod, cpu_manifest, monkeypatch):
+    """Something other than forge-pack wrapped F.softmax after apply: revert cannot unlink from under
+    it, so it says so and leaves its wrapper passing every call to the original."""
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    x = _target_x(p, "softmax")
+    original = F.softmax
+    assert p.apply()
+    patched = F.softmax
+    F.softmax = lambda *a, **k: patched(*a, **k)
+    try:
+        with pytest.warns(RuntimeWarning, match="could not undo its patch of softmax"):
+            p.revert()
+        with torch.inference_mode():
+            assert torch.equal(F.softmax(x, -1), original(x, -1)) and ran == []
+        assert torch.softmax is patch_mod.ORIGINALS[("torch", "softmax")]
+    finally:
+        F.softmax = original
+
+
+def test_a_misaligned_tensor_falls_back(patch_mod, cpu_manifest, monkeypatch):
+    """Every verified input was a fresh (aligned) allocation: a view at an odd element offset with the
+    verified dtype, shape and strides runs the original, not the kernel."""
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    x = _target_x(p, "softmax")
+    base = torch.randn(x.numel() + 1)
+    odd = base[1:].view(x.shape)
+    assert odd.stride() == x.stride() and odd.data_ptr() % 16
+    assert p.apply()
+    try:
+        with torch.inference_mode():
+            got = F.softmax(odd, -1)
+            assert ran == [], "misaligned: the original"
+            F.softmax(x, -1)
+            assert len(ran) == 1, "aligned: the kernel"
+    finally:
+        p.revert()
+    assert torch.equal(got, F.softmax(odd, -1))

@@ -7,14 +7,16 @@ computes it. ``Patcher.apply`` replaces every call path of each target op (``F.s
 composites (an RMSNorm written as eager ops), the module class's ``forward`` and matching
 instances in a given model. Each replacement checks the call against the verified signatures
 (device, GPU architecture, dtypes, shapes, strides, parameters, unknown keywords, whether
-autograd needs a graph) and calls the original for anything else. ``revert`` puts every patched
-object back exactly. ``FORGE_PACK_DISABLE=1`` turns the package off; an extension that cannot be
-loaded leaves everything untouched and says why once.
+autograd needs a graph, autocast, functorch transforms and forward-mode AD) and calls the original
+for anything else. ``revert`` puts every patched object back exactly, in any order across several
+packages. ``FORGE_PACK_DISABLE=1`` turns the package off; an extension that cannot be loaded leaves
+everything untouched and says why once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import importlib
 import json
 import os
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+import torch.autograd.forward_ad as _fwAD
 import torch.nn.functional as F
 
 DISABLE_ENV = "FORGE_PACK_DISABLE"
@@ -43,6 +46,31 @@ _BELOW = threading.local()
 def _compiling() -> bool:
     is_compiling = getattr(torch.compiler, "is_compiling", None)
     return is_compiling is not None and is_compiling()
+
+
+def _autocast_on(device_type: str) -> bool:
+    """torch.autocast changes what softmax, layer_norm, rms_norm, group_norm ... return (their dtype);
+    the kernels were verified without it, so under autocast the original op runs."""
+    return torch.is_autocast_enabled(device_type)  # the device_type form: torch >= 2.4
+
+
+# functorch transforms (vmap, grad, jvp) wrap tensors; a kernel has no batching rule and no
+# derivatives, so it would drop the batch dimension or the tangent silently. Private API: guarded.
+_IS_WRAPPED: Callable | None = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
+def _transformed(v: torch.Tensor) -> bool:
+    """A functorch-wrapped tensor, or a forward-mode AD dual tensor (its tangent would be dropped)."""
+    if _IS_WRAPPED is not None and _IS_WRAPPED(v):
+        return True
+    # no dual level entered (the usual case): no tensor has a tangent, skip the unpack
+    return getattr(_fwAD, "_current_level", 0) >= 0 and _fwAD.unpack_dual(v).tangent is not None
+
+
+def _default_rms_eps(dtype: torch.dtype) -> float:
+    """F.rms_norm's eps=None: the machine epsilon of the dtype it computes in (float32 for half and
+    bfloat16 inputs, float64 for float64), as PyTorch does; not the input dtype's own."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
 
 
 class ManifestError(ValueError):
@@ -138,7 +166,7 @@ def _rms_norm(style: str, args: tuple, kwargs: dict):
     if eps is None:
         if not b["input"].is_floating_point():
             return None
-        eps = torch.finfo(b["input"].dtype).eps
+        eps = _default_rms_eps(b["input"].dtype)
     if not _number(eps):
         return None
     return ({"x": b["input"], "weight": b["weight"]},
@@ -250,6 +278,70 @@ def _capability_set(text: str | None) -> set[tuple[int, int]]:
 # ------------------------------------------------------------------ the patcher
 
 
+class _Link:
+    """What one patch replaced (the value and whether the owner held it itself), read by the patch's
+    wrapper at call time. Another package patched on top of ours, whose own patch is reverted first,
+    re-points our link past its own: so packages can be reverted in any order, each ending with its
+    original and none dropping another still applied."""
+
+    __slots__ = ("previous", "had", "live")
+
+    def __init__(self, previous: Any, had: bool):
+        self.previous = previous
+        self.had = had
+        self.live = True  # False once reverted: a patch left in place (see _unpatch) only passes through
+
+
+class _Patch:
+    """One installed patch: owner.attr (or an instance's __class__) set to value."""
+
+    __slots__ = ("owner", "attr", "value", "link")
+
+    def __init__(self, owner: Any, attr: str, value: Any, link: _Link):
+        self.owner, self.attr, self.value, self.link = owner, attr, value, link
+
+    def current(self) -> Any:
+        if self.attr == "__class__":
+            return type(self.owner)
+        return vars(self.owner).get(self.attr, _MISS)
+
+    def restore(self) -> None:
+        if self.attr == "__class__":
+            self.owner.__class__ = self.link.previous
+        elif self.link.had:
+            setattr(self.owner, self.attr, self.link.previous)
+        else:
+            delattr(self.owner, self.attr)
+
+
+def _link_of(value: Any) -> _Link | None:
+    """The link of a forge-pack wrapper or module subclass (of any package), else None. Its own
+    __dict__ only: a subclass must not answer with the link of the class it derives from."""
+    d = getattr(value, "__dict__", None)
+    link = d.get("__forge_pack_link__") if d is not None else None
+    return link if type(link).__name__ == "_Link" else None  # another package's _Link is another class
+
+
+def _unpatched_class(cls: type) -> type:
+    """The model's own class under any forge-pack module subclasses (of this or another package)."""
+    return next(c for c in cls.__mro__ if _link_of(c) is None)
+
+
+def _reduce_unpatched(module: Any, protocol: int) -> Any:
+    """__reduce_ex__ of a patched module: copy.deepcopy, copy.copy, pickle and torch.save see the
+    module's own class, so a copy is of the unpatched module (apply(copy) patches it) and a saved
+    model loads where this package is not installed."""
+    cls = type(module)
+    base = _unpatched_class(cls)
+    rv = base.__reduce_ex__(module, protocol)
+    if not (isinstance(rv, tuple) and len(rv) > 1 and isinstance(rv[1], tuple)):
+        return rv
+    func, args = rv[0], tuple(base if a is cls else a for a in rv[1])
+    if func is copyreg.__newobj__:  # pickle refuses __newobj__ for a class other than the object's own
+        func, args = base.__new__, args  # what __newobj__ calls: base.__new__(base, *args)
+    return (func, args) + rv[2:]
+
+
 class _Target:
     """One manifest target, prepared for fast guard checks."""
 
@@ -294,8 +386,9 @@ class Patcher:
         self.load_error: str | None = None
         self._loaded: bool | None = None
         self._caps: dict[int, bool] = {}
-        self._patches: list[tuple[Any, str, bool, Any]] = []
+        self._patches: list[_Patch] = []
         self._patched_ids: set[int] = set()
+        self._subclasses: dict[type, type] = {}
         self._patched_classes: set[type] = set()
         self._functions_patched = False
         self._active = False
@@ -374,6 +467,7 @@ class Patcher:
         if dev.type != t.backend or (t.backend == "cuda" and not self._cap_ok(dev)):
             return False
         grad = torch.is_grad_enabled()
+        transforms = not _compiling()  # Dynamo traces the wrapper: it has no functorch state to ask
         for name, spec in t.specs:
             v = tensors.get(name)
             if spec is None:
@@ -387,6 +481,10 @@ class Patcher:
                 return False
             if grad and v.requires_grad:
                 return False  # autograd needs a graph: the kernels have no backward
+            if transforms and type(v) in _PLAIN and _transformed(v):
+                return False  # vmap / grad / jvp / forward AD: the kernels have no rules for them
+            if transforms and v.data_ptr() % 16:
+                return False  # verified on fresh allocations only: 16-byte vector paths were never run misaligned
         return True
 
     def _count(self, table: dict, key: str) -> None:
@@ -410,7 +508,7 @@ class Patcher:
 
     def dispatch(self, op: str, style: str, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a call it was verified for, else the _MISS marker."""
-        if not self._active:
+        if not self._active or _autocast_on(self.backend):
             return _MISS
         norm = NORMALIZERS[op](style, args, kwargs)
         if norm is not None:
@@ -422,7 +520,7 @@ class Patcher:
         return _MISS
 
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
-        if not self._active or len(args) != 1 or kwargs:
+        if not self._active or len(args) != 1 or kwargs or _autocast_on(self.backend):
             return _MISS
         x = args[0]
         eps = module_eps(module)
@@ -434,48 +532,88 @@ class Patcher:
                     return t.fn(*[tensors[n] for n in t.present])
         return _MISS
 
-    # ---- wrappers
-    def _function_wrapper(self, op: str, style: str, original: Callable) -> Callable:
+    # ---- wrappers: each reads what it replaced from its link at call time (see _Link)
+    def _function_wrapper(self, op: str, style: str, link: _Link) -> Callable:
         patcher = self
 
         def wrapper(*args, **kwargs):
+            if not link.live:
+                return link.previous(*args, **kwargs)
             out = patcher.dispatch(op, style, args, kwargs)
             if out is _MISS:
-                return patcher.fall_back(op, original, args, kwargs)
+                return patcher.fall_back(op, link.previous, args, kwargs)
             return out
 
-        _describe(wrapper, original, self.package)
         return wrapper
 
-    def _class_forward(self, targets: tuple, original: Callable) -> Callable:
+    def _class_forward(self, targets: tuple, link: _Link) -> Callable:
         patcher = self
 
         def forward(module, *args, **kwargs):
+            if not link.live:
+                return link.previous(module, *args, **kwargs)
             out = patcher.dispatch_module(targets, module, args, kwargs)
             if out is _MISS:
-                return patcher.fall_back("module", original, (module, *args), kwargs)
+                return patcher.fall_back("module", link.previous, (module, *args), kwargs)
             return out
 
-        _describe(forward, original, self.package)
         return forward
 
-    def _instance_forward(self, targets: tuple, module: Any, original: Callable) -> Callable:
+    def _instance_class(self, base: type, targets: tuple) -> type:
+        """A subclass of `base` whose forward takes the verified calls, swapped into a module's __class__.
+        Not a closure in the instance's __dict__: copy.deepcopy copies that one still bound to the
+        original module (the copy computes with the original's weights) and pickle cannot save it. The
+        subclass holds nothing per instance, falls back to the base class's forward as it is at call
+        time, and copies and pickles as the base class (_reduce_unpatched)."""
+        sub = self._subclasses.get(base)
+        if sub is not None:
+            return sub
         patcher = self
+        link = _Link(base, True)
 
-        def forward(*args, **kwargs):
+        def forward(module, *args, **kwargs):
+            if not link.live:
+                return link.previous.forward(module, *args, **kwargs)
             out = patcher.dispatch_module(targets, module, args, kwargs)
             if out is _MISS:
-                return patcher.fall_back("module", original, args, kwargs)
+                return patcher.fall_back("module", link.previous.forward, (module, *args), kwargs)
             return out
 
-        _describe(forward, original, self.package)
-        return forward
+        _describe(forward, base.forward, self.package, link)
+        sub = type(base.__name__, (base,), {
+            "forward": forward, "__reduce_ex__": _reduce_unpatched, "__forge_pack_link__": link,
+            "__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+        self._subclasses[base] = sub
+        return sub
 
-    def _set(self, owner: Any, attr: str, value: Any) -> None:
+    def _install(self, owner: Any, attr: str, make: Callable[[_Link], Callable]) -> None:
+        """owner.attr = make(link), a wrapper of the current value, recorded for revert."""
         had = attr in vars(owner)
-        previous = vars(owner)[attr] if had else None
+        previous = getattr(owner, attr)
+        link = _Link(previous, had)
+        value = make(link)
+        _describe(value, previous, self.package, link)
         setattr(owner, attr, value)
-        self._patches.append((owner, attr, had, previous))
+        self._patches.append(_Patch(owner, attr, value, link))
+
+    def _unpatch(self, p: _Patch) -> None:
+        """Undo one patch. When another package patched the same attribute on top of ours, unlink ours
+        from under it (its link now leads to what ours replaced) instead of restoring over it."""
+        p.link.live = False
+        current = p.current()
+        if current is p.value:
+            p.restore()
+            return
+        link = _link_of(current)
+        for _ in range(256):  # down the chain of forge-pack patches on top of ours; bounded, never a hang
+            if link is None:
+                break
+            if link.previous is p.value:
+                link.previous, link.had = p.link.previous, p.link.had
+                return
+            link = _link_of(link.previous)
+        self._warn_once(f"could not undo its patch of {p.attr} on {_name(p.owner)}: something other than a "
+                        "forge-pack package replaced it since; the patch stays but only passes calls through")
 
     # ---- public
     @property
@@ -498,11 +636,12 @@ class Patcher:
                     for owner_name, attr, style in CALL_PATHS[op]:
                         owner = OWNERS[owner_name]
                         if hasattr(owner, attr):
-                            self._set(owner, attr, self._function_wrapper(op, style, getattr(owner, attr)))
+                            self._install(owner, attr, lambda link, op=op, style=style:
+                                          self._function_wrapper(op, style, link))
                 for class_path, targets in self.composites.items():
                     cls = _import_class(class_path)
                     if cls is not None and cls not in self._patched_classes and "forward" in vars(cls):
-                        self._set(cls, "forward", self._class_forward(targets, vars(cls)["forward"]))
+                        self._install(cls, "forward", lambda link, targets=targets: self._class_forward(targets, link))
                         self._patched_classes.add(cls)
                 self._functions_patched = True
             if model is not None:
@@ -521,18 +660,21 @@ class Patcher:
             targets = by_name.get(cls.__qualname__)
             if not targets or cls in self._patched_classes or id(m) in self._patched_ids:
                 continue
-            self._set(m, "forward", self._instance_forward(targets, m, m.forward))
+            sub = self._instance_class(cls, targets)
+            try:
+                m.__class__ = sub
+            except TypeError:  # a class whose instances' layout a subclass cannot take (__slots__ etc.)
+                continue
+            self._patches.append(_Patch(m, "__class__", sub, _link_of(sub)))
             self._patched_ids.add(id(m))
 
     def revert(self) -> None:
-        """Restore every patched function, class and instance to the very object it was."""
+        """Restore every patched function, class and instance to the very object it was (another
+        package's patches applied on top of this one's stay, and keep working)."""
         with self._lock:
             while self._patches:
-                owner, attr, had, previous = self._patches.pop()
-                if had:
-                    setattr(owner, attr, previous)
-                else:
-                    delattr(owner, attr)
+                self._unpatch(self._patches.pop())
+            self._subclasses.clear()
             self._patched_ids.clear()
             self._patched_classes.clear()
             self._functions_patched = False
@@ -557,6 +699,7 @@ class Patcher:
 
 
 _TRACING: tuple | None = None
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the types functorch wraps and forward AD makes duals of
 
 
 def _tracing_types() -> tuple:
@@ -589,14 +732,20 @@ def _settle_dynamo() -> None:
         pass
 
 
-def _describe(wrapper: Callable, original: Callable, package: str) -> None:
+def _describe(wrapper: Callable, original: Callable, package: str, link: _Link) -> None:
     """Name and document the wrapper like the original, but keep its own __module__/__qualname__:
     torch.compile recognises torch functions by qualified name, and must trace into the wrapper
     (so its guards and the package's custom op land in the graph) rather than treat it as the op."""
     wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
     wrapper.__doc__ = getattr(original, "__doc__", None)
     wrapper.__forge_pack__ = package  # type: ignore[attr-defined]
-    wrapper.__forge_pack_original__ = original  # type: ignore[attr-defined]
+    wrapper.__forge_pack_link__ = link  # type: ignore[attr-defined]  # what it replaced, for revert
+
+
+def _name(owner: Any) -> str:
+    if isinstance(owner, type) or hasattr(owner, "__name__"):
+        return getattr(owner, "__qualname__", None) or owner.__name__
+    return f"a {type(owner).__qualname__} module"
 
 
 def _fake(out: tuple) -> Callable:

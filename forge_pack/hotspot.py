@@ -20,6 +20,7 @@ class Hotspot:
     module_class: str = ""  # for module composites: "pkg.module:ClassName"
     unsupported: str = ""  # why forge-pack's kernels cannot target it ("" when they can)
     extra: dict = field(default_factory=dict, compare=False)
+    module_code: str = ""  # for module composites: profile.code_fingerprint of the class
 
     @property
     def op(self) -> str:
@@ -34,11 +35,11 @@ class Hotspot:
                 "call_paths": list(self.call_paths), "calls_per_forward": self.calls_per_forward,
                 "total_us": self.total_us, "per_call_us": self.per_call_us, "time_share": self.time_share,
                 "captures": list(self.captures), "device": self.device, "module_class": self.module_class,
-                "unsupported": self.unsupported, "extra": self.extra}
+                "module_code": self.module_code, "unsupported": self.unsupported, "extra": self.extra}
 
     @staticmethod
     def from_json(d: dict) -> "Hotspot":
         return Hotspot(Signature.from_json(d["signature"]), tuple(d["call_paths"]), d["calls_per_forward"],
                        d["total_us"], d["per_call_us"], d["time_share"], tuple(d.get("captures", ())),
                        d.get("device", "cpu"), d.get("module_class", ""), d.get("unsupported", ""),
-                       d.get("extra", {}))
+                       d.get("extra", {}), d.get("module_code", ""))

@@ -284,6 +284,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
         targets.append({
             "id": tid, "hotspot_id": w.hotspot.id, "op": sig.op, "signature": sig.to_json(),
             "call_paths": list(w.hotspot.call_paths), "module_class": w.hotspot.module_class,
+            "module_code": w.hotspot.module_code,
             "torch_op": f"{namespace}::{tid}",
             "kernel": {"backend": backend, "file": kernel_file, "launcher": launcher_file,
                        "symbols": [k["symbol"] for k in launch["kernels"]], "family": cand.family,

@@ -12,6 +12,8 @@ Three phases on the user's own inputs:
 
 from __future__ import annotations
 
+import hashlib
+
 import contextlib
 import json
 import os
@@ -113,6 +115,36 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def code_fingerprint(cls: type) -> str:
+    """16 hex digits over the bytecode of every function the class and its bases up to nn.Module
+    define: the emitted package patches instances found by class NAME only when their code is the
+    code that was profiled (another library's class of the same name may compute something else).
+    The package's _patch.py computes the same (tests/test_patch_runtime.py holds them equal)."""
+    h = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass is object:
+            break
+        for name in sorted(vars(klass)):
+            fn = vars(klass)[name]
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if code is not None:
+                h.update(name.encode())
+                _hash_code(h, code)
+    return h.hexdigest()[:16]
+
+
+def _hash_code(h, code) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            _hash_code(h, c)
+        elif isinstance(c, frozenset):  # iteration order of a set of strings varies per process
+            h.update(repr(sorted(repr(v) for v in c)).encode())
+        else:
+            h.update(repr(c).encode())
+
+
 @dataclass
 class _SigStats:
     sig: Signature
@@ -121,6 +153,7 @@ class _SigStats:
     captures: list = field(default_factory=list)
     capture_bytes: int = 0
     module_class: str = ""
+    module_code: str = ""
     unsupported: str = ""
 
 
@@ -194,6 +227,7 @@ class _Recorder(TorchFunctionMode):
             return
         st = self._stats(sig, "module:" + type(module).__name__)
         st.module_class = _class_path(type(module))
+        st.module_code = code_fingerprint(type(module))
         if self.offsets.get(id(module), 0.0) is None:
             st.unsupported = "this RMSNorm module's formula is not x*rsqrt(mean(x^2)+eps)*(w+offset)"
         if self.capture:
@@ -357,7 +391,7 @@ def profile(target: Target, run_dir: str | Path, config: ProfileConfig = Profile
             signature=st.sig, call_paths=tuple(sorted(st.paths)), calls_per_forward=calls,
             total_us=total, per_call_us=total / calls if calls else 0.0,
             time_share=min(max(total / forward_us, 0.0), 1.0), captures=tuple(st.captures), device=target.device,
-            module_class=st.module_class, unsupported=unsupported))
+            module_class=st.module_class, unsupported=unsupported, module_code=st.module_code))
     hotspots.sort(key=lambda h: -h.total_us)
     target_share = sum(h.time_share for h in hotspots)
     if target_share > 1.0:  # rounding across ranges; shares must sum to at most 1

@@ -375,3 +375,42 @@ def test_a_misaligned_tensor_falls_back(patch_mod, cpu_manifest, monkeypatch):
     finally:
         p.revert()
     assert torch.equal(got, F.softmax(odd, -1))
+
+
+def test_code_fingerprint_agrees_with_the_profilers():
+    from forge_pack.profile import code_fingerprint
+
+    pm = _load_template("_forge_test_patch_fingerprint")
+    for cls in (tiny_model.TinyRMSNorm, tiny_model.Tiny, torch.nn.Linear, torch.nn.Module):
+        assert pm.code_fingerprint(cls) == code_fingerprint(cls), cls
+    assert code_fingerprint(tiny_model.TinyRMSNorm) != code_fingerprint(tiny_model.Tiny)
+
+
+class TinyRMSNorm(torch.nn.Module):  # the profiled class's name, another library's formula
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        variance = hidden_states.float().pow(2).mean(-1, keepdim=True)
+        return (1.0 + self.weight) * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def test_a_class_that_only_shares_the_profiled_name_is_not_patched(patch_mod, cpu_manifest, monkeypatch):
+    t = next(t for t in cpu_manifest["targets"] if t["module_class"])
+    assert t["module_code"], "the profiler records the composite's code"
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    xr = _target_x(p, "rms_norm", composite=True)
+    impostor, genuine = torch.nn.Sequential(TinyRMSNorm(64)), torch.nn.Sequential(tiny_model.TinyRMSNorm(64))
+    assert p.apply(impostor)
+    try:
+        with torch.inference_mode():
+            impostor(xr)
+            assert ran == [] and type(impostor[0]) is TinyRMSNorm
+            assert p.apply(genuine)
+            genuine(xr)
+            assert len(ran) == 1
+    finally:
+        p.revert()

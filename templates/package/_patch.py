@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import hashlib
 import importlib
 import json
 import os
@@ -357,6 +358,7 @@ class _Target:
         self.params = {k: v for k, v in sig["params"]}
         self.composite = bool(self.params.get("composite"))
         self.module_class: str = t.get("module_class") or ""
+        self.module_code: str = t.get("module_code") or ""  # code_fingerprint of the profiled class
         out = sig["output"]
         self.out = (DTYPES[out["dtype"]], tuple(out["shape"]), tuple(out["strides"]))
         self.fn: Callable | None = None
@@ -660,6 +662,11 @@ class Patcher:
             targets = by_name.get(cls.__qualname__)
             if not targets or cls in self._patched_classes or id(m) in self._patched_ids:
                 continue
+            if any(t.module_code for t in targets):  # same name, same code: not another library's class
+                code = code_fingerprint(_unpatched_class(cls))  # under another package's subclass
+                targets = tuple(t for t in targets if not t.module_code or t.module_code == code)
+                if not targets:
+                    continue
             sub = self._instance_class(cls, targets)
             try:
                 m.__class__ = sub
@@ -700,6 +707,34 @@ class Patcher:
 
 _TRACING: tuple | None = None
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # the types functorch wraps and forward AD makes duals of
+
+
+def code_fingerprint(cls: type) -> str:
+    """16 hex digits over the bytecode of every function the class and its bases up to nn.Module
+    define; forge_pack.profile.code_fingerprint computes the same at profile time."""
+    h = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass is object:
+            break
+        for name in sorted(vars(klass)):
+            fn = vars(klass)[name]
+            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+            if code is not None:
+                h.update(name.encode())
+                _hash_code(h, code)
+    return h.hexdigest()[:16]
+
+
+def _hash_code(h: Any, code: Any) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for c in code.co_consts:
+        if hasattr(c, "co_code"):
+            _hash_code(h, c)
+        elif isinstance(c, frozenset):  # iteration order of a set of strings varies per process
+            h.update(repr(sorted(repr(v) for v in c)).encode())
+        else:
+            h.update(repr(c).encode())
 
 
 def _tracing_types() -> tuple:

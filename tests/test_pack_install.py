@@ -94,6 +94,18 @@ def test_extension_built_for_another_torch_is_not_loaded(site, tmp_path):
     assert "built against torch 1.0.0" in r["warnings"][0] and "--no-build-isolation" in r["warnings"][0]
 
 
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")
+def test_native_wheel_moved_to_a_cpu_without_its_instructions_is_not_loaded(site, tmp_path):
+    other = copy_site(site, tmp_path / "site")
+    info = other / PKG / "_build_info.json"
+    built = json.loads(info.read_text())
+    assert built["cpu_features"], "a -march=native build records the features of the CPU it was built on"
+    info.write_text(json.dumps({**built, "cpu_features": built["cpu_features"] + ["avx512_fake_isa"]}))
+    r = scenario(other, "apply_fails")
+    assert r["applied"] == [False, False] and r["identity_unchanged"]
+    assert "avx512_fake_isa" in r["warnings"][0] and "another CPU" in r["warnings"][0]
+
+
 @pytest.mark.parametrize("corrupt, expect", [
     (lambda text: text[: len(text) // 2], "is not valid JSON"),
     (lambda text: text.replace('"torch_op"', '"torch_opx"', 1), "does not match its schema"),

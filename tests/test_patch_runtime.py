@@ -414,3 +414,21 @@ def test_a_class_that_only_shares_the_profiled_name_is_not_patched(patch_mod, cp
             assert len(ran) == 1
     finally:
         p.revert()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")
+def test_a_native_cpu_build_from_another_cpu_is_refused_before_it_loads(patch_mod, cpu_manifest):
+    here = Path("/proc/cpuinfo").read_text()
+    flags = next(line.split(":", 1)[1].split() for line in here.splitlines()
+                 if line.startswith(("flags", "Features")))
+    loads = []
+    same = patch_mod.Patcher(cpu_manifest, "cpu_pkg", lambda: loads.append(1), {"cpu_features": flags})
+    assert same._environment_problem() is None
+    other = patch_mod.Patcher(cpu_manifest, "cpu_pkg", lambda: loads.append(1),
+                              {"cpu_features": flags + ["avx512_fake_isa", "hypervisor_quirk"]})
+    why = other._environment_problem()
+    assert "avx512_fake_isa" in why and "hypervisor_quirk" not in why and "reinstall" in why
+    with pytest.warns(RuntimeWarning, match="another CPU"):
+        assert other.apply() is False
+    assert loads == []
+

@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import sys
 import threading
 import warnings
@@ -406,7 +407,7 @@ class Patcher:
             return (f"the extension was built against torch {built} but this is torch {torch.__version__}; "
                     f"reinstall the package: pip install --no-build-isolation --force-reinstall <package dir>")
         if self.backend != "cuda":
-            return None
+            return _missing_cpu_features(self.build_info.get("cpu_features"))
         if torch.version.cuda is None:
             return "the kernels are CUDA kernels but this torch build has no CUDA"
         if not torch.cuda.is_available():
@@ -707,6 +708,33 @@ class Patcher:
 
 _TRACING: tuple | None = None
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # the types functorch wraps and forward AD makes duals of
+
+
+# Instruction-set flags of /proc/cpuinfo (x86 "flags", Arm "Features") that a -march=native build
+# may use; the rest (hypervisor, tsc quirks, ...) differ between machines without mattering.
+_ISA = re.compile(r"^(sse|ssse|avx|fma|f16c|bmi|popcnt|movbe|aes|vaes|pclmul|vpclmul|gfni|sha|adx|abm|lzcnt|"
+                  r"amx|xsave|rdrand|rdseed|clflushopt|clwb|prefetchw|asimd|sve|fp|atomics|crc32|dotprod|"
+                  r"i8mm|bf16|fphp)")
+
+
+def _missing_cpu_features(built: list | None) -> str | None:
+    """Why a -march=native extension built on another CPU cannot run here (it would die on an illegal
+    instruction rather than fall back), else None."""
+    if not built:
+        return None
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None  # nothing to compare with: trust the build
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, flags=re.M)
+    if not m:
+        return None
+    missing = sorted(f for f in set(built) - set(m.group(1).split()) if _ISA.match(f))
+    if not missing:
+        return None
+    return (f"the extension was compiled for another CPU (-march=native) with instructions this CPU lacks "
+            f"({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}); reinstall the package from its "
+            f"sources on this machine: pip install --no-build-isolation --force-reinstall <package dir>")
 
 
 def code_fingerprint(cls: type) -> str:

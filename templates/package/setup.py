@@ -66,13 +66,26 @@ def nvcc_version() -> str | None:
     return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
+def cpu_features() -> list[str]:
+    """This CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere): a -march=native build runs
+    only where every instruction-set flag among them exists (_patch.py checks before loading)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, flags=re.M)
+    return sorted(set(m.group(1).split())) if m else []
+
+
 def extension():
     build = MANIFEST["build"]
     sources = build["sources"]
     name = f"{PACKAGE}._C"
     if MANIFEST["backend"] != "cuda":
+        native = any(f.startswith("-march=native") or f.startswith("-mcpu=native") for f in build["cxx_flags"])
         return cpp_extension.CppExtension(name, sources, extra_compile_args={"cxx": build["cxx_flags"]},
-                                          extra_link_args=build["ldflags"]), {}
+                                          extra_link_args=build["ldflags"]), ({"cpu_features": cpu_features()}
+                                                                              if native else {})
     if torch.version.cuda is None:
         fail("these are CUDA kernels but the installed torch has no CUDA; install a CUDA build of torch")
     nvcc = nvcc_version()

@@ -137,7 +137,13 @@ def environment(device: str, run_env: dict | None = None) -> dict:
         env["compute_capability"] = f"{cc[0]}.{cc[1]}"
     elif cc is not None:
         env["compute_capability"] = str(cc)
-    return {k: (str(v) if v is not None else None) for k, v in env.items()}
+    out = {k: (str(v) if v is not None else None) for k, v in env.items()}
+    sms = pick("sm_count")
+    if sms is None and device == "cuda" and torch.cuda.is_available():
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if sms is not None:  # persistent kernels size their grids to it: the package needs at least as many
+        out["sm_count"] = int(sms)
+    return out
 
 
 def forge_version() -> str:

@@ -432,3 +432,29 @@ def test_a_native_cpu_build_from_another_cpu_is_refused_before_it_loads(patch_mo
         assert other.apply() is False
     assert loads == []
 
+
+
+def test_a_gpu_with_fewer_sms_than_the_search_gpu_runs_the_originals(patch_mod, cuda_manifest, monkeypatch):
+    """Persistent kernels size their grids to the search GPU's SMs: a GPU of the same architecture
+    with fewer SMs (an H100 PCIe for an H200 search) would stall them."""
+    import copy
+    import types
+
+    manifest = copy.deepcopy(cuda_manifest)
+    manifest["environment"]["sm_count"] = 132
+    sms = {0: 114, 1: 132}
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i=0: types.SimpleNamespace(multi_processor_count=sms[i]))
+    why = patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)._environment_problem()
+    assert "132 SMs" in why and "114" in why
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    q = patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)
+    assert q._environment_problem() is None
+    assert q._cap_ok(torch.device("cuda", 1)) and not q._cap_ok(torch.device("cuda", 0))
+    del manifest["environment"]["sm_count"]  # packages from before the field: no SM check
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)._environment_problem() is None

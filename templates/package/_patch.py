@@ -412,13 +412,22 @@ class Patcher:
             return "the kernels are CUDA kernels but this torch build has no CUDA"
         if not torch.cuda.is_available():
             return "the kernels are CUDA kernels but no CUDA GPU is visible"
+        # persistent kernels size their grids to the search GPU's SMs and wait on each other: on fewer
+        # SMs they would stall (correct, but far slower than the original op)
+        sms = self.manifest["environment"].get("sm_count")
         for i in range(torch.cuda.device_count()):
-            self._caps[i] = torch.cuda.get_device_capability(i) in self.allowed_caps
+            self._caps[i] = torch.cuda.get_device_capability(i) in self.allowed_caps and (
+                not sms or torch.cuda.get_device_properties(i).multi_processor_count >= sms)
         if not any(self._caps.values()):
             have = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
             want = sorted("%d.%d" % c for c in self.allowed_caps)
-            return (f"the kernels were built and verified for compute capability {', '.join(want)}; "
-                    f"the visible GPUs have {', '.join(have)}")
+            if not set(want) & set(have):
+                return (f"the kernels were built and verified for compute capability {', '.join(want)}; "
+                        f"the visible GPUs have {', '.join(have)}")
+            fewer = sorted({torch.cuda.get_device_properties(i).multi_processor_count
+                            for i in range(torch.cuda.device_count())})
+            return (f"the kernels were searched on a GPU with {sms} SMs and size their grids to it; the visible "
+                    f"GPUs have {', '.join(map(str, fewer))}: run forge-pack build on this GPU")
         return None
 
     def load(self) -> bool:

@@ -44,6 +44,19 @@ SMEM_MAX = 200 * 1024  # dynamic shared memory per block (opt-in; H100/H200 allo
 
 SMEM_PER_SM = 228 * 1024  # H100/H200 shared memory per SM; each resident block also reserves 1 KB
 SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
+
+
+def use_gpu(gpu: dict) -> None:
+    """Size the persistent and shared-memory families for the GPU the search runs on (the evaluator's
+    device report: `sm_count`, `smem_optin_bytes`); the H200 figures above stay where it says nothing.
+    A grid sized for more SMs than the GPU has would stall on its barriers until their timeouts."""
+    global SM_COUNT, SMEM_MAX, SMEM_PER_SM
+    sms, optin = gpu.get("sm_count"), gpu.get("smem_optin_bytes")
+    if isinstance(sms, int) and sms > 8:
+        SM_COUNT = sms
+    if isinstance(optin, int) and optin >= 48 * 1024:
+        SMEM_MAX = min(200 * 1024, optin)
+        SMEM_PER_SM = optin + 1024  # the opt-in maximum plus the 1 KB the runtime reserves per block
 MAX_REG_ELEMS = 64  # fp32 values a thread keeps in registers at most (beyond: spills)
 
 

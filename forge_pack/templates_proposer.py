@@ -129,6 +129,10 @@ class TemplateProposer:
     def propose(self, request: ProposeRequest) -> list[Move]:
         sig = request.hotspot.signature
         backend = request.backend
+        if backend == "cuda" and request.gpu:
+            from forge_pack.template_cuda import use_gpu
+
+            use_gpu(request.gpu)  # grids and shared memory sized for the GPU the evaluator runs on
         fams = applicable_families(sig, backend)
         if not fams:
             return []

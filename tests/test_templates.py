@@ -482,3 +482,25 @@ def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
         items.append((f"{text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
     failures = _evaluate_all(cuda_evaluator, items)
     assert not failures, "\n".join(failures)
+
+
+def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
+    """The evaluator's device report reaches the template proposer: a 114-SM GPU gets a resident
+    grid of at most 114 blocks per block-per-SM (132 on the H200, the default when nothing is known)."""
+    from forge_pack import template_cuda
+
+    for name in ("SM_COUNT", "SMEM_MAX", "SMEM_PER_SM"):  # restored after the test
+        monkeypatch.setattr(template_cuda, name, getattr(template_cuda, name))
+    big = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
+    h = Hotspot(big, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
+
+    def resident_grid(gpu: dict) -> int:
+        moves = TemplateProposer().propose(ProposeRequest(h, "cuda", None, gpu=gpu, max_moves=50))
+        cand = next(m.candidate for m in moves if m.candidate.family == "resident")
+        blocks = int(evaluate(cand.spec.kernels[0].grid[0], launch_env(big)))
+        return blocks // cand.params["bps"]
+
+    assert resident_grid({}) == 132
+    assert resident_grid({"sm_count": 132, "smem_optin_bytes": 232448}) == 132
+    assert template_cuda.SMEM_MAX == 200 * 1024 and template_cuda.SMEM_PER_SM == 228 * 1024  # H200: unchanged
+    assert resident_grid({"sm_count": 114, "smem_optin_bytes": 232448}) <= 114

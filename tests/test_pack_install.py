@@ -151,6 +151,8 @@ def test_python_m_verify_bench_info(site):
     assert len(json.loads(r.stdout)["targets"]) == 5
     r = subprocess.run([sys.executable, "-m", PKG, "info"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "extension: loaded" in r.stdout and ": softmax(x: f32[4,16,64]" in r.stdout
+    measured = next(line for line in r.stdout.splitlines() if line.startswith("measured on:"))
+    assert "CUDA" not in measured, measured  # a CPU package was not measured with CUDA
 
 
 def test_verify_fails_when_a_kernel_is_wrong(site, tmp_path):

@@ -250,7 +250,8 @@ def cmd_info(args) -> int:
     print(f"model: {m['model']['name']} ({m['model']['path']}), device {m['model']['device']}")
     where = env["gpu_name"] or env.get("cpu") or "cpu"
     cc = f", compute capability {env['compute_capability']}" if env["compute_capability"] else ""
-    print(f"measured on: {where}{cc}, torch {env['torch']}, CUDA {env['cuda']}")
+    cuda = f", CUDA {env['cuda']}" if m["backend"] == "cuda" else ""  # a CPU package's torch may have CUDA too
+    print(f"measured on: {where}{cc}, torch {env['torch']}{cuda}")
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
     print(f"this machine: torch {torch.__version__}, {here}")
     print(f"extension: {'loaded' if loaded else 'NOT loaded: ' + str(_PATCHER.load_error)}")

@@ -166,6 +166,14 @@ def _default_env(device: str) -> dict:
     return env
 
 
+def _default_check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ForgeError(f"this run searches CUDA kernels, but {why}", "resume it on the machine with the GPU")
+
+
 @dataclass
 class Toolkit:
     load: Callable = _default_load  # (model, device, dtype) -> Target (.device, .path, .model_hash, .dtype)
@@ -174,6 +182,7 @@ class Toolkit:
     proposers: Callable = _default_proposers  # (config, backend, store) -> [Proposer]
     roots: Callable = _default_roots  # (hotspot, backend) -> [Candidate]: starting points (reference kernels)
     env: Callable = _default_env  # (device) -> dict
+    check_device: Callable = _default_check_device  # (device) -> None; ForgeError when it cannot be used here
 
 
 # ---------------------------------------------------------------- results
@@ -659,8 +668,9 @@ def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | N
 
             start_ui_in_background(run_dir, echo=say, **ui)
         if run_row is not None:
-            run_id, env, forward_us, plan = _plan_resumed(config, tk, store, run_row)
             device = run_row["device"]
+            tk.check_device(device)  # no usable GPU: one error here, not a failed verdict per candidate
+            run_id, env, forward_us, plan = _plan_resumed(config, tk, store, run_row)
         else:
             run_id, env, forward_us, plan = _plan_fresh(config, tk, store, target, run_dir, quiet)
             device = target.device

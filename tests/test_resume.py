@@ -316,3 +316,24 @@ def test_a_run_dir_with_url_characters_opens_read_only(tmp_path):
             conn.execute("DELETE FROM events")  # still read-only
     finally:
         conn.close()
+
+
+def test_a_cuda_run_resumed_without_a_gpu_is_one_error_before_any_evaluation(tmp_path, monkeypatch):
+    import dataclasses
+    from types import SimpleNamespace
+
+    import torch
+
+    run_dir = tmp_path / "run"
+    tk = fake_toolkit()
+    on_gpu = dataclasses.replace(tk, load=lambda model, device, dtype: SimpleNamespace(
+        device="cuda", path=model, model_hash="fakehash", dtype=dtype), check_device=lambda device: None)
+    pipeline.run(pipeline.RunConfig(model="m.py", budget=2, run_dir=str(run_dir)), toolkit=on_gpu,
+                 say=lambda s: None)
+    before = len(_calls(run_dir))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = pipeline.with_overrides(pipeline.load_config(run_dir), budget=4)
+    with pytest.raises(ForgeError, match="CUDA kernels, but") as e:
+        pipeline.run(config, resume=True, toolkit=tk, say=lambda s: None)  # the default device check
+    assert "GPU" in e.value.hint
+    assert len(_calls(run_dir)) == before

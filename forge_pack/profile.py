@@ -12,7 +12,7 @@ Three phases on the user's own inputs:
 
 from __future__ import annotations
 
-import hashlib
+import functools
 
 import contextlib
 import json
@@ -119,30 +119,22 @@ def code_fingerprint(cls: type) -> str:
     """16 hex digits over the bytecode of every function the class and its bases up to nn.Module
     define: the emitted package patches instances found by class NAME only when their code is the
     code that was profiled (another library's class of the same name may compute something else).
-    The package's _patch.py computes the same (tests/test_patch_runtime.py holds them equal)."""
-    h = hashlib.sha256()
-    for klass in cls.__mro__:
-        if klass is torch.nn.Module or klass is object:
-            break
-        for name in sorted(vars(klass)):
-            fn = vars(klass)[name]
-            code = getattr(getattr(fn, "__func__", fn), "__code__", None)
-            if code is not None:
-                h.update(name.encode())
-                _hash_code(h, code)
-    return h.hexdigest()[:16]
+    One implementation: the package runtime's own (templates/package/_patch.py), which computes it
+    again where the package is applied."""
+    return _package_runtime().code_fingerprint(cls)
 
 
-def _hash_code(h, code) -> None:
-    h.update(code.co_code)
-    h.update(repr(code.co_names).encode())
-    for c in code.co_consts:
-        if hasattr(c, "co_code"):
-            _hash_code(h, c)
-        elif isinstance(c, frozenset):  # iteration order of a set of strings varies per process
-            h.update(repr(sorted(repr(v) for v in c)).encode())
-        else:
-            h.update(repr(c).encode())
+@functools.lru_cache(maxsize=1)
+def _package_runtime():
+    import importlib.util
+
+    from forge_pack.compile import templates_dir
+
+    spec = importlib.util.spec_from_file_location("_forge_pack_package_runtime",
+                                                  templates_dir() / "package" / "_patch.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -377,13 +378,35 @@ def test_a_misaligned_tensor_falls_back(patch_mod, cpu_manifest, monkeypatch):
     assert torch.equal(got, F.softmax(odd, -1))
 
 
-def test_code_fingerprint_agrees_with_the_profilers():
+def test_code_fingerprint_tells_classes_apart_and_is_the_same_in_every_process():
+    """The profiler records it in one process, the package recomputes it in another (a different
+    PYTHONHASHSEED: a set of strings in a method must not change it)."""
+    import subprocess
+
     from forge_pack.profile import code_fingerprint
 
-    pm = _load_template("_forge_test_patch_fingerprint")
-    for cls in (tiny_model.TinyRMSNorm, tiny_model.Tiny, torch.nn.Linear, torch.nn.Module):
-        assert pm.code_fingerprint(cls) == code_fingerprint(cls), cls
-    assert code_fingerprint(tiny_model.TinyRMSNorm) != code_fingerprint(tiny_model.Tiny)
+    fp = code_fingerprint(tiny_model.TinyRMSNorm)
+    assert fp != code_fingerprint(tiny_model.Tiny) and fp != code_fingerprint(TinyRMSNorm)
+    assert patch_mod_fingerprint_in_subprocess(subprocess, "tiny_model", "TinyRMSNorm", "12345") == fp
+    here = code_fingerprint(SetUser)
+    assert {patch_mod_fingerprint_in_subprocess(subprocess, "test_patch_runtime", "SetUser", seed)
+            for seed in ("1", "2", "3")} == {here}
+
+
+class SetUser(torch.nn.Module):
+    def forward(self, x, mode="a"):
+        return x * 2 if mode in {"alpha", "beta", "gamma", "delta"} else x
+
+
+def patch_mod_fingerprint_in_subprocess(subprocess, module: str, name: str, seed: str) -> str:
+    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent / 'pack'), str(Path(__file__).parent)]!r}; "
+            f"import importlib.util as u; s = u.spec_from_file_location('p', {str(TEMPLATE)!r}); "
+            f"m = u.module_from_spec(s); s.loader.exec_module(m); import {module} as t; "
+            f"print(m.code_fingerprint(t.{name}))")
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
 
 
 class TinyRMSNorm(torch.nn.Module):  # the profiled class's name, another library's formula

@@ -141,15 +141,14 @@ def test_config_json_redacts_secrets():
     assert d == {"llm": {"api_key": "<redacted>", "model": "m"}, "token": "<redacted>", "budget": 5, "key_env": ""}
 
 
-def test_control_file_stop_ends_the_run_cleanly_and_resume_continues(tmp_path):
-    run_dir = tmp_path / "run"
+def _stopping_after_three_evaluations():
+    """The fake toolkit whose evaluator asks the run to stop (control file) at its third evaluation."""
     tk = fake_toolkit()
     inner = tk.evaluator
 
     def evaluator(config, rd, backend):
         ev = inner(config, rd, backend)
-        orig = ev.evaluate
-        n = {"calls": 0}
+        orig, n = ev.evaluate, {"calls": 0}
 
         def evaluate(c, h, b):
             n["calls"] += 1
@@ -161,6 +160,12 @@ def test_control_file_stop_ends_the_run_cleanly_and_resume_continues(tmp_path):
         return ev
 
     tk.evaluator = evaluator
+    return tk
+
+
+def test_control_file_stop_ends_the_run_cleanly_and_resume_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    tk = _stopping_after_three_evaluations()
     s = pipeline.run(pipeline.RunConfig(model="m.py", budget=8, run_dir=str(run_dir)), toolkit=tk,
                      say=lambda s: None)
     assert s.status == "interrupted"
@@ -273,23 +278,7 @@ def test_resume_of_a_finished_run_searches_nothing_again_and_keeps_the_time_limi
 
 def test_resume_gives_an_interrupted_hotspot_only_the_time_it_has_left(tmp_path):
     run_dir = tmp_path / "run"
-    tk = fake_toolkit()
-    inner = tk.evaluator
-
-    def evaluator(config, rd, backend):
-        ev = inner(config, rd, backend)
-        orig, n = ev.evaluate, {"calls": 0}
-
-        def evaluate(c, h, b):
-            n["calls"] += 1
-            if n["calls"] == 3:
-                write_control(rd, "stop")
-            return orig(c, h, b)
-
-        ev.evaluate = evaluate
-        return ev
-
-    tk.evaluator = evaluator
+    tk = _stopping_after_three_evaluations()
     s = pipeline.run(pipeline.RunConfig(model="m.py", budget=8, time_limit_s=30.0, run_dir=str(run_dir)),
                      toolkit=tk, say=lambda s: None)
     first = s.searched[0].hotspot.id

@@ -3,7 +3,8 @@
 // event, kernel, event; median of REPS)? Times a read-only ceiling (each thread sums 16-byte
 // vectors, one float per block written) next to pooling designs: the shipped nchw_tile (register
 // loads staged in shared memory), the same tile fed by cp.async, by one cp.async.bulk per block,
-// and a register-only design with shared-memory float atomics. Every pooling variant is checked
+// a register-only design with shared-memory float atomics, and persistent warps each streaming
+// 32-plane tiles through their own cp.async ring. Every pooling variant is checked
 // against a one-thread-per-plane reference. A few rows are repeated with a flush that reads the
 // buffer instead of zero-writing it, which leaves L2 clean instead of full of dirty lines.
 //
@@ -160,6 +161,47 @@ template <int T, int P> __global__ void __launch_bounds__(T) tile_bulk(const bf1
                  : "r"(sb)
                  : "memory");
   reduce_tile<T, P>(reinterpret_cast<const bf16*>(tile), out, p0, P);
+}
+
+// persistent warps, each with its own STAGES-deep ring of 32-plane tiles fed by cp.async: no block
+// barrier, and the next tiles stream in while the warp sums the current one (lane l sums plane l;
+// plane l starts at byte 98 l, so the 32 lanes' 2-byte reads fall in distinct banks or share a word)
+__device__ __forceinline__ void cp16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem)
+               : "memory");
+}
+template <int WARPS, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32) warp_pipe(const bf16* __restrict__ x, bf16* __restrict__ out, int ntiles) {
+  extern __shared__ __align__(16) uint4 ring_smem[];
+  constexpr int TV = 32 * HW / 8;  // 16-byte vectors per 32-plane tile (196)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint4* ring = ring_smem + warp * STAGES * TV;
+  const int gw = blockIdx.x * WARPS + warp, nw = gridDim.x * WARPS;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+  for (int st = 0; st < STAGES; ++st) {
+    const int t = gw + st * nw;
+    if (t < ntiles)
+      for (int i = lane; i < TV; i += 32) cp16(ring + st * TV + i, xv + (long long)t * TV + i);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  int st = 0;
+  for (int t = gw; t < ntiles; t += nw) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
+    __syncwarp();
+    const bf16* tile = reinterpret_cast<const bf16*>(ring + st * TV);
+    float acc = 0.f;
+#pragma unroll 7
+    for (int i = 0; i < HW; ++i) acc += __bfloat162float(tile[lane * HW + i]);
+    out[(long long)t * 32 + lane] = __float2bfloat16(acc * (1.f / HW));
+    __syncwarp();  // every lane has read this stage before it is refilled
+    const int tn = t + STAGES * nw;
+    if (tn < ntiles)
+      for (int i = lane; i < TV; i += 32) cp16(ring + st * TV + i, xv + (long long)tn * TV + i);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");  // empty groups keep the count uniform
+    st = st + 1 == STAGES ? 0 : st + 1;
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // register-only: each vector's (at most two) plane partials go to shared float accumulators
@@ -345,6 +387,17 @@ int main() {
 #define TAT(T, P, U) \
   timeit("tile_atomic T=" #T " P=" #P " U=" #U, PLANES_N / P, T, [&] { tile_atomic<T, P, U><<<PLANES_N / P, T>>>(x, out); }, true);
   TAT(128, 64, 4) TAT(256, 128, 4) TAT(128, 128, 8) TAT(256, 256, 8)
+#define WPIPE(W, S)                                                                                          \
+  {                                                                                                          \
+    const int smem = W * S * 32 * (int)HW * 2, ntiles = (int)(PLANES_N / 32);                                \
+    CK(cudaFuncSetAttribute(warp_pipe<W, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));             \
+    int per_sm = 0;                                                                                          \
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, warp_pipe<W, S>, W * 32, smem));               \
+    const int g = sms * per_sm;                                                                              \
+    timeit("warp_pipe warps=" #W " stages=" #S, g, W * 32,                                                   \
+           [&] { warp_pipe<W, S><<<g, W * 32, smem>>>(x, out, ntiles); }, true);                              \
+  }
+  WPIPE(4, 2) WPIPE(8, 2) WPIPE(8, 3) WPIPE(16, 2) WPIPE(4, 4)
   clean_flush = true;
   timeit("empty kernel", 1, 32, [&] { empty_kernel<<<1, 32>>>(); }, false);
   FLAT(256, 8) TLD(128, 64, 4) TCP(128, 64) TBK(64, 64)

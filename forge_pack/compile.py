@@ -291,14 +291,15 @@ def compile_candidate(candidate: Candidate, arch: str | None = None, cache_dir: 
         folder.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         if backend == "cpu":
-            ok, log, cmd, path = _compile_cpu(candidate.source, folder)
+            ok, log, cmd, path, final = _compile_cpu(candidate.source, folder)
         elif backend == "cuda":
-            ok, log, cmd, path = _compile_cuda(candidate.source, folder, arch)
+            ok, log, cmd, path, final = _compile_cuda(candidate.source, folder, arch)
         else:
-            ok, log, cmd, path = False, f"unknown backend {backend!r}", "", ""
+            ok, log, cmd, path, final = False, f"unknown backend {backend!r}", "", "", False
         build = Build(ok, backend, path, log.strip(), cmd, time.perf_counter() - t0, False, key, arch,
                       parse_resources(log) if backend == "cuda" else {})
-        _atomic_write(meta_file, json.dumps(build.to_json()).encode())
+        if ok or final:  # a compiler killed, timed out or missing says nothing about the source: retry next time
+            _atomic_write(meta_file, json.dumps(build.to_json()).encode())
         return build
 
 
@@ -319,7 +320,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _compile_cpu(source: str, folder: Path) -> tuple[bool, str, str, str]:
+def _compile_cpu(source: str, folder: Path) -> tuple[bool, str, str, str, bool]:
+    """(ok, log, command, artifact, final): final when the result is the source's own (cacheable)."""
     src = folder / "kernel.cpp"
     _atomic_write(src, source.encode())
     out = folder / "kernel.so"
@@ -328,18 +330,18 @@ def _compile_cpu(source: str, folder: Path) -> tuple[bool, str, str, str]:
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except FileNotFoundError:
-        return False, "g++ not found on PATH", " ".join(cmd), ""
+        return False, "g++ not found on PATH", " ".join(cmd), "", False
     except subprocess.TimeoutExpired:
-        return False, "g++ ran longer than 300 s", " ".join(cmd), ""
+        return False, "g++ ran longer than 300 s", " ".join(cmd), "", False
     log = res.stdout + res.stderr
     if res.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        return False, log or f"g++ exited with {res.returncode}", " ".join(cmd), ""
+        return False, log or f"g++ exited with {res.returncode}", " ".join(cmd), "", res.returncode > 0
     os.replace(tmp, out)
-    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out)
+    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out), True
 
 
-def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str, str]:
+def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str, str, bool]:
     out = folder / "kernel.cubin"
     rtc = nvrtc()
     if rtc is not None:
@@ -348,10 +350,10 @@ def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str,
         ok, log, cubin = rtc.compile(source, "kernel.cu", options)
         if ok:
             _atomic_write(out, cubin)
-        return ok, log, cmd, str(out) if ok else ""
+        return ok, log, cmd, str(out) if ok else "", True
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        return False, "neither NVRTC (libnvrtc) nor nvcc was found", "", ""
+        return False, "neither NVRTC (libnvrtc) nor nvcc was found", "", "", False
     src = folder / "kernel.cu"
     _atomic_write(src, source.encode())
     tmp = folder / f".kernel.{os.getpid()}.{threading.get_ident()}.cubin"
@@ -359,13 +361,13 @@ def _compile_cuda(source: str, folder: Path, arch: str) -> tuple[bool, str, str,
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
-        return False, "nvcc ran longer than 300 s", " ".join(cmd), ""
+        return False, "nvcc ran longer than 300 s", " ".join(cmd), "", False
     log = res.stdout + res.stderr
     if res.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        return False, log or f"nvcc exited with {res.returncode}", " ".join(cmd), ""
+        return False, log or f"nvcc exited with {res.returncode}", " ".join(cmd), "", res.returncode > 0
     os.replace(tmp, out)
-    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out)
+    return True, log, " ".join(cmd).replace(str(tmp), str(out)), str(out), True
 
 
 # ---------------------------------------------------------------- ptxas -v parsing

@@ -111,3 +111,22 @@ def test_nvcc_fallback_when_nvrtc_is_missing(tmp_path, monkeypatch):
     src = "#define IN_T __half\n" + (TEMPLATES / "cuda" / "reference_softmax.cu").read_text()
     build = compile_candidate(Candidate("softmax", "cuda", src, SPEC), arch="sm_90", cache_dir=tmp_path)
     assert build.ok and "nvcc" in build.cmd and build.resources
+
+
+def test_a_killed_compiler_is_not_cached_as_the_sources_failure(tmp_path, monkeypatch):
+    """g++ killed (OOM killer, a signal) or timed out says nothing about the source: the next compile
+    must try again, not replay the failure forever."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "g++").write_text("#!/bin/sh\nkill -9 $$\n")
+    (fake / "g++").chmod(0o755)
+    cand = cpu_candidate('extern "C" void k(float* out) { out[0] = 1.f; }')
+    real_path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{real_path}")
+    killed = compile_candidate(cand, cache_dir=tmp_path / "cache")
+    assert not killed.ok and "-9" in killed.log
+    monkeypatch.setenv("PATH", real_path)
+    again = compile_candidate(cand, cache_dir=tmp_path / "cache")
+    assert again.ok and not again.cached

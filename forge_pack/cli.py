@@ -60,7 +60,26 @@ def main() -> None:
             typer.echo(f"hint: {err.hint}", err=True)
         sys.exit(1)
     except KeyboardInterrupt as e:
-        typer.echo("error: interrupted", err=True)
-        # a search names its run directory (cmd_search.SearchInterrupted); before one exists there is none
-        typer.echo(f"hint: {getattr(e, 'hint', None) or 'a search can be continued with --resume RUN_DIR'}", err=True)
-        sys.exit(130)
+        _interrupted(e)
+    except SystemExit as e:
+        # typer turns Ctrl-C inside a command into a silent exit 130 (Exit raised from the
+        # KeyboardInterrupt); a command that already said why raised its Exit from None
+        cause = getattr(e.__context__, "__cause__", None)
+        if e.code == 130 and isinstance(cause, KeyboardInterrupt):
+            _interrupted(cause)
+        raise
+    except OSError as err:  # a path that cannot be written or read: the user's to fix, not a crash
+        if debug_enabled():
+            raise
+        where = f": {err.filename}" if getattr(err, "filename", None) else ""
+        typer.echo(f"error: {err.strerror or err}{where}", err=True)
+        typer.echo("hint: check that the path exists, is a directory where one is expected, and is writable "
+                   "(disk space too)", err=True)
+        sys.exit(1)
+
+
+def _interrupted(e: BaseException) -> None:
+    typer.echo("error: interrupted", err=True)
+    # a search names its run directory (cmd_search.SearchInterrupted); before one exists there is none
+    typer.echo(f"hint: {getattr(e, 'hint', None) or 'a search can be continued with --resume RUN_DIR'}", err=True)
+    sys.exit(130)

@@ -1,0 +1,57 @@
+"""The CLI contract for every command: a user's problem is `error: ...` + `hint: ...` and exit 1, Ctrl-C
+says it was interrupted (exit 130), never a traceback."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FORGE = [sys.executable, "-m", "forge_pack"]
+ROOT = Path(__file__).resolve().parent.parent
+
+SLOW_MODEL = '''
+import time
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        time.sleep(60)  # long enough to be interrupted
+        return torch.softmax(x, -1)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+'''
+
+
+def test_a_run_dir_under_a_file_is_an_error_not_a_traceback(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory")
+    r = subprocess.run([*FORGE, "profile", str(ROOT / "tests" / "models" / "llm_block.py"), "--device", "cpu",
+                        "--run-dir", str(blocker / "run")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "error:" in r.stderr and "hint:" in r.stderr
+
+
+@pytest.mark.skipif(os.name != "posix", reason="sends SIGINT")
+def test_ctrl_c_in_any_command_says_interrupted(tmp_path):
+    model = tmp_path / "slow.py"
+    model.write_text(SLOW_MODEL)
+    p = subprocess.Popen([*FORGE, "profile", str(model), "--device", "cpu", "--run-dir", str(tmp_path / "run")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "run").exists() and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # inside the model's forward
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-3000:]
+    assert "error: interrupted" in err and "Traceback" not in err, err[-3000:]

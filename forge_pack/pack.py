@@ -113,6 +113,13 @@ def check_out_dir(out_dir: Path, force: bool) -> None:
         raise ForgeError(f"{out_dir} already exists", "choose another --out, or pass --force to replace it")
     if out_dir.exists() and not out_dir.is_dir():
         raise ForgeError(f"{out_dir} exists and is not a directory", "choose another --out")
+    # the parent must be creatable and writable now, not after a search of many minutes
+    parent = out_dir.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ForgeError(f"cannot create {out_dir}: {parent} is not a writable directory",
+                         "choose an --out under a directory you can write to")
 
 
 # ------------------------------------------------------------------ reading the run

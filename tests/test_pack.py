@@ -302,3 +302,14 @@ def test_build_output_without_a_max_difference_says_n_a():
     assert "max output difference n/a" in format_result(r)
     r.model_result = _model_result(1.2, 2.5e-5)
     assert "max output difference 2.5e-05" in format_result(r)
+
+
+def test_an_out_dir_under_a_file_is_refused_before_any_work(tmp_path):
+    from forge_pack.errors import ForgeError
+    from forge_pack.pack import check_out_dir
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    with pytest.raises(ForgeError, match="not a writable directory"):
+        check_out_dir(blocker / "deeper" / "pkg", force=False)
+    check_out_dir(tmp_path / "new" / "pkg", force=False)  # a missing parent is fine: it will be created

@@ -271,6 +271,14 @@ def _eval(node: ast.AST, env: Mapping[str, int | float], text: str):
     raise ForgeError(f"expression {text!r} is not allowed", "see docs/candidate-format.md")
 
 
+def _read_text(path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ForgeError(f"the {what} file {path} is not UTF-8 text ({e.reason} at byte {e.start})",
+                         "pass the source file itself, saved as UTF-8") from None
+
+
 def load_candidate_files(source_path: str, spec_path: str | None, op: str, backend: str) -> Candidate:
     """Read a user's kernel file (and its spec, or a spec embedded in the source) into a Candidate.
 
@@ -281,12 +289,12 @@ def load_candidate_files(source_path: str, spec_path: str | None, op: str, backe
     src_file = Path(source_path)
     if not src_file.is_file():
         raise ForgeError(f"kernel file not found: {source_path}", "pass the path of a .cu or .cpp file")
-    source = src_file.read_text()
+    source = _read_text(src_file, "kernel")
     if spec_path:
         spec_file = Path(spec_path)
         if not spec_file.is_file():
             raise ForgeError(f"launch spec file not found: {spec_path}", "pass a JSON file with a 'kernels' list")
-        spec_text = spec_file.read_text()
+        spec_text = _read_text(spec_file, "launch spec")
     else:
         spec_text = extract_embedded_spec(source)
         if spec_text is None:

@@ -131,6 +131,9 @@ def register(app: typer.Typer) -> None:
         from forge_pack.evaluate import Evaluator
         from forge_pack.timing import TimingConfig
 
+        from forge_pack.cmd_search import check_seconds
+
+        check_seconds("--timeout", timeout, "60")
         backend = backend_for(kernel, device)
         if run_dir is not None:
             if signature:
@@ -147,6 +150,12 @@ def register(app: typer.Typer) -> None:
 
             sig = parse_signature(op, signature, dtype)
             op = sig.op
+            from forge_pack import abi
+
+            why = abi.supports(sig)
+            if why:  # say so now, not after timing eager and torch.compile
+                raise ForgeError(f"forge-pack kernels cannot target {sig.pretty()}: {why}",
+                                 "check a signature with a supported dtype, layout and a non-empty shape")
             h = Hotspot(sig, ("check",), 1.0, 0.0, 0.0, 0.0, (), backend)
         cand = load_candidate_files(str(kernel), str(spec) if spec else None, op, backend)
         if backend == "cuda":

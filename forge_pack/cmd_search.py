@@ -159,7 +159,7 @@ def _best_cell(o: HotspotOutcome) -> str:
     return o.best.candidate.label if o.best else "none correct"
 
 
-def _check_seconds(flag: str, value: float | None, example: str) -> None:
+def check_seconds(flag: str, value: float | None, example: str) -> None:
     # `not value > 0` also catches NaN, which compares false with everything
     if value is not None and not value > 0:
         raise ForgeError(f"{flag} must be a positive number of seconds, got {value}", f"e.g. {flag} {example}")
@@ -204,8 +204,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
         raise ForgeError("--workers and --parallel must be at least 1", "e.g. --workers 2 --parallel 2")
     if not 0.0 <= config.min_share <= 1.0:
         raise ForgeError(f"--min-share is a fraction of the forward, got {config.min_share}", "e.g. --min-share 0.02")
-    _check_seconds("--time-limit", config.time_limit_s, "600")
-    _check_seconds("--timeout", config.timeout_s, "60")
+    check_seconds("--time-limit", config.time_limit_s, "600")
+    check_seconds("--timeout", config.timeout_s, "60")
     bar = ProgressBar()
     try:
         summary = run(config, resume=resume is not None, toolkit=toolkit, say=bar.say, on_progress=bar.update,

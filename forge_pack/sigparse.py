@@ -109,9 +109,11 @@ def _meta_tensor(item: str, tm: re.Match, dtype_override: str | None):
 
     from forge_pack.ops import TORCH_DTYPES
 
-    dtype = DTYPES.get((dtype_override or tm.group(2)).lower())
+    given = dtype_override or tm.group(2)
+    dtype = DTYPES.get(given.lower())
     if dtype is None:
-        raise ForgeError(f"unknown dtype {tm.group(2)!r} in {item!r}", "use f32, f16, bf16 or f64")
+        where = "--dtype" if dtype_override else repr(item)
+        raise ForgeError(f"unknown dtype {given!r} in {where}", "use f32, f16, bf16 or f64")
     try:
         shape = tuple(int(s) for s in tm.group(3).replace(" ", "").split(",") if s)
     except ValueError:

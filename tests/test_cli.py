@@ -55,3 +55,21 @@ def test_ctrl_c_in_any_command_says_interrupted(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-3000:]
     assert "error: interrupted" in err and "Traceback" not in err, err[-3000:]
+
+
+def test_check_refuses_bad_input_up_front(tmp_path):
+    binary = tmp_path / "k.cpp"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    kernel = ROOT / "tests" / "kernels" / "cpu_low_precision.cpp"
+    cases = [
+        (["check", str(binary), "--op", "softmax", "--signature", "x: f32[4,8], dim=-1"], "not UTF-8"),
+        (["check", str(kernel), "--op", "softmax", "--signature", "x: f32[4,8], dim=-1", "--timeout", "0"],
+         "positive number of seconds"),
+        (["check", str(kernel), "--op", "softmax", "--signature", "x: f32[4,8], dim=-1", "--dtype", "int8"],
+         "'int8' in --dtype"),
+        (["check", str(kernel), "--op", "softmax", "--signature", "x: f32[0,8], dim=-1"], "empty tensor"),
+    ]
+    for args, expect in cases:
+        r = subprocess.run([*FORGE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 1 and expect in r.stderr and "hint:" in r.stderr, (args, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr

@@ -504,3 +504,15 @@ def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
     assert resident_grid({"sm_count": 132, "smem_optin_bytes": 232448}) == 132
     assert template_cuda.SMEM_MAX == 200 * 1024 and template_cuda.SMEM_PER_SM == 228 * 1024  # H200: unchanged
     assert resident_grid({"sm_count": 114, "smem_optin_bytes": 232448}) <= 114
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+def test_cpu_channels_last_pool_is_as_accurate_as_eager_on_a_resnet_head(tmp_path):
+    """One float sum per channel, value after value, failed the large-offset set on fp32
+    (16,2048,7,7) channels_last: the family now accumulates in double."""
+    from forge_pack.compile import compile_candidate
+
+    sig = _sig("adaptive_avg_pool2d", "x: f32[16,2048,7,7]{channels_last}, output_size=(1,1)")
+    cand = instantiate("adaptive_avg_pool2d", "cpu", "nhwc", {"cblock": 64}, sig)
+    verdict = _cpu_verify(cand, sig, compile_candidate(cand, cache_dir=tmp_path))
+    assert verdict.ok, verdict.detail

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_pack.errors import ForgeError
-from forge_pack.model_accuracy import compare_outputs, precise_reference
+from forge_pack.model_accuracy import compare_outputs, precise_reference, seeded_forward
 from forge_pack.verdict import Baseline, Evaluation, Timing
 
 CONFIRM_FILE = "confirm.json"
@@ -275,23 +275,32 @@ def _time_pair(run_a: Callable, run_b: Callable, enter_b: Callable, exit_b: Call
 
 
 def model_check(package_dir: str, model: str, device: str, dtype: str | None, build_root: str | None) -> dict:
-    import torch
-
     from forge_pack.load import load
 
     patcher = dev_patcher(package_dir, build_root)
     if not patcher.load():
         return {"error": f"the package's extension did not load: {patcher.load_error}"}
     target = load(model, device, dtype)
+    return compare_patched(target, patcher)
+
+
+def compare_patched(target, patcher) -> dict:
+    """The model's output, original and patched (and the float64/float32 yardstick), each forward
+    seeded alike on fresh inputs and its output cloned (model_accuracy.seeded_forward): a forward
+    that draws random numbers, writes into its inputs or returns a buffer it reuses is compared
+    with itself, not with another draw or the same buffer. Then interleaved latency of both."""
+    import torch
+
     cuda = target.device == "cuda"
+    module, args, kwargs, device = target.module, target.args, target.kwargs, target.device
     with torch.inference_mode():
-        ref = target.forward()
-    gold, gold_note = precise_reference(target.module, target.args, target.kwargs, target.device)
+        ref = seeded_forward(module, args, kwargs, device)
+    gold, gold_note = precise_reference(module, args, kwargs, device)
     with torch.inference_mode():
-        if not patcher.apply(target.module):
+        if not patcher.apply(module):
             return {"error": f"the package did not apply: {patcher.load_error}"}
         try:
-            got = target.forward()
+            got = seeded_forward(module, args, kwargs, device)
             calls = dict(patcher.kernel_calls)
             fallbacks = dict(patcher.fallback_calls)
             patcher.revert()

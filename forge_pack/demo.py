@@ -26,21 +26,25 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
     import torch
 
     from forge_pack.confirm import _time_pair
-    from forge_pack.model_accuracy import compare_outputs, precise_reference, tensors
+    from forge_pack.model_accuracy import compare_outputs, precise_reference, seeded_forward, tensors
     from forge_pack.load import load
 
     pkg = importlib.import_module(package)
     target = load(model, device, dtype)
     cuda = target.device == "cuda"
+
+    def run():  # seeded alike, on fresh inputs, output cloned: see confirm.compare_patched
+        return seeded_forward(target.module, target.args, target.kwargs, target.device)
+
     with torch.inference_mode():
-        before = target.forward()
+        before = run()
     gold, gold_note = precise_reference(target.module, target.args, target.kwargs, target.device)
     with torch.inference_mode():
         applied = pkg.apply(target.module)
-        after = target.forward()
+        after = run()
         calls = pkg.status()["kernel_calls"]
         pkg.revert()
-        reverted = target.forward()
+        reverted = run()
         t_eager, t_patched = _time_pair(target.forward, target.forward, lambda: pkg.apply(target.module), pkg.revert,
                                         cuda, budget_s=10.0, max_n=30)
     cmp = compare_outputs(before, after, gold, gold_note)

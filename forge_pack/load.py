@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,9 +178,34 @@ def run_forward(target: Target) -> Any:
             return target.forward()
     except ForgeError:
         raise
-    except TypeError as e:
-        raise ForgeError(f"the model's forward rejected the inputs from get_inputs(): {e}",
-                         "get_inputs() must return what forward() takes, in order (or a dict of keywords)")
     except Exception as e:
-        raise ForgeError(f"the model's forward raised {type(e).__name__}: {e}",
+        if isinstance(e, TypeError) and not _binds(target):
+            raise ForgeError(f"the model's forward rejected the inputs from get_inputs(): {e}",
+                             "get_inputs() must return what forward() takes, in order (or a dict of keywords)")
+        raise ForgeError(f"the model's forward raised {type(e).__name__}: {e} ({_where(e, target.path)})",
                          f"run the model from {target.path} by itself to debug it; --debug shows the traceback")
+
+
+def _binds(target: Target) -> bool:
+    """Whether forward() takes get_inputs()'s arguments. Only a failed binding is the inputs' fault:
+    a TypeError raised inside the forward (torch.cat(x, x)) is the model's own error."""
+    try:
+        sig = inspect.signature(target.module.forward)
+    except (TypeError, ValueError):  # no signature to check (a builtin, a scripted module): not the inputs
+        return True
+    try:
+        sig.bind(*target.args, **target.kwargs)
+    except TypeError:
+        return False
+    return True
+
+
+def _where(e: BaseException, path: str) -> str:
+    """Where the error was raised: the innermost frame in the model file, else the innermost one."""
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "no traceback"
+    mine = Path(path).resolve()
+    ours = [f for f in frames if Path(f.filename).resolve() == mine]
+    f = (ours or frames)[-1]
+    return f"{f.filename}, line {f.lineno}, in {f.name}"

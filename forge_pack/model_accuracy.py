@@ -51,6 +51,101 @@ def tensors(obj: Any) -> list:
     return []
 
 
+# Every forward of a whole-model comparison (eager, higher-precision reference, patched, reverted)
+# draws its random numbers from this seed: dropout left on, a VAE's latent sample, noise in a
+# diffusion step are then the same draws in each, and only the patched ops differ.
+CHECK_SEED = 0
+
+
+def clone_outputs(obj: Any) -> Any:
+    """A copy of a model output that the next forward cannot change: a model that returns a buffer
+    it reuses (a preallocated output, a static cache) would overwrite an output kept by reference."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        items = {k: clone_outputs(v) for k, v in obj.items()}
+        try:  # HF ModelOutput is a dataclass taking keywords; OrderedDict & co. take the pairs
+            return type(obj)(**items) if hasattr(obj, "to_tuple") else type(obj)(items)
+        except Exception:  # noqa: BLE001 - a mapping type we cannot rebuild: its items still compare
+            return items
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes its fields positionally
+        return type(obj)(*(clone_outputs(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_outputs(v) for v in obj)
+    return obj
+
+
+def fresh_inputs(obj: Any, memo: dict | None = None) -> Any:
+    """A copy of forward arguments for one run: tensors cloned (with their strides), containers
+    rebuilt, anything else deep-copied where it can be; a forward that writes into its inputs (x +=
+    pos, a cache it fills) then leaves the next run's inputs as the user's get_inputs() made them.
+    The memo keeps one tensor passed twice one tensor in the copy."""
+    import torch
+
+    memo = {} if memo is None else memo
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, torch.Tensor):
+        out: Any = obj.detach().clone()
+    elif isinstance(obj, dict):
+        try:  # keep a dict subclass's type (attribute access to a batch's fields)
+            out = copy.copy(obj)
+        except Exception:  # noqa: BLE001
+            out = {}
+        for k, v in obj.items():
+            out[k] = fresh_inputs(v, memo)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        out = type(obj)(*(fresh_inputs(v, memo) for v in obj))
+    elif isinstance(obj, (list, tuple)):
+        out = type(obj)(fresh_inputs(v, memo) for v in obj)
+    elif isinstance(obj, (int, float, complex, bool, str, bytes, type(None))):
+        out = obj
+    else:
+        try:
+            out = copy.deepcopy(obj)
+        except Exception:  # noqa: BLE001 - not copyable: the run gets the object itself
+            out = obj
+    memo[id(obj)] = out
+    return out
+
+
+def _rng_devices(device: str) -> list[int]:
+    """The CUDA devices whose generators a forward may draw from: all of them once CUDA is in use."""
+    import torch
+
+    if device == "cuda" or (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return list(range(torch.cuda.device_count()))
+    return []
+
+
+def _rng_state(devices: list[int]) -> list:
+    import torch
+
+    return [torch.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+def seeded_run(fn, args: tuple, kwargs: dict, device: str, seed: int = CHECK_SEED) -> tuple[Any, bool]:
+    """fn(*args, **kwargs) on a fresh copy of the arguments, its random numbers drawn from `seed` in a
+    forked RNG (the caller's generators are left as they were): (cloned output, whether it drew any)."""
+    import torch
+
+    a, k = fresh_inputs((tuple(args), dict(kwargs)))
+    devices = _rng_devices(device)
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        before = _rng_state(devices)
+        out = clone_outputs(fn(*a, **k))
+        drew = any(not torch.equal(x, y) for x, y in zip(before, _rng_state(devices)))
+    return out, drew
+
+
+def seeded_forward(module, args: tuple, kwargs: dict, device: str, seed: int = CHECK_SEED) -> Any:
+    """One forward of a whole-model comparison (see seeded_run): its cloned output."""
+    return seeded_run(module, args, kwargs, device, seed)[0]
+
+
 def _dtype_name(t) -> str:
     return str(t.dtype).replace("torch.", "")
 
@@ -102,7 +197,13 @@ def precise_reference(module, args: tuple, kwargs: dict, device: str) -> tuple[A
     try:
         gold_module = copy.deepcopy(module).to(wide)
         with torch.inference_mode():
-            out = gold_module(*cast(tuple(args)), **cast(dict(kwargs)))
+            # Same seed, fresh inputs, as the eager and patched forwards (seeded_forward).
+            out, drew = seeded_run(gold_module, cast(tuple(args)), cast(dict(kwargs)), device)
+        if drew:
+            # A float64 copy draws other numbers from the same seed (torch.randn in float32 and in
+            # float64 take different paths): its output is no yardstick for the float32 model's.
+            return None, (f"no {label} reference: the forward draws random numbers, and a {label} copy "
+                          "draws different ones from the same seed")
         return [t.detach().clone() for t in tensors(out)], None
     except Exception as e:  # noqa: BLE001 - the yardstick is optional; the element-wise verdict stands
         return None, (f"no {label} reference: the {label} copy of the model failed "

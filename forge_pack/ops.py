@@ -124,10 +124,10 @@ def normalize_call(op: str, style: str, args: tuple, kwargs: dict) -> tuple[dict
     """(tensors by ABI name, params) for one call; raises Unsupported for calls not targeted."""
     kwargs = dict(kwargs or {})
     if op in ("softmax", "log_softmax"):
-        if style == "method":
-            b = _bind(("input", "dim", "dtype"), {"dim": None, "dtype": None}, args, kwargs)
-        else:
-            b = _bind(("input", "dim", "_stacklevel", "dtype"), {"dim": None, "dtype": None}, args, kwargs)
+        # Only F.softmax has _stacklevel before dtype; torch.softmax(x, dim, dtype) and
+        # Tensor.softmax(dim, dtype) take dtype third (as the package's _patch.py binds them).
+        names = ("input", "dim", "_stacklevel", "dtype") if style == "F" else ("input", "dim", "dtype")
+        b = _bind(names, {"dim": None, "dtype": None}, args, kwargs)
         x = b["input"]
         out_dtype = b["dtype"]
         params = {"dim": _dim(b["dim"], x.dim()), "dtype": dtype_name(out_dtype) if out_dtype is not None else None}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 
 import contextlib
+import copy
 import json
 import os
 import re
@@ -103,6 +104,31 @@ def _is_composite_rms(module: torch.nn.Module) -> bool:
     return any(isinstance(getattr(module, a, None), (float, int)) for a in EPS_ATTRS)
 
 
+def _rms_other_state(module: torch.nn.Module) -> str:
+    """Why a composite RMSNorm holds more than the kernel takes (x and `weight`), else "". A gain
+    named scale/g/gamma, or a bias added after, would be dropped: the package would run the bare
+    normalisation on the trained model."""
+    names = [n for n, _ in module.named_parameters(recurse=False) if n != "weight"]
+    names += [n for n, _ in module.named_buffers(recurse=False) if n != "weight"]
+    names += [n for n, v in vars(module).items() if isinstance(v, torch.Tensor)]  # plain tensor attributes
+    if not names:
+        return ""
+    return (f"this RMSNorm module holds state other than `weight` ({', '.join(sorted(set(names)))}), "
+            "which the rms_norm kernel would leave out")
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device_type)  # the device_type form: torch >= 2.4
+    except (RuntimeError, TypeError):  # a device type autocast does not know (meta, ...): never on
+        return False
+
+
+# The emitted package runs the original op whenever autocast is on (templates/package/_patch.py,
+# _autocast_on): a call profiled under autocast could never reach a kernel.
+AUTOCAST_REASON = "called under torch.autocast (the package runs the original op there)"
+
+
 def _module_eps(module: torch.nn.Module) -> float:
     for a in EPS_ATTRS:
         v = getattr(module, a, None)
@@ -168,6 +194,7 @@ class _Recorder(TorchFunctionMode):
         self.total_capture_bytes = 0
         self.index: dict[str, int] = {key: i for i, key in enumerate(stats)}
         self.hooks: list[Any] = []
+        self.probing = False  # running a module copy to find its formula: not the model's own calls
 
     # ---- module hooks (global, removed on exit)
     def __enter__(self):
@@ -182,6 +209,8 @@ class _Recorder(TorchFunctionMode):
         return super().__exit__(*exc)
 
     def _pre(self, module, args):
+        if self.probing:
+            return
         self.module_stack.append(module)
         if self.composite_depth == 0 and _is_composite_rms(module) and args and isinstance(args[0], torch.Tensor):
             self.composite_depth += 1
@@ -198,6 +227,8 @@ class _Recorder(TorchFunctionMode):
             self.pending.append(None)
 
     def _post(self, module, args, output):
+        if self.probing:
+            return
         if self.module_stack and self.module_stack[-1] is module:
             self.module_stack.pop()
         if not self.composite_depth:
@@ -213,17 +244,30 @@ class _Recorder(TorchFunctionMode):
             return
         x = args[0]
         if self.capture and module is not None and id(module) not in self.offsets:
-            self.offsets[id(module)] = _detect_offset(module, x, output)
+            self.offsets[id(module)] = self._probe_offset(module, x)
         sig = self._composite_signature(module, x, output)
         if sig is None:
             return
         st = self._stats(sig, "module:" + type(module).__name__)
         st.module_class = _class_path(type(module))
         st.module_code = code_fingerprint(type(module))
-        if self.offsets.get(id(module), 0.0) is None:
+        other = _rms_other_state(module)
+        if other:
+            st.unsupported = other
+        elif _autocast_on(x.device.type):  # before the formula: under autocast the probe's dtypes differ
+            st.unsupported = AUTOCAST_REASON
+        elif self.offsets.get(id(module), 0.0) is None:
             st.unsupported = "this RMSNorm module's formula is not x*rsqrt(mean(x^2)+eps)*(w+offset)"
         if self.capture:
             self._save(st, {"x": clone, "weight": getattr(module, "weight", None)}, output)
+
+    def _probe_offset(self, module, x: torch.Tensor) -> float | None:
+        """_detect_offset on a copy of the module, with this recorder's hooks and mode standing aside."""
+        self.probing = True
+        try:
+            return _detect_offset(module, x)
+        finally:
+            self.probing = False
 
     def _composite_signature(self, module, x: torch.Tensor, output: torch.Tensor | None) -> Signature | None:
         offset = self.offsets.get(id(module), 0.0)
@@ -239,7 +283,7 @@ class _Recorder(TorchFunctionMode):
             hit = self.table.get(func)
         except TypeError:  # unhashable callable
             hit = None
-        if hit is None or self.composite_depth:
+        if hit is None or self.composite_depth or self.probing:
             return func(*args, **kwargs)
         op, path = hit
         try:
@@ -265,6 +309,9 @@ class _Recorder(TorchFunctionMode):
         if isinstance(out, torch.Tensor):
             sig = ops.make_signature(op, tensors, params, out)
             st = self._stats(sig, label)
+            x = tensors.get("x")
+            if isinstance(x, torch.Tensor) and _autocast_on(x.device.type):
+                st.unsupported = AUTOCAST_REASON
             if self.capture and saved is not None:
                 self._save(st, saved, out)
         return out
@@ -301,9 +348,23 @@ class _Recorder(TorchFunctionMode):
         self.total_capture_bytes += size
 
 
-def _detect_offset(module, x: torch.Tensor, output: torch.Tensor) -> float | None:
-    """Which (w + offset) the module's RMSNorm formula uses: compare its output with both in float64."""
-    w = getattr(module, "weight", None)
+def _detect_offset(module, x: torch.Tensor) -> float | None:
+    """Which (w + offset) the module's RMSNorm formula uses, None for neither: the output of a copy of
+    the module whose weight is random (1 + 0.5 randn, seeded), compared in float64 with both. Not the
+    module's own weight: fresh from init it is all ones or zeros, where w and 1 + w, w and w*w, or a
+    weight applied before the normalisation give the same output and the trained model would not."""
+    try:
+        probe = copy.deepcopy(module)
+        w = getattr(probe, "weight", None)
+        with torch.no_grad():
+            if isinstance(w, torch.Tensor):
+                gen = torch.Generator().manual_seed(0)
+                w.copy_(1.0 + 0.5 * torch.randn(w.shape, generator=gen))
+            output = probe(x)
+    except Exception:  # noqa: BLE001 - a module we cannot copy or rerun: its formula stays unknown
+        return None
+    if not isinstance(output, torch.Tensor) or output.shape != x.shape:
+        return None
     eps = _module_eps(module)
     x64 = x.detach().double()
     y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)

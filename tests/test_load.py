@@ -89,6 +89,33 @@ def test_forward_that_raises_is_a_forge_error(tmp_path):
         run_forward(load(p, device="cpu"))
 
 
+def test_a_type_error_inside_the_forward_is_the_models_own_error(tmp_path):
+    p = write(tmp_path, """
+        import torch
+        class M(torch.nn.Module):
+            def forward(self, x):
+                return torch.softmax(torch.cat(x, x), -1)
+        def get_model(): return M()
+        def get_inputs(): return (torch.randn(2, 3),)
+    """)
+    with pytest.raises(ForgeError) as err:
+        run_forward(load(p, device="cpu"))
+    msg = err.value.message
+    assert "get_inputs" not in msg and "get_inputs" not in err.value.hint
+    assert msg.startswith("the model's forward raised TypeError: cat()")
+    assert f"{p}, line 5, in forward" in msg  # where in the model file
+
+
+def test_inputs_the_forward_cannot_take_are_blamed_on_get_inputs(tmp_path):
+    p = write(tmp_path, """
+        import torch
+        def get_model(): return torch.nn.Softmax(-1)
+        def get_inputs(): return (torch.randn(2, 3), torch.randn(2))
+    """)
+    with pytest.raises(ForgeError, match="rejected the inputs from get_inputs"):
+        run_forward(load(p, device="cpu"))
+
+
 def test_inputs_of_the_wrong_type_are_a_forge_error(tmp_path):
     p = write(tmp_path, """
         import torch

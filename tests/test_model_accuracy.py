@@ -94,6 +94,38 @@ def test_precise_reference_of_a_float32_model_is_its_float64_copy():
     torch.testing.assert_close(out[0], x.double() @ m.weight.double().T + m.bias.double(), rtol=0, atol=1e-15)
 
 
+def test_precise_reference_of_a_model_that_draws_random_numbers_is_no_yardstick():
+    class Sample(torch.nn.Module):  # a VAE's latent_dist.sample()
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(x) + torch.randn(4, 8)
+
+    m, x = Sample(), torch.randn(4, 8)
+    state = torch.get_rng_state()
+    out, note = precise_reference(m, (x,), {}, "cpu")
+    # torch.randn in float64 draws other numbers than in float32 from the same seed: nothing to compare with
+    assert out is None and "draws random numbers" in note
+    assert torch.equal(torch.get_rng_state(), state)  # the caller's generator is left alone
+
+
+def test_precise_reference_runs_on_a_copy_of_inputs_the_forward_writes_into():
+    class Bump(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x, step):
+            step += 1  # an integer counter: not widened, so the caller's own tensor unless copied
+            return self.lin(x) * step
+
+    x, step = torch.randn(2, 4), torch.tensor([1])
+    out, note = precise_reference(Bump(), (x,), {"step": step}, "cpu")
+    assert note is None and torch.equal(step, torch.tensor([1]))
+
+
 def test_precise_reference_is_skipped_without_floating_state():
     class Count(torch.nn.Module):
         def forward(self, x):

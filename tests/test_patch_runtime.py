@@ -55,6 +55,8 @@ CALLS = [
     ("softmax", "method", (x3, -1), {}),
     ("softmax", "method", (x3,), {"dim": 0, "dtype": torch.float32}),
     ("softmax", "torch", (x3, -1), {}),
+    ("softmax", "torch", (x3, -1, torch.float64), {}),  # torch.softmax(input, dim, dtype): dtype by position
+    ("log_softmax", "torch", (x3, 1, torch.float64), {}),
     ("softmax", "F", (x3,), {}),  # implicit dim
     ("log_softmax", "F", (x3,), {"dim": 2}),
     ("layer_norm", "F", (x3, (8,), w8, b8), {}),

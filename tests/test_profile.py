@@ -131,6 +131,104 @@ def test_captured_tensors_are_bitwise_what_the_op_received(tmp_path):
     assert torch.equal(out, target.module.gn(first["gn"]).detach())
 
 
+RMS_VARIANTS = textwrap.dedent("""
+    import torch, torch.nn as nn
+
+    def _rms(x, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    class ScaleRMSNorm(nn.Module):  # the gain is called `scale`, and a bias follows
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.scale = nn.Parameter(torch.ones(d))
+            self.shift = nn.Parameter(torch.zeros(d))
+        def forward(self, x):
+            return _rms(x, self.eps) * self.scale + self.shift
+
+    class BiasRMSNorm(nn.Module):  # `weight` as the kernel expects, plus a bias it would drop
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d))
+            self.bias = nn.Parameter(torch.zeros(d))
+        def forward(self, x):
+            return _rms(x, self.eps) * self.weight + self.bias
+
+    class SquaredRMSNorm(nn.Module):  # w * w: the same as w while w is all ones
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d))
+        def forward(self, x):
+            return _rms(x, self.eps) * self.weight * self.weight
+
+    class PreScaledRMSNorm(nn.Module):  # the weight scales x before the normalisation
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d))
+        def forward(self, x):
+            return _rms(x * self.weight, self.eps)
+
+    class PlainRMSNorm(nn.Module):  # what the kernel computes: stays targeted
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(d))
+        def forward(self, x):
+            return _rms(x, self.eps) * self.weight
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norms = nn.ModuleList([ScaleRMSNorm(16), BiasRMSNorm(24), SquaredRMSNorm(32), PreScaledRMSNorm(40),
+                                        PlainRMSNorm(48)])
+        def forward(self, xs):
+            return [n(x) for n, x in zip(self.norms, xs)]
+
+    def get_model(): return M()
+    def get_inputs(): return ([torch.randn(8, d) for d in (16, 24, 32, 40, 48)],)
+""")
+
+
+def test_rmsnorm_composites_that_the_kernel_would_get_wrong_are_not_targeted(tmp_path):
+    model = tmp_path / "rms_variants.py"
+    model.write_text(RMS_VARIANTS)
+    prof = profile(load(model, device="cpu"), tmp_path / "run", FAST, quiet=True)
+    why = {h.call_paths[0].partition(":")[2]: h.unsupported for h in prof.hotspots if h.signature.param("composite")}
+    assert "state other than `weight` (scale, shift)" in why["ScaleRMSNorm"]
+    assert "state other than `weight` (bias)" in why["BiasRMSNorm"]
+    assert "formula is not" in why["SquaredRMSNorm"]  # found with a random weight, not the init's ones
+    assert "formula is not" in why["PreScaledRMSNorm"]
+    assert why["PlainRMSNorm"] == ""
+
+
+def test_calls_under_autocast_are_not_targeted(tmp_path):
+    model = tmp_path / "amp.py"
+    model.write_text(textwrap.dedent("""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(64, 64)
+                self.ln = nn.LayerNorm(64)
+                self.gn = nn.GroupNorm(4, 16)
+            def forward(self, x, img):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    p = F.softmax(self.ln(self.lin(x)), dim=-1)
+                    g = self.gn(img)
+                return p, g, torch.log_softmax(x, -1)  # outside autocast: targeted
+        def get_model(): return M()
+        def get_inputs(): return (torch.randn(8, 64), torch.randn(2, 16, 4, 4))
+    """))
+    prof = profile(load(model, device="cpu"), tmp_path / "run", FAST, quiet=True)
+    why = {h.op: h.unsupported for h in prof.hotspots}
+    reason = "called under torch.autocast (the package runs the original op there)"
+    assert why["softmax"] == why["layer_norm"] == why["group_norm"] == reason
+    assert why["log_softmax"] == ""
+
+
 def test_capture_caps_hold(tmp_path):
     cfg = ProfileConfig(warmup=0, iterations=1, captures_per_signature=1, capture_bytes_total=200_000)
     p = profile(load(MODELS / "vision_net.py", device="cpu"), tmp_path, cfg, quiet=True)

@@ -80,6 +80,7 @@ def main() -> None:
 
 def _interrupted(e: BaseException) -> None:
     typer.echo("error: interrupted", err=True)
-    # a search names its run directory (cmd_search.SearchInterrupted); before one exists there is none
-    typer.echo(f"hint: {getattr(e, 'hint', None) or 'a search can be continued with --resume RUN_DIR'}", err=True)
+    # a search names its run directory to --resume (cmd_search.SearchInterrupted); other commands
+    # have nothing to continue: run them again
+    typer.echo(f"hint: {getattr(e, 'hint', None) or 'run the command again'}", err=True)
     sys.exit(130)

@@ -25,6 +25,7 @@ import platform
 import sys
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -552,7 +553,12 @@ class RunLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as e:
+            if not isinstance(e, BlockingIOError):  # a filesystem without flock (ENOLCK, EOPNOTSUPP)
+                os.close(fd)
+                warnings.warn(f"cannot lock {self.path} ({e.strerror}): two searches of this run directory "
+                              "would not be kept apart", RuntimeWarning, stacklevel=2)
+                return
             holder = os.read(fd, 32).decode(errors="replace").strip()
             os.close(fd)
             who = f" (pid {holder})" if holder.isdigit() else ""
@@ -580,13 +586,14 @@ def _check_run_dir(run_dir: Path) -> None:
             return
 
 
-def _resume_state(row, config: RunConfig) -> tuple[bool, float]:
+def _resume_state(row, config: RunConfig, new_moves: bool = False) -> tuple[bool, float]:
     """(search it?, search time already spent) for a stored hotspot row.
 
     A search that never ended (a fresh run; killed, Ctrl-C, stopped from the dashboard) continues with
     the time it has left. One that ended (budget, time limit, proposers dry) is kept as it is unless
     the flags give it more to do: a larger --budget (a new stint: the time limit counts afresh, or
-    the extra evaluations could never run) or, after a time-limit stop, a larger --time-limit."""
+    the extra evaluations could never run), after a time-limit stop a larger --time-limit, or after
+    the proposers ran dry other proposers (``new_moves``: an --llm model added or changed)."""
     spent = float(row["search_s"] or 0.0)
     reason = row["stop_reason"]
     if reason not in ENDED:
@@ -595,7 +602,17 @@ def _resume_state(row, config: RunConfig) -> tuple[bool, float]:
         return True, 0.0
     if reason == "time_limit" and (config.time_limit_s is None or config.time_limit_s > spent):
         return True, spent
+    if reason == "exhausted" and new_moves:
+        return True, spent
     return False, spent
+
+
+def _stored_llm(run_dir: Path) -> str | None:
+    """The LLM model of the configuration a run was last started with (None: templates only)."""
+    try:
+        return load_config(run_dir).llm_model or None
+    except ForgeError:
+        return None
 
 
 def _kept_result(store: Store, row, config: RunConfig) -> SearchResult:
@@ -662,6 +679,8 @@ def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | N
     beat = _Heartbeat(store)
     beat.start()
     try:
+        # the proposers of the run being continued: new ones reopen hotspots whose proposers ran dry
+        before = _stored_llm(run_dir) if run_row is not None else None
         _save_config(run_dir, config)
         if ui is not None:  # --ui: the dashboard beside the search, reading the same run store
             from forge_pack.ui_server import start_ui_in_background
@@ -676,7 +695,8 @@ def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | N
             device = target.device
             target = None  # the model is not needed any more: its captured tensors are on disk
         rows = {r["id"]: r for r in store.hotspots()}
-        todo = {h.id: _resume_state(rows[h.id], config) for _, h, why in plan if not why}
+        new_moves = run_row is not None and (config.llm_model or None) != before
+        todo = {h.id: _resume_state(rows[h.id], config, new_moves) for _, h, why in plan if not why}
         if run_row is not None:
             n = sum(1 for go, _ in todo.values() if go)
             kept = len(todo) - n

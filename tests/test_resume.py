@@ -326,3 +326,42 @@ def test_a_cuda_run_resumed_without_a_gpu_is_one_error_before_any_evaluation(tmp
         pipeline.run(config, resume=True, toolkit=tk, say=lambda s: None)  # the default device check
     assert "GPU" in e.value.hint
     assert len(_calls(run_dir)) == before
+
+
+def test_resume_with_new_proposers_reopens_hotspots_whose_proposers_ran_dry(tmp_path):
+    import dataclasses
+
+    from search_fakes import GridProposer, ListProposer
+
+    one = {"f": 0, "a": 1, "b": 1, "c": 0}
+
+    def proposers(config, backend, store):  # the LLM stands in as a second proposer
+        dry = ListProposer([one], name="list")
+        return [dry, GridProposer()] if config.llm_model else [dry]
+
+    tk = dataclasses.replace(fake_toolkit(), proposers=proposers)
+    run_dir = tmp_path / "run"
+    s1 = pipeline.run(pipeline.RunConfig(model="m.py", budget=10, run_dir=str(run_dir)), toolkit=tk,
+                      say=lambda s: None)
+    assert [o.result.stop_reason for o in s1.searched] == ["exhausted", "exhausted"]
+    same = pipeline.run(pipeline.load_config(run_dir), resume=True, toolkit=tk, say=lambda s: None)
+    assert [o.result.new_evaluations for o in same.searched] == [0, 0]  # nothing new to propose
+    llm = pipeline.with_overrides(pipeline.load_config(run_dir), llm_model="gpt-x")
+    s2 = pipeline.run(llm, resume=True, toolkit=tk, say=lambda s: None)
+    assert all(o.result.new_evaluations > 0 for o in s2.searched)
+
+
+def test_a_filesystem_without_flock_runs_unlocked_with_a_warning(tmp_path, monkeypatch):
+    import errno
+
+    if pipeline.fcntl is None:
+        pytest.skip("no fcntl")
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(pipeline.fcntl, "flock", no_locks)
+    with pytest.warns(RuntimeWarning, match="cannot lock"):
+        s = pipeline.run(pipeline.RunConfig(model="m.py", budget=2, run_dir=str(tmp_path / "run")),
+                         toolkit=fake_toolkit(), say=lambda s: None)
+    assert all(o.result.evaluations == 2 for o in s.searched)

@@ -110,7 +110,7 @@ def _rms_other_state(module: torch.nn.Module) -> str:
     normalisation on the trained model."""
     names = [n for n, _ in module.named_parameters(recurse=False) if n != "weight"]
     names += [n for n, _ in module.named_buffers(recurse=False) if n != "weight"]
-    names += [n for n, v in vars(module).items() if isinstance(v, torch.Tensor)]  # plain tensor attributes
+    names += [n for n, v in vars(module).items() if isinstance(v, torch.Tensor) and n != "weight"]  # plain tensors
     if not names:
         return ""
     return (f"this RMSNorm module holds state other than `weight` ({', '.join(sorted(set(names)))}), "
@@ -349,20 +349,34 @@ class _Recorder(TorchFunctionMode):
 
 
 def _detect_offset(module, x: torch.Tensor) -> float | None:
-    """Which (w + offset) the module's RMSNorm formula uses, None for neither: the output of a copy of
-    the module whose weight is random (1 + 0.5 randn, seeded), compared in float64 with both. Not the
+    """Which (w + offset) the module's RMSNorm formula uses, None for neither: the output of the
+    module with a random weight (1 + 0.5 randn, seeded), compared in float64 with both. Not the
     module's own weight: fresh from init it is all ones or zeros, where w and 1 + w, w and w*w, or a
-    weight applied before the normalisation give the same output and the trained model would not."""
+    weight applied before the normalisation give the same output and the trained model would not.
+    The probe runs on a copy; a module that cannot be copied gets the random weight in place, put
+    back afterwards."""
     try:
         probe = copy.deepcopy(module)
-        w = getattr(probe, "weight", None)
+    except Exception:  # noqa: BLE001 - a lock, a handle, a tensor subclass: probe the module itself
+        probe = None
+    target = probe if probe is not None else module
+    w = getattr(target, "weight", None)
+    w = w if isinstance(w, torch.Tensor) else None
+    saved = w.detach().clone() if w is not None and probe is None else None
+    try:
         with torch.no_grad():
-            if isinstance(w, torch.Tensor):
+            if w is not None:
                 gen = torch.Generator().manual_seed(0)
                 w.copy_(1.0 + 0.5 * torch.randn(w.shape, generator=gen))
-            output = probe(x)
-    except Exception:  # noqa: BLE001 - a module we cannot copy or rerun: its formula stays unknown
+            output = target(x)
+            w_used = w.detach().clone() if w is not None else None
+    except Exception:  # noqa: BLE001 - a module we cannot rerun: its formula stays unknown
         return None
+    finally:
+        if saved is not None:
+            with torch.no_grad():
+                w.copy_(saved)
+    w = w_used
     if not isinstance(output, torch.Tensor) or output.shape != x.shape:
         return None
     eps = _module_eps(module)

@@ -271,3 +271,23 @@ def test_profile_examples_on_cuda(tmp_path, name):
     h = p.hotspots[0]
     tensors, out = load_capture(tmp_path / h.captures[0], h.signature, "cuda")
     assert tensors["x"].is_cuda and out.shape == h.signature.output.shape
+
+
+def test_an_rmsnorm_that_cannot_be_copied_is_probed_in_place_and_left_as_it_was():
+    import threading
+
+    from forge_pack.profile import _detect_offset
+
+    class LockedRMSNorm(torch.nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((d,), 0.5))
+            self.eps = eps
+            self.lock = threading.Lock()  # deepcopy refuses it
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+    m = LockedRMSNorm(16)
+    assert _detect_offset(m, torch.randn(4, 16)) == 1.0
+    assert torch.equal(m.weight, torch.full((16,), 0.5))

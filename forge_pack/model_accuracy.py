@@ -78,17 +78,19 @@ def clone_outputs(obj: Any) -> Any:
 
 
 def fresh_inputs(obj: Any, memo: dict | None = None) -> Any:
-    """A copy of forward arguments for one run: tensors cloned (with their strides), containers
-    rebuilt, anything else deep-copied where it can be; a forward that writes into its inputs (x +=
-    pos, a cache it fills) then leaves the next run's inputs as the user's get_inputs() made them.
-    The memo keeps one tensor passed twice one tensor in the copy."""
+    """A copy of forward arguments for one run: tensors copied storage by storage (strides, views of
+    one another and stride-0 expands stay what they were: the package's guard checks strides, and an
+    expanded mask must not become a full allocation), containers rebuilt, anything else deep-copied
+    where it can be; a forward that writes into its inputs (x += pos, a cache it fills) then leaves
+    the next run's inputs as the user's get_inputs() made them. The memo keeps one tensor passed
+    twice one tensor in the copy."""
     import torch
 
     memo = {} if memo is None else memo
     if id(obj) in memo:
         return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
-        out: Any = obj.detach().clone()
+        out: Any = _same_layout_copy(obj, memo)
     elif isinstance(obj, dict):
         try:  # keep a dict subclass's type (attribute access to a batch's fields)
             out = copy.copy(obj)
@@ -109,6 +111,22 @@ def fresh_inputs(obj: Any, memo: dict | None = None) -> Any:
             out = obj
     memo[id(obj)] = out
     return out
+
+
+def _same_layout_copy(t, memo: dict):
+    """t on a copy of its storage (one copy per storage, shared by every view of it): same size,
+    strides and offset. Tensors without a plain storage (subclasses, sparse) are cloned."""
+    import torch
+
+    try:
+        storage = t.untyped_storage()
+        key = ("storage", t.device, storage.data_ptr(), storage.nbytes())
+        if key not in memo:
+            memo[key] = storage.clone()
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(memo[key], t.storage_offset(), t.size(),
+                                                                   t.stride())
+    except (RuntimeError, TypeError, NotImplementedError):
+        return t.detach().clone()
 
 
 def _rng_devices(device: str) -> list[int]:

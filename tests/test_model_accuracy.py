@@ -182,3 +182,19 @@ class _OnlyBf16(torch.nn.Module):
 def test_a_model_that_cannot_run_in_float32_gives_a_note_not_a_crash():
     out, note = precise_reference(_OnlyBf16(), (torch.ones(2, 4, dtype=torch.bfloat16),), {}, "cpu")
     assert out is None and note.startswith("no float32 reference: the float32 copy of the model failed (TypeError")
+
+
+def test_fresh_inputs_keep_strides_views_and_expands_and_are_independent():
+    import torch
+
+    from forge_pack.model_accuracy import fresh_inputs
+
+    x = torch.randn(4, 8)
+    mask = torch.ones(1, 1, 1, 1).expand(2, 4, 64, 64)
+    a, sliced, transposed, m = fresh_inputs((x, x[:, ::2], x.t(), mask))
+    assert sliced.stride() == (8, 2) and transposed.stride() == (1, 8) and m.stride() == (0, 0, 0, 0)
+    assert m.untyped_storage().nbytes() == 4  # not materialised
+    assert a.untyped_storage().data_ptr() == sliced.untyped_storage().data_ptr()  # still views of one tensor
+    assert a.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    a += 1  # a forward writing into its copy leaves the caller's tensor alone
+    assert torch.equal(sliced, x[:, ::2] + 1) and not torch.equal(a, x)

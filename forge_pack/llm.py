@@ -306,20 +306,34 @@ class LLMClient:
     def _post(self, client: Any, kwargs: dict, deadline: float) -> bytes:
         """The response body of one request. httpx's timeout is per read: a server (or proxy)
         trickling keep-alive bytes would hold a plain call forever, so the body is read in chunks
-        and the call ends at ``deadline`` (one request's ``timeout_s``) however the bytes come."""
+        and a watchdog closes the response at ``deadline`` (one request's ``timeout_s``) however
+        the bytes come. The headers themselves come under the per-read timeout."""
         with client.chat.completions.with_streaming_response.create(**kwargs) as resp:
             chunks = []
+            late = threading.Event()
+
+            def cut() -> None:
+                late.set()
+                resp.close()
+
+            watchdog = threading.Timer(max(deadline - time.monotonic(), 0.0), cut)
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 for chunk in resp.iter_bytes():
                     chunks.append(chunk)
                     if time.monotonic() > deadline:
-                        raise LLMCallError("timeout", f"no complete reply within {self.config.timeout_s:g} s "
-                                                      f"(the server kept the connection open with a trickle of bytes)")
-            except LLMCallError:
-                raise
+                        late.set()
+                        break
             except Exception as e:  # the transport's own errors: the SDK does not wrap them while streaming
-                outcome = "timeout" if "timeout" in type(e).__name__.lower() else "connection"
-                raise LLMCallError(outcome, f"the reply from {self._url} broke off: {type(e).__name__}: {e}")
+                if not late.is_set():
+                    outcome = "timeout" if "timeout" in type(e).__name__.lower() else "connection"
+                    raise LLMCallError(outcome, f"the reply from {self._url} broke off: {type(e).__name__}: {e}")
+            finally:
+                watchdog.cancel()
+            if late.is_set():
+                raise LLMCallError("timeout", f"no complete reply within {self.config.timeout_s:g} s "
+                                              f"(the server kept the connection open with a trickle of bytes)")
         return b"".join(chunks)
 
     def _status_error(self, e: Any) -> LLMCallError:

@@ -257,6 +257,8 @@ bool fp_same_layout(c10::IntArrayRef sizes, c10::IntArrayRef strides, const std:
 // torch.compile can hand a custom op an input in a layout of its choosing (a channels-last
 // convolution output, say) although the traced call had the verified one. Such an input is copied
 // into the verified layout first (warned once), so the kernel only ever reads what it was verified on.
+// So is an input whose data is not 16-byte aligned (a view at an odd offset): every verified input
+// was a fresh allocation, and the kernels' 16-byte vector paths were never run misaligned.
 at::Tensor fp_expect(const at::Tensor& t, const char* op, const char* name, c10::ScalarType dtype,
                      const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, c10::DeviceType dev,
                      c10::Device device) {
@@ -265,10 +267,16 @@ at::Tensor fp_expect(const at::Tensor& t, const char* op, const char* name, c10:
   TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " has dtype ", t.scalar_type(), ", verified for ", dtype);
   TORCH_CHECK(t.sizes() == c10::IntArrayRef(sizes), op, ": ", name, " has shape ", t.sizes(),
               ", verified for ", c10::IntArrayRef(sizes));
-  if (fp_same_layout(t.sizes(), t.strides(), strides)) return t;
-  TORCH_WARN_ONCE(op, ": ", name, " arrived with strides ", t.strides(), ", not the verified ",
-                  c10::IntArrayRef(strides), " (torch.compile chose another layout): copied to the verified "
-                  "layout before the kernel, one extra copy per call");
+  const bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+  if (aligned && fp_same_layout(t.sizes(), t.strides(), strides)) return t;
+  if (!aligned) {  // braces: TORCH_WARN_ONCE is several statements
+    TORCH_WARN_ONCE(op, ": ", name, " arrived at an address that is not 16-byte aligned: copied before the "
+                    "kernel, one extra copy per call");
+  } else {
+    TORCH_WARN_ONCE(op, ": ", name, " arrived with strides ", t.strides(), ", not the verified ",
+                    c10::IntArrayRef(strides), " (torch.compile chose another layout): copied to the verified "
+                    "layout before the kernel, one extra copy per call");
+  }
   return at::empty_strided(sizes, strides, t.options()).copy_(t);
 }
 """)

@@ -140,6 +140,15 @@ def test_cpp_op_copies_an_input_in_another_layout(site):
     assert p.stderr.count("copied to the verified layout") == 1  # C++ warns once, on stderr
 
 
+def test_cpp_op_copies_a_misaligned_input(site):
+    p = subprocess.run([sys.executable, str(DRIVER), PKG, "op_misaligned"], capture_output=True, text=True,
+                       timeout=600, env=helpers.env_with(site))
+    assert p.returncode == 0, p.stderr[-4000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r["misaligned"] and r["equal"]
+    assert p.stderr.count("not 16-byte aligned") == 1
+
+
 def test_python_m_verify_bench_info(site):
     env = helpers.env_with(site)
     r = subprocess.run([sys.executable, "-m", PKG, "verify"], capture_output=True, text=True, env=env, timeout=300)

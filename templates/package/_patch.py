@@ -495,8 +495,6 @@ class Patcher:
                 return False  # autograd needs a graph: the kernels have no backward
             if transforms and type(v) in _PLAIN and _transformed(v):
                 return False  # vmap / grad / jvp / forward AD: the kernels have no rules for them
-            if transforms and v.data_ptr() % 16:
-                return False  # verified on fresh allocations only: 16-byte vector paths were never run misaligned
         return True
 
     def _count(self, table: dict, key: str) -> None:

@@ -252,5 +252,17 @@ def scenario_op_relayout() -> dict:
             "equal": bool(torch.equal(got, op(x))) and bool(torch.equal(again, got))}
 
 
+def scenario_op_misaligned() -> dict:
+    """An input of the verified dtype, shape and strides whose data starts at an odd element offset
+    is copied (the kernels were verified on aligned allocations only), with a warning on stderr."""
+    PKG.load()
+    sm = target("softmax")
+    op = getattr(getattr(torch.ops, PKG.manifest["package"]["namespace"]), sm["id"])
+    shape = sm["signature"]["inputs"][0][1]["shape"]
+    x = torch.randn(*shape)
+    odd = torch.empty(x.numel() + 1)[1:].view(x.shape).copy_(x)
+    return {"misaligned": odd.data_ptr() % 16 != 0, "equal": bool(torch.equal(op(odd), op(x)))}
+
+
 if __name__ == "__main__":
     print(json.dumps(globals()[f"scenario_{SCENARIO}"]()))

@@ -108,6 +108,16 @@ def check_name(name: str) -> str:
     return name
 
 
+def _min_sm_count(cand, env: dict) -> dict:
+    """{"min_sm_count": SMs} for a kernel whose grid is sized to every SM of the search GPU."""
+    from forge_pack.template_cuda import CO_RESIDENT
+
+    sms = env.get("sm_count")
+    if cand.backend == "cuda" and cand.origin == "template" and cand.family in CO_RESIDENT and sms:
+        return {"min_sm_count": int(sms)}
+    return {}
+
+
 def check_out_dir(out_dir: Path, force: bool) -> None:
     if out_dir.exists() and not force:
         raise ForgeError(f"{out_dir} already exists", "choose another --out, or pass --force to replace it")
@@ -296,7 +306,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
             "kernel": {"backend": backend, "file": kernel_file, "launcher": launcher_file,
                        "symbols": [k["symbol"] for k in launch["kernels"]], "family": cand.family,
                        "params": dict(cand.params), "origin": cand.origin, "hash": cand.content_hash,
-                       "source_sha256": _sha256(cand.source)},
+                       "source_sha256": _sha256(cand.source), **_min_sm_count(cand, env)},
             "launch": launch,
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "reason": tol.reason},
             "errors": {"captured": _errors(ev, "captured"), "fresh": _errors(ev, "fresh"), "source": source},

@@ -46,6 +46,11 @@ SMEM_PER_SM = 228 * 1024  # H100/H200 shared memory per SM; each resident block 
 SM_COUNT = 132  # H200; the split_sync kernels also survive smaller GPUs (barrier timeout fallback)
 
 
+# Families whose whole grid waits on itself, one block or more per SM: a GPU with fewer SMs than
+# the one they were sized for stalls them until their wait timeouts (the package runs the original).
+CO_RESIDENT = frozenset({"resident"})
+
+
 def use_gpu(gpu: dict) -> None:
     """Size the persistent and shared-memory families for the GPU the search runs on (the evaluator's
     device report: `sm_count`, `smem_optin_bytes`); the H200 figures above stay where it says nothing.

@@ -313,3 +313,18 @@ def test_an_out_dir_under_a_file_is_refused_before_any_work(tmp_path):
     with pytest.raises(ForgeError, match="not a writable directory"):
         check_out_dir(blocker / "deeper" / "pkg", force=False)
     check_out_dir(tmp_path / "new" / "pkg", force=False)  # a missing parent is fine: it will be created
+
+
+def test_only_kernels_sized_to_every_sm_record_a_minimum_sm_count():
+    from types import SimpleNamespace
+
+    from forge_pack.pack import _min_sm_count
+
+    env = {"sm_count": 132}
+    resident = SimpleNamespace(backend="cuda", origin="template", family="resident")
+    assert _min_sm_count(resident, env) == {"min_sm_count": 132}
+    for other in (SimpleNamespace(backend="cuda", origin="template", family="nchw_tile"),
+                  SimpleNamespace(backend="cuda", origin="llm", family="resident"),
+                  SimpleNamespace(backend="cpu", origin="template", family="resident")):
+        assert _min_sm_count(other, env) == {}
+    assert _min_sm_count(resident, {}) == {}

@@ -438,14 +438,17 @@ def test_a_native_cpu_build_from_another_cpu_is_refused_before_it_loads(patch_mo
 
 
 
-def test_a_gpu_with_fewer_sms_than_the_search_gpu_runs_the_originals(patch_mod, cuda_manifest, monkeypatch):
-    """Persistent kernels size their grids to the search GPU's SMs: a GPU of the same architecture
-    with fewer SMs (an H100 PCIe for an H200 search) would stall them."""
+def test_a_gpu_with_fewer_sms_runs_the_originals_of_kernels_sized_for_every_sm(patch_mod, cuda_manifest,
+                                                                                monkeypatch):
+    """A kernel whose grid waits on itself (min_sm_count) would stall on a GPU of the same architecture
+    with fewer SMs (an H100 PCIe for an H200 search): that target falls back, with a warning; the
+    package's other kernels keep running there."""
     import copy
     import types
 
     manifest = copy.deepcopy(cuda_manifest)
-    manifest["environment"]["sm_count"] = 132
+    sized = manifest["targets"][0]
+    sized["kernel"]["min_sm_count"] = 132
     sms = {0: 114, 1: 132}
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -453,12 +456,15 @@ def test_a_gpu_with_fewer_sms_than_the_search_gpu_runs_the_originals(patch_mod, 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=0: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda i=0: types.SimpleNamespace(multi_processor_count=sms[i]))
-    why = patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)._environment_problem()
-    assert "132 SMs" in why and "114" in why
+    p = patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)
+    with pytest.warns(RuntimeWarning, match=f"{sized['id']} were sized for a GPU with 132 SMs"):
+        assert p._environment_problem() is None
+    small = torch.device("cuda", 0)
+    t_sized = next(t for t in p.targets if t.id == sized["id"])
+    t_other = next(t for t in p.targets if t.id != sized["id"])
+    assert not p._cap_ok(small, t_sized) and p._cap_ok(small, t_other)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     q = patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)
     assert q._environment_problem() is None
-    assert q._cap_ok(torch.device("cuda", 1)) and not q._cap_ok(torch.device("cuda", 0))
-    del manifest["environment"]["sm_count"]  # packages from before the field: no SM check
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    assert patch_mod.Patcher(manifest, "cuda_pkg", lambda: None)._environment_problem() is None
+    q_sized = next(t for t in q.targets if t.id == sized["id"])
+    assert q._cap_ok(torch.device("cuda", 1), q_sized) and not q._cap_ok(small, q_sized)

@@ -360,6 +360,7 @@ class _Target:
         self.composite = bool(self.params.get("composite"))
         self.module_class: str = t.get("module_class") or ""
         self.module_code: str = t.get("module_code") or ""  # code_fingerprint of the profiled class
+        self.min_sms: int = int(t["kernel"].get("min_sm_count") or 0)  # grids sized to every SM
         out = sig["output"]
         self.out = (DTYPES[out["dtype"]], tuple(out["shape"]), tuple(out["strides"]))
         self.fn: Callable | None = None
@@ -389,6 +390,7 @@ class Patcher:
         self.load_error: str | None = None
         self._loaded: bool | None = None
         self._caps: dict[int, bool] = {}
+        self._sms: dict[int, int] = {}  # SMs per visible GPU
         self._patches: list[_Patch] = []
         self._patched_ids: set[int] = set()
         self._subclasses: dict[type, type] = {}
@@ -412,22 +414,25 @@ class Patcher:
             return "the kernels are CUDA kernels but this torch build has no CUDA"
         if not torch.cuda.is_available():
             return "the kernels are CUDA kernels but no CUDA GPU is visible"
-        # persistent kernels size their grids to the search GPU's SMs and wait on each other: on fewer
-        # SMs they would stall (correct, but far slower than the original op)
-        sms = self.manifest["environment"].get("sm_count")
+        need_sms = any(t.min_sms for t in self.targets)
         for i in range(torch.cuda.device_count()):
-            self._caps[i] = torch.cuda.get_device_capability(i) in self.allowed_caps and (
-                not sms or torch.cuda.get_device_properties(i).multi_processor_count >= sms)
+            self._caps[i] = torch.cuda.get_device_capability(i) in self.allowed_caps
+            if need_sms:
+                self._sms[i] = torch.cuda.get_device_properties(i).multi_processor_count
         if not any(self._caps.values()):
             have = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
             want = sorted("%d.%d" % c for c in self.allowed_caps)
-            if not set(want) & set(have):
-                return (f"the kernels were built and verified for compute capability {', '.join(want)}; "
-                        f"the visible GPUs have {', '.join(have)}")
-            fewer = sorted({torch.cuda.get_device_properties(i).multi_processor_count
-                            for i in range(torch.cuda.device_count())})
-            return (f"the kernels were searched on a GPU with {sms} SMs and size their grids to it; the visible "
-                    f"GPUs have {', '.join(map(str, fewer))}: run forge-pack build on this GPU")
+            return (f"the kernels were built and verified for compute capability {', '.join(want)}; "
+                    f"the visible GPUs have {', '.join(have)}")
+        # kernels whose grid waits on itself were sized to every SM of the search GPU: on fewer SMs
+        # they would stall (correct, far slower than the original op), so those targets fall back
+        most = max(self._sms.values(), default=0)
+        short = [t.id for t in self.targets if t.min_sms and t.min_sms > most]
+        if short:
+            warnings.warn(f"{self.package}: kernels {', '.join(short)} were sized for a GPU with "
+                          f"{max(t.min_sms for t in self.targets)} SMs; the visible GPUs have at most {most}: "
+                          "those calls run the original ops (run forge-pack build on this GPU)",
+                          RuntimeWarning, stacklevel=3)
         return None
 
     def load(self) -> bool:
@@ -467,16 +472,18 @@ class Patcher:
             warnings.warn(f"{self.package}: {message}", RuntimeWarning, stacklevel=3)
 
     # ---- guards
-    def _cap_ok(self, device: torch.device) -> bool:
-        ok = self._caps.get(device.index if device.index is not None else 0)
-        return bool(ok)
+    def _cap_ok(self, device: torch.device, t: "_Target | None" = None) -> bool:
+        idx = device.index if device.index is not None else 0
+        if t is not None and t.min_sms and self._sms.get(idx, 0) < t.min_sms:
+            return False
+        return bool(self._caps.get(idx))
 
     def _tensors_match(self, t: _Target, tensors: dict) -> bool:
         x = tensors.get("x")
         if not isinstance(x, torch.Tensor):
             return False
         dev = x.device
-        if dev.type != t.backend or (t.backend == "cuda" and not self._cap_ok(dev)):
+        if dev.type != t.backend or (t.backend == "cuda" and not self._cap_ok(dev, t)):
             return False
         grad = torch.is_grad_enabled()
         transforms = not _compiling()  # Dynamo traces the wrapper: it has no functorch state to ask

@@ -140,7 +140,9 @@ def normalize_call(op: str, style: str, args: tuple, kwargs: dict) -> tuple[dict
     if op == "rms_norm":
         b = _bind(("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None}, args, kwargs)
         x = b["input"]
-        eps = b["eps"] if b["eps"] is not None else torch.finfo(torch.float64 if x.dtype == torch.float64 else torch.float32).eps  # torch: f32 eps for half/bf16
+        # eps=None: the eps of the dtype PyTorch computes in (float32 for half and bf16), not x's own
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        eps = b["eps"] if b["eps"] is not None else torch.finfo(compute).eps
         return ({"x": x, "weight": b["weight"]},
                 {"normalized_shape": list(_shape(b["normalized_shape"])), "eps": float(eps), "weight_offset": 0.0,
                  "composite": False})

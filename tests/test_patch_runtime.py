@@ -468,3 +468,36 @@ def test_a_gpu_with_fewer_sms_runs_the_originals_of_kernels_sized_for_every_sm(p
     assert q._environment_problem() is None
     q_sized = next(t for t in q.targets if t.id == sized["id"])
     assert q._cap_ok(torch.device("cuda", 1), q_sized) and not q._cap_ok(small, q_sized)
+
+def test_a_class_of_the_profiled_name_but_other_code_is_left_alone_with_one_warning(patch_mod, cpu_manifest,
+                                                                                      monkeypatch):
+    ran = []
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch, ran)
+    model = torch.nn.Sequential(TinyRMSNorm(64), TinyRMSNorm(64))
+    with pytest.warns(RuntimeWarning, match="name of a profiled module but not its code") as record:
+        assert p.apply(model)
+    try:
+        assert sum("not its code" in str(w.message) for w in record) == 1  # once per class
+        assert all(type(m) is TinyRMSNorm for m in model)
+    finally:
+        p.revert()
+
+
+def test_an_importable_class_whose_code_changed_is_not_patched_at_class_level(patch_mod, cpu_manifest,
+                                                                                monkeypatch):
+    import copy
+
+    manifest = copy.deepcopy(cpu_manifest)
+    for t in manifest["targets"]:
+        if t["module_class"]:
+            t["module_class"] = "tiny_model:TinyRMSNorm"  # importable: patched at class level
+            t["module_code"] = "0" * 16  # as recorded from another version of the class
+    ran = []
+    p = _fake_patcher(patch_mod, manifest, "cpu_pkg", monkeypatch, ran)
+    original = tiny_model.TinyRMSNorm.forward
+    with pytest.warns(RuntimeWarning, match="not its code"):
+        assert p.apply()
+    try:
+        assert tiny_model.TinyRMSNorm.forward is original
+    finally:
+        p.revert()

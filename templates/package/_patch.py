@@ -391,6 +391,7 @@ class Patcher:
         self._loaded: bool | None = None
         self._caps: dict[int, bool] = {}
         self._sms: dict[int, int] = {}  # SMs per visible GPU
+        self._code_warned: set = set()  # classes of a profiled name but other code, warned about once
         self._patches: list[_Patch] = []
         self._patched_ids: set[int] = set()
         self._subclasses: dict[type, type] = {}
@@ -658,8 +659,11 @@ class Patcher:
                 for class_path, targets in self.composites.items():
                     cls = _import_class(class_path)
                     if cls is not None and cls not in self._patched_classes and "forward" in vars(cls):
-                        self._install(cls, "forward", lambda link, targets=targets: self._class_forward(targets, link))
-                        self._patched_classes.add(cls)
+                        targets = self._same_code(cls, targets)  # another version of the library may differ
+                        if targets:
+                            self._install(cls, "forward",
+                                          lambda link, targets=targets: self._class_forward(targets, link))
+                            self._patched_classes.add(cls)
                 self._functions_patched = True
             if model is not None:
                 self._patch_instances(model)
@@ -677,11 +681,9 @@ class Patcher:
             targets = by_name.get(cls.__qualname__)
             if not targets or cls in self._patched_classes or id(m) in self._patched_ids:
                 continue
-            if any(t.module_code for t in targets):  # same name, same code: not another library's class
-                code = code_fingerprint(_unpatched_class(cls))  # under another package's subclass
-                targets = tuple(t for t in targets if not t.module_code or t.module_code == code)
-                if not targets:
-                    continue
+            targets = self._same_code(_unpatched_class(cls), targets)  # not another library's class
+            if not targets:
+                continue
             sub = self._instance_class(cls, targets)
             try:
                 m.__class__ = sub
@@ -689,6 +691,21 @@ class Patcher:
                 continue
             self._patches.append(_Patch(m, "__class__", sub, _link_of(sub)))
             self._patched_ids.add(id(m))
+
+    def _same_code(self, cls: type, targets: tuple) -> tuple:
+        """The targets whose recorded code fingerprint is cls's (all of them for manifests without one).
+        A class of the profiled name whose code differs (another library, another version of it, or
+        another Python: the fingerprint hashes bytecode) is left alone, and said so once."""
+        if not any(t.module_code for t in targets):
+            return targets
+        code = code_fingerprint(cls)
+        kept = tuple(t for t in targets if not t.module_code or t.module_code == code)
+        if len(kept) < len(targets) and cls not in self._code_warned:
+            self._code_warned.add(cls)
+            warnings.warn(f"{self.package}: {cls.__module__}.{cls.__qualname__} has the name of a profiled module "
+                          f"but not its code (another library or version of it, or another Python than the "
+                          f"package was built with): left unpatched", RuntimeWarning, stacklevel=4)
+        return kept
 
     def revert(self) -> None:
         """Restore every patched function, class and instance to the very object it was (another
@@ -759,12 +776,24 @@ def code_fingerprint(cls: type) -> str:
         if klass is torch.nn.Module or klass is object:
             break
         for name in sorted(vars(klass)):
-            fn = vars(klass)[name]
+            fn = _unwrapped(vars(klass)[name])
             code = getattr(getattr(fn, "__func__", fn), "__code__", None)
             if code is not None:
                 h.update(name.encode())
                 _hash_code(h, code)
     return h.hexdigest()[:16]
+
+
+def _unwrapped(value: Any) -> Any:
+    """The function a forge-pack wrapper (of any package, stacked) stands in for: a class whose
+    forward another package patched still has its own code."""
+    link = _link_of(value)
+    while link is not None:
+        if not link.had:  # the class did not define it before the patch: it is not its code
+            return None
+        value = link.previous
+        link = _link_of(value)
+    return value
 
 
 def _hash_code(h: Any, code: Any) -> None:

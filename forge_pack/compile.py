@@ -254,14 +254,22 @@ def _lock_for(key: str) -> threading.Lock:
 
 def _toolchain(backend: str, arch: str) -> dict:
     if backend == "cpu":
-        header = cpu_include_dir() / "forge_cpu.h"
         return {"cc": "g++ " + _tool_version(["g++", "-dumpfullversion"]),
-                "flags": list(CPU_FLAGS), "host": _host_id(),
-                "header": hashlib.sha256(header.read_bytes()).hexdigest() if header.is_file() else ""}
+                "flags": list(CPU_FLAGS), "host": _host_id(), "header": _headers_hash(cpu_include_dir())}
     rtc = nvrtc()
     if rtc is not None:
         return {"cc": f"nvrtc {rtc.version}", "flags": list(NVRTC_FLAGS), "arch": arch}
     return {"cc": _tool_version(["nvcc", "--version"]), "flags": list(NVCC_FLAGS), "arch": arch}
+
+
+def _headers_hash(folder: Path) -> str:
+    """Every header a kernel may #include from the include directory (forge_cpu.h, the prelude, ...):
+    a build must not outlive a change to any of them."""
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.h")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def build_key(candidate: Candidate, arch: str = "") -> str:

@@ -130,3 +130,13 @@ def test_a_killed_compiler_is_not_cached_as_the_sources_failure(tmp_path, monkey
     monkeypatch.setenv("PATH", real_path)
     again = compile_candidate(cand, cache_dir=tmp_path / "cache")
     assert again.ok and not again.cached
+
+
+def test_the_cpu_build_key_covers_every_header_of_the_include_dir(tmp_path, monkeypatch):
+    (tmp_path / "forge_cpu.h").write_text("// a\n")
+    (tmp_path / "_cpu_prelude.h").write_text("// b\n")
+    monkeypatch.setattr(fcompile, "cpu_include_dir", lambda: tmp_path)
+    cand = cpu_candidate(CPU_OK)
+    before = fcompile.build_key(cand)
+    (tmp_path / "_cpu_prelude.h").write_text("// b changed\n")
+    assert fcompile.build_key(cand) != before

@@ -100,6 +100,15 @@ template <int T, int P> __device__ __forceinline__ void reduce_tile(const bf16* 
   if (l == 0 && p < np) out[p0 + p] = __float2bfloat16(acc * (1.f / HW));
 }
 
+// one batch of U coalesced 16-byte loads per thread (vector base + u*T + thread), all in flight
+template <int T, int U, int NV> __device__ __forceinline__ void load_batch(const uint4* xt, int base, uint4 (&a)[U]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int i = base + u * T + threadIdx.x;
+    if (i < NV) a[u] = __ldcs(xt + i);
+  }
+}
+
 // shipped design: U register loads per thread, raw bits to shared memory
 template <int T, int P, int U> __global__ void __launch_bounds__(T) tile_ld(const bf16* __restrict__ x, bf16* __restrict__ out) {
   __shared__ uint4 tile[P * HW / 8];
@@ -108,11 +117,7 @@ template <int T, int P, int U> __global__ void __launch_bounds__(T) tile_ld(cons
   constexpr int NV = P * HW / 8;
   for (int base = 0; base < NV; base += T * U) {
     uint4 a[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * T + threadIdx.x;
-      if (i < NV) a[u] = __ldcs(xt + i);
-    }
+    load_batch<T, U, NV>(xt, base, a);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i = base + u * T + threadIdx.x;
@@ -214,11 +219,7 @@ template <int T, int P, int U> __global__ void __launch_bounds__(T) tile_atomic(
   constexpr int NV = P * HW / 8;
   for (int base = 0; base < NV; base += T * U) {
     uint4 a[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int i = base + u * T + threadIdx.x;
-      if (i < NV) a[u] = __ldcs(xt + i);
-    }
+    load_batch<T, U, NV>(xt, base, a);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int i = base + u * T + threadIdx.x;

@@ -6,7 +6,8 @@
 // a register-only design with shared-memory float atomics, and persistent warps each streaming
 // 32-plane tiles through their own cp.async ring. Every pooling variant is checked
 // against a one-thread-per-plane reference. A few rows are repeated with a flush that reads the
-// buffer instead of zero-writing it, which leaves L2 clean instead of full of dirty lines.
+// buffer instead of zero-writing it, which leaves L2 clean instead of full of dirty lines, and the
+// read-only ceiling is repeated with each load cache operator and L2 eviction policy.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o pool_probe bench/pool_probe.cu && ./pool_probe > out.md
 #include <cuda_bf16.h>
@@ -84,6 +85,50 @@ template <int T, int U> __global__ void __launch_bounds__(T) read_persist(const 
 #pragma unroll
     for (int u = 0; u < U; ++u) s += sum8(a[u]);
   }
+  s = block_sum<T>(s);
+  if (threadIdx.x == 0) sink[blockIdx.x] = s;
+}
+
+// ---- read-only ceiling with each load cache operator / L2 eviction policy: can a reading kernel avoid
+// evicting the flush's dirty lines (and paying their write-back)? MODE: 0 ld.global (.ca), 1 .cg,
+// 2 .cs, 3 .lu, 4 .nc.L1::no_allocate, 5 L2::cache_hint evict_first, 6 L2::cache_hint evict_last,
+// 7 L2::cache_hint evict_unchanged, 8 .nc.L2::256B prefetch
+template <int MODE> __device__ __forceinline__ uint4 ld_hint(const uint4* p, unsigned long long pol) {
+  uint4 v;
+#define LDV(OP)                                                                                  \
+  asm volatile(OP " {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p))
+#define LDP(OP)                                                                                          \
+  asm volatile(OP " {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol))
+  if (MODE == 0) LDV("ld.global.v4.u32");
+  else if (MODE == 1) LDV("ld.global.cg.v4.u32");
+  else if (MODE == 2) LDV("ld.global.cs.v4.u32");
+  else if (MODE == 3) LDV("ld.global.lu.v4.u32");
+  else if (MODE == 4) LDV("ld.global.nc.L1::no_allocate.v4.u32");
+  else if (MODE == 8) LDV("ld.global.nc.L2::256B.v4.u32");
+  else LDP("ld.global.L2::cache_hint.v4.u32");
+#undef LDV
+#undef LDP
+  return v;
+}
+template <int MODE> __device__ __forceinline__ unsigned long long make_policy() {
+  unsigned long long pol = 0;
+  if (MODE == 5) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  if (MODE == 6) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  if (MODE == 7) asm volatile("createpolicy.fractional.L2::evict_unchanged.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+template <int T, int U, int MODE> __global__ void __launch_bounds__(T) read_hint(const uint4* __restrict__ x, float* sink, long long nvec) {
+  const unsigned long long pol = make_policy<MODE>();
+  const long long base = (long long)blockIdx.x * T * U + threadIdx.x;
+  uint4 a[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const long long i = base + (long long)u * T;
+    a[u] = i < nvec ? ld_hint<MODE>(x + i, pol) : make_uint4(0, 0, 0, 0);
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int u = 0; u < U; ++u) s += sum8(a[u]);
   s = block_sum<T>(s);
   if (threadIdx.x == 0) sink[blockIdx.x] = s;
 }
@@ -372,6 +417,14 @@ int main() {
     timeit("read_flat T=" #T " U=" #U, g, T, [&] { read_flat<T, U><<<g, T>>>(xv, sink, NVEC); }, false); \
   }
   FLAT(32, 8) FLAT(128, 4) FLAT(256, 4) FLAT(256, 8) FLAT(512, 4) FLAT(512, 8) FLAT(1024, 4) FLAT(64, 8) FLAT(128, 8) FLAT(256, 16)
+#define HINT(T, U, M, NAME)                                                                                        \
+  {                                                                                                           \
+    int g = (int)((NVEC + T * U - 1) / (T * U));                                                              \
+    timeit("read_hint " NAME " T=" #T " U=" #U, g, T, [&] { read_hint<T, U, M><<<g, T>>>(xv, sink, NVEC); }, false); \
+  }
+  HINT(1024, 4, 0, "ld.ca") HINT(1024, 4, 1, "ld.cg") HINT(1024, 4, 2, "ld.cs") HINT(1024, 4, 3, "ld.lu")
+  HINT(1024, 4, 4, "nc.no_allocate") HINT(1024, 4, 5, "L2 evict_first") HINT(1024, 4, 6, "L2 evict_last")
+  HINT(1024, 4, 7, "L2 evict_unchanged") HINT(1024, 4, 8, "nc.L2::256B") HINT(256, 4, 5, "L2 evict_first")
 #define PERS(T, U, K)                                                                                        \
   {                                                                                                          \
     int g = sms * K;                                                                                         \
@@ -401,7 +454,7 @@ int main() {
   WPIPE(4, 2) WPIPE(8, 2) WPIPE(8, 3) WPIPE(16, 2) WPIPE(4, 4)
   clean_flush = true;
   timeit("empty kernel", 1, 32, [&] { empty_kernel<<<1, 32>>>(); }, false);
-  FLAT(256, 8) TLD(128, 64, 4) TCP(128, 64) TBK(64, 64)
+  FLAT(256, 8) FLAT(1024, 4) HINT(1024, 4, 5, "L2 evict_first") TLD(128, 64, 4) TCP(128, 64) TBK(64, 64)
   clean_flush = false;
   timeit("empty kernel (after)", 1, 32, [&] { empty_kernel<<<1, 32>>>(); }, false);
   return 0;

@@ -156,7 +156,9 @@ def _profile(fn, cuda: bool, n: int = 3) -> dict:
                     return float(v)
             return 0.0
 
-        kernels = [e for e in avgs if "cuda" in str(getattr(e, "device_type", "")).lower()]
+        # device events, less the GPU-side copies of record_function ranges (they span kernels already counted)
+        kernels = [e for e in avgs if "cuda" in str(getattr(e, "device_type", "")).lower()
+                   and not getattr(e, "is_user_annotation", False)]
         busy = sum(dev_t(e) for e in kernels) / n
         out["device_busy_us_per_forward"] = busy
         out["device_busy_fraction"] = busy / wall_us if wall_us else None

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, record_function
 
@@ -432,6 +433,8 @@ def profile(target: Target, run_dir: str | Path, config: ProfileConfig = Profile
     per_key: dict[str, float] = defaultdict(float)
     other: dict[str, float] = defaultdict(float)
     for e in events:
+        if e.device_type != DeviceType.CPU:
+            continue  # a range's GPU-side annotation repeats the device time its CPU event already sums
         if e.name == FORWARD_RANGE:
             forward_total += timer(e)
             for child in e.cpu_children:

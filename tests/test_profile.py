@@ -291,3 +291,36 @@ def test_an_rmsnorm_that_cannot_be_copied_is_probed_in_place_and_left_as_it_was(
     m = LockedRMSNorm(16)
     assert _detect_offset(m, torch.randn(4, 16)) == 1.0
     assert torch.equal(m.weight, torch.full((16,), 0.5))
+
+
+@pytest.mark.gpu
+def test_cuda_profile_counts_each_kernel_once(tmp_path):
+    """The profiler can report one record_function range twice (its CPU event and a GPU-side
+    annotation): the device time of a forward that is one large softmax must match CUDA-event
+    timing of that softmax, not twice it."""
+    model = tmp_path / "one_softmax.py"
+    model.write_text(textwrap.dedent("""
+        import torch
+        class Model(torch.nn.Module):
+            def forward(self, x):
+                return torch.softmax(x, dim=-1)
+        def get_model():
+            return Model()
+        def get_inputs():
+            return [torch.randn(64, 8192, 1024)]
+    """))
+    target = load(model, device="cuda")
+    p = profile(target, tmp_path / "run", ProfileConfig(warmup=2, iterations=5), quiet=True)
+    x = target.args[0]
+    for _ in range(3):
+        torch.softmax(x, dim=-1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        torch.softmax(x, dim=-1)
+    end.record()
+    torch.cuda.synchronize()
+    event_us = start.elapsed_time(end) * 100.0  # per call
+    (h,) = [h for h in p.hotspots if h.op == "softmax"]
+    assert 0.6 * event_us < h.per_call_us < 1.5 * event_us, (h.per_call_us, event_us)
+    assert 0.6 * event_us < p.forward_us < 1.6 * event_us, (p.forward_us, event_us)

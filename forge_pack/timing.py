@@ -1,9 +1,13 @@
 """Honest timing: the same protocol for a candidate, the eager op and torch.compile of the op.
 
 CUDA: CUDA events around each call; warm-up first; before every timed call a write of a buffer
-of at least 2x the L2 size flushes the cache (and, as a side effect, keeps the GPU busy while the
-CPU enqueues the call, so launch latency is not counted as kernel time); inputs rotate over
-several copies; at least 30 timed calls; median, IQR, min and n. CPU: the same with
+of at least 2x the L2 size flushes the cache; inputs rotate over several copies; at least 30 timed
+calls; median, IQR, min and n. Each batch of timed calls starts behind a GPU-side spin
+(``queue_lead_us`` per call) so the CPU enqueues the whole batch while the GPU is still busy: an
+event pair then spans only GPU work. Without it, a batch whose per-call CPU work (the evaluator's
+input changes and output refills, the flush, the events, a Python launch) outlasts the flush's GPU
+time drains the queue, and the host's time to enqueue the call lands between the start event and
+the kernel. CPU: the same with
 ``time.perf_counter_ns`` and a last-level-cache flush by touching a large buffer.
 
 The copy bandwidth (a large device-to-device copy, bytes read + written) is measured once per
@@ -38,6 +42,8 @@ class TimingConfig:
     rotate_max_bytes: int = 2 << 30  # bound on the memory the copies take
     compile_baseline: bool = True  # time torch.compile(mode="max-autotune-no-cudagraphs") too
     copy_bytes: int = 1 << 30  # CUDA copy-bandwidth probe (CPU uses a quarter of it, at most 256 MB)
+    queue_lead_us: float = 40.0  # CUDA: GPU spin ahead of each batch, per timed call in it (0: none)
+    queue_lead_max_us: float = 20000.0
     implausible_margin: float = 0.8  # faster than 0.8x the bandwidth floor: no kernel moves bytes faster than a copy
     implausible_min_floor_us: float = 2.0  # below ~2 us, launch overhead and timer resolution dominate
     cpu_implausible_min_bytes: int = 64 << 20  # smaller CPU working sets sit in caches that beat DRAM copy speed
@@ -111,6 +117,32 @@ def _nothing() -> None:
     return None
 
 
+_cycles_per_us: dict[int, float] = {}
+
+
+def gpu_cycles_per_us() -> float:
+    """Clock cycles of ``torch.cuda._sleep`` per microsecond on the current GPU (measured once)."""
+    dev = torch.cuda.current_device()
+    if dev not in _cycles_per_us:
+        cycles = 2_000_000
+        torch.cuda._sleep(cycles // 20)  # first launch pays the module load
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        us = start.elapsed_time(end) * 1000.0
+        _cycles_per_us[dev] = cycles / us if us > 0 else 2000.0
+    return _cycles_per_us[dev]
+
+
+def queue_lead(cfg: TimingConfig, calls: int) -> None:
+    """Give the GPU ``calls`` x ``queue_lead_us`` of spinning before the batch the CPU enqueues next."""
+    lead_us = min(cfg.queue_lead_us * calls, cfg.queue_lead_max_us)
+    if lead_us > 0:
+        torch.cuda._sleep(int(lead_us * gpu_cycles_per_us()))
+
+
 def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
     k = len(calls)
     for i in range(max(cfg.warmup, 1)):
@@ -122,6 +154,7 @@ def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
     while True:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        queue_lead(cfg, reps)
         for i in range(reps):
             befores[(len(times) + i) % k]()
             flusher()

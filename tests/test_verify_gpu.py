@@ -138,3 +138,27 @@ def test_same_kernel_timed_twice_agrees(evaluator):
     b = evaluator.evaluate(Candidate(ref.op, ref.backend, ref.source + "\n// again\n", ref.spec), h)
     assert a.verdict.ok and b.verdict.ok
     assert abs(a.timing.median_us - b.timing.median_us) / a.timing.median_us < 0.10
+
+
+def test_host_time_to_enqueue_a_call_is_not_timed():
+    """A call whose Python side takes 100 us before it launches a tiny kernel: with the GPU spinning
+    ahead of the batch (the queue lead) the event pair spans the kernel only; with no lead the
+    GPU drains its queue after each flush and the host's 100 us land inside the timed region."""
+    import time
+
+    import torch
+
+    from forge_pack.timing import time_calls
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_host_call():
+        t_end = time.perf_counter() + 100e-6
+        while time.perf_counter() < t_end:
+            pass
+        x.add_(1.0)
+
+    led = time_calls([slow_host_call], "cuda", TimingConfig(warmup=3, reps=30, queue_lead_us=250.0))
+    bare = time_calls([slow_host_call], "cuda", TimingConfig(warmup=3, reps=30, queue_lead_us=0.0))
+    assert led.median_us < 40.0, led
+    assert bare.median_us > 70.0, bare

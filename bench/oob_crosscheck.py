@@ -1,7 +1,8 @@
-"""Cross-check of the out-of-bounds guard: each CUDA fixture run once per guard side with
-launch.GuardedBuffer (every tensor flush against unmapped memory), and once unguarded under
-compute-sanitizer's memcheck where the machine has a working one. The two methods must agree on
-which fixtures touch memory outside their tensors. Not part of the product: a second opinion.
+"""Cross-check of the out-of-bounds guard. Each CUDA fixture runs once unguarded (does a plain
+run notice anything, and is the output right?), once per guard side with launch.GuardedBuffer
+(every tensor flush against unmapped memory), and once unguarded under compute-sanitizer's
+memcheck where the machine has a working one. The guard and memcheck must agree on which
+fixtures touch memory outside their tensors. Not part of the product: a second opinion.
 
     python3 bench/oob_crosscheck.py [FIXTURE.cu ...] [--out DIR] [--timeout S]
 
@@ -66,7 +67,9 @@ def run_one(path: Path, guard: str, op: str, text: str) -> dict:
         return {"result": "fault", "detail": str(e), "code": getattr(e, "code", None)}
     if code:
         return {"result": "fault", "detail": module.driver.error_text(code), "code": code}
-    return {"result": "clean", "detail": ""}
+    ref = ops.eager(sig)(tensors)
+    right = bool(torch.allclose(out.float(), ref.float(), rtol=1e-3, atol=1e-5, equal_nan=True))
+    return {"result": "clean", "detail": "" if right else "output differs from eager", "output_right": right}
 
 
 # ---------------------------------------------------------------- the parent
@@ -139,6 +142,7 @@ def main(argv: list[str]) -> int:
         op = header(path, "op", "softmax")
         text = header(path, "signature", DEFAULT_SIGNATURE)
         row = {"fixture": path.stem, "expect": header(path, "expect", "?"), "signature": text, "op": op}
+        row["unguarded"] = timed(path, "none", op, text)  # what a run without the guard sees
         for guard in ("end", "start"):
             row[f"vmm_{guard}"] = timed(path, guard, op, text)
         rows.append(row)
@@ -148,16 +152,18 @@ def main(argv: list[str]) -> int:
         vmm_fault = any(row[f"vmm_{g}"]["result"] == "fault" for g in ("end", "start"))
         mc = row["memcheck"]["result"]
         row["agree"] = None if mc not in ("errors", "clean") else vmm_fault == (mc == "errors")
-        print(f"{path.stem}: end={row['vmm_end']['result']} start={row['vmm_start']['result']} memcheck={mc}",
-              flush=True)
+        print(f"{path.stem}: unguarded={row['unguarded']['result']} end={row['vmm_end']['result']} "
+              f"start={row['vmm_start']['result']} memcheck={mc}", flush=True)
 
-    lines = ["| fixture | expect | guard end | guard start | memcheck | agree |", "|---|---|---|---|---|---|"]
+    lines = ["| fixture | expect | unguarded | guard end | guard start | memcheck | agree |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         agree = {None: "n/a", True: "yes", False: "NO"}[r["agree"]]
-        lines.append(f"| {r['fixture']} | {r['expect']} | {r['vmm_end']['result']} | {r['vmm_start']['result']} | "
-                     f"{r['memcheck']['result']} | {agree} |")
-    details = [f"- {r['fixture']} {k}: {r[k]['detail'][:400]}" for r in rows for k in ("vmm_end", "vmm_start", "memcheck")
-               if r[k].get("detail")]
+        plain = r["unguarded"]["result"] + (", output right" if r["unguarded"].get("output_right") else "")
+        lines.append(f"| {r['fixture']} | {r['expect']} | {plain} | {r['vmm_end']['result']} | "
+                     f"{r['vmm_start']['result']} | {r['memcheck']['result']} | {agree} |")
+    details = [f"- {r['fixture']} {k}: {r[k]['detail'][:400]}" for r in rows
+               for k in ("unguarded", "vmm_end", "vmm_start", "memcheck") if r[k].get("detail")]
     text = "\n".join(lines + ["", *details]) + "\n"
     print(text)
     if args.out:

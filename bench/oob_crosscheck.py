@@ -129,7 +129,9 @@ def main(argv: list[str]) -> int:
     start = time.perf_counter()
 
     def budget() -> float:
-        return args.timeout if args.deadline is None else min(args.timeout, args.deadline - (time.perf_counter() - start))
+        if args.deadline is None:
+            return args.timeout
+        return min(args.timeout, args.deadline - (time.perf_counter() - start))
 
     def timed(path: Path, guard: str, op: str, text: str, tool: str | None = None) -> dict:
         left = budget()

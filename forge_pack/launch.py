@@ -411,7 +411,8 @@ class GuardedBuffer:
         self.start = self.base + gran  # first mapped byte; [base, start) and [start + mapped, +gran) stay unmapped
         try:
             handle = ctypes.c_uint64()
-            self._check(vmm["cuMemCreate"](ctypes.byref(handle), self.mapped, ctypes.byref(driver.allocation_prop()), 0),
+            prop = driver.allocation_prop()
+            self._check(vmm["cuMemCreate"](ctypes.byref(handle), self.mapped, ctypes.byref(prop), 0),
                         f"cuMemCreate({self.mapped})")
             try:
                 self._check(vmm["cuMemMap"](self.start, self.mapped, 0, handle, 0), "cuMemMap")

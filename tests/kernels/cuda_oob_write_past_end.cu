@@ -36,5 +36,6 @@ extern "C" __global__ void softmax_borrowed_counter(const float* __restrict__ x,
   if (threadIdx.x == 0) atomicSub(running, 1u);
 }
 /* forge-pack-spec
-{"kernels": [{"name": "softmax_borrowed_counter", "args": ["x", "out", "rows", "cols"], "grid": ["rows"], "block": [256]}]}
+{"kernels": [{"name": "softmax_borrowed_counter", "args": ["x", "out", "rows", "cols"], "grid": ["rows"],
+              "block": [256]}]}
 */

@@ -119,7 +119,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.run:
         print(json.dumps(run_one(args.run, args.guard, args.op, args.signature or DEFAULT_SIGNATURE)), flush=True)
-        return 0
+        sys.stderr.flush()
+        os._exit(0)  # skip torch's teardown: after a fault it would free memory in a poisoned context
 
     fixtures = args.fixtures or [*sorted(KERNELS.glob("cuda_oob_*.cu")), KERNELS / "cuda_out_of_bounds.cu"]
     sanitizer = None if args.no_sanitizer else shutil.which("compute-sanitizer")
@@ -153,7 +154,8 @@ def main(argv: list[str]) -> int:
                            else {"result": "unavailable", "detail": "compute-sanitizer not found"})
         vmm_fault = any(row[f"vmm_{g}"]["result"] == "fault" for g in ("end", "start"))
         mc = row["memcheck"]["result"]
-        row["agree"] = None if mc not in ("errors", "clean") else vmm_fault == (mc == "errors")
+        known = all(row[f"vmm_{g}"]["result"] in ("fault", "clean") for g in ("end", "start"))
+        row["agree"] = vmm_fault == (mc == "errors") if known and mc in ("errors", "clean") else None
         print(f"{path.stem}: unguarded={row['unguarded']['result']} end={row['vmm_end']['result']} "
               f"start={row['vmm_start']['result']} memcheck={mc}", flush=True)
 
@@ -164,7 +166,10 @@ def main(argv: list[str]) -> int:
         plain = r["unguarded"]["result"] + (", output right" if r["unguarded"].get("output_right") else "")
         lines.append(f"| {r['fixture']} | {r['expect']} | {plain} | {r['vmm_end']['result']} | "
                      f"{r['vmm_start']['result']} | {r['memcheck']['result']} | {agree} |")
-    details = [f"- {r['fixture']} {k}: {r[k]['detail'][:400]}" for r in rows
+    def brief(res: dict) -> str:  # a traceback's end says most, an error message's start
+        return res["detail"][-400:] if res["result"] in ("no_report", "unavailable") else res["detail"][:400]
+
+    details = [f"- {r['fixture']} {k}: {brief(r[k])}" for r in rows
                for k in ("unguarded", "vmm_end", "vmm_start", "memcheck") if r[k].get("detail")]
     text = "\n".join(lines + ["", *details]) + "\n"
     print(text)

@@ -23,6 +23,7 @@ REASONS = (
     "aliasing",
     "nondeterministic",
     "implausible_speedup",
+    "out_of_bounds",  # faulted with its tensors placed flush against memory that faults on access
     "inapplicable",  # the candidate's `requires` rule excludes this signature
     "internal_error",  # a fault of forge-pack itself, recorded rather than raised
 )

@@ -29,6 +29,12 @@ def fixture_signature(path: Path, default: str) -> str:
     return m.group(1).strip() if m else default
 
 
+def fixture_final(path: Path) -> bool:
+    """``// final: true``: evaluate as the final confirmation does (the out-of-bounds run included)."""
+    m = re.search(r"^// final: (\w+)$", path.read_text(), flags=re.M)
+    return bool(m) and m.group(1).lower() == "true"
+
+
 def load_fixture(path: Path, op: str = "softmax"):
     backend = "cuda" if path.suffix == ".cu" else "cpu"
     return load_candidate_files(str(path), None, op, backend)

@@ -12,7 +12,8 @@ from forge_pack.evaluate import Evaluator
 from forge_pack.reference_kernels import reference_candidate
 from forge_pack.timing import TimingConfig
 
-from eval_helpers import CUDA_SIGNATURE, expected_reasons, fixture_files, fixture_signature, hotspot, load_fixture
+from eval_helpers import (CUDA_SIGNATURE, expected_reasons, fixture_files, fixture_final, fixture_signature, hotspot,
+                          load_fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -34,16 +35,24 @@ def _reference_ok(evaluator, h):
     return e
 
 
-CHEATS = [p for p in fixture_files("cuda_") if not expected_reasons(p) & (STATIC | FAULTS)]
+CHEATS = [p for p in fixture_files("cuda_") if not expected_reasons(p) & (STATIC | FAULTS | {"ok"})]
 FAULTY = [p for p in fixture_files("cuda_") if expected_reasons(p) & FAULTS]
+HONEST = [p for p in fixture_files("cuda_") if expected_reasons(p) == {"ok"}]
 
 
 @pytest.mark.parametrize("path", CHEATS, ids=lambda p: p.stem)
 def test_verify_rejects_cuda_cheating_kernel(evaluator, path):
     h = hotspot("softmax", fixture_signature(path, CUDA_SIGNATURE), device="cuda")
-    e = evaluator.evaluate(load_fixture(path), h)
+    e = evaluator.evaluate(load_fixture(path), h, final=fixture_final(path))
     assert not e.verdict.ok
     assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)
+def test_verify_passes_honest_cuda_fixture(evaluator, path):
+    h = hotspot("softmax", fixture_signature(path, CUDA_SIGNATURE), device="cuda")
+    e = evaluator.evaluate(load_fixture(path), h, final=fixture_final(path))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
 @pytest.mark.parametrize("path", FAULTY, ids=lambda p: p.stem)

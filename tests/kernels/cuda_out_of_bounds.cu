@@ -1,6 +1,7 @@
 // expect: mismatch
 // Failure: an off-by-one bound writes one element past the end of `out` (a missing tail check).
-// Guard: canary bytes around the output buffer.
+// Guard: canary bytes around the output buffer, in every evaluation (the final check's out-of-bounds
+// run would fault on it too: tests/kernels/cuda_oob_write_past_end.cu is the write canaries miss).
 __device__ float block_reduce(float v, bool is_max) {
   __shared__ float sh[32];
   for (int o = 16; o > 0; o >>= 1) { float w = __shfl_xor_sync(0xffffffffu, v, o); v = is_max ? fmaxf(v, w) : v + w; }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call for the out-of-bounds guard and the CUDA anti-cheat fixtures: versions, a probe of
+# the guarded buffers, the `gpu` tests of tests/test_verify_gpu.py and tests/test_bounds_gpu.py, then
+# bench/oob_crosscheck.py (guarded runs against compute-sanitizer's memcheck). Times nothing.
+#   bash bench/gpu_trust_check.sh      (device machine, repository root; carry .whl if present)
+# Logs under $OUT: versions.txt, pytest_trust.log, oob_crosscheck.md/.json. The cross-check gets
+# the time the tests left (LIMIT seconds in all); runs that would start later show as skipped.
+set -uo pipefail
+start=$(date +%s)
+LIMIT=${LIMIT:-580}  # the device call's 600 s, less a margin for the files to come back
+if [ -d .whl ]; then
+  source bench/_device_setup.sh
+else
+  export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+fi
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  uname -r
+  python3 -c "import torch; print('torch', torch.__version__, '| CUDA', torch.version.cuda, '|', torch.cuda.get_device_name())"
+  nvcc --version | tail -1
+  echo "compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+  python3 -c "
+from forge_pack.launch import Driver
+d = Driver.get(); d.ensure_context()
+p = d.guard_problem()
+print('guarded buffers:', 'ok, granularity %d bytes' % d.granularity() if not p else 'UNAVAILABLE: ' + p)"
+} 2>&1 | tee "$OUT/versions.txt"
+timeout ${TEST_TIMEOUT:-390} python3 -m pytest -q -m gpu -p no:cacheprovider -rfEs --durations=10 -k "not ${SKIP_TESTS:-baseline_times_eager}" \
+  tests/test_verify_gpu.py tests/test_bounds_gpu.py 2>&1 | tee "$OUT/pytest_trust.log" | tail -40
+left=$(( LIMIT - ($(date +%s) - start) - 5 ))
+python3 bench/oob_crosscheck.py --out "$OUT" --timeout 90 --deadline $left 2>&1 | tail -25

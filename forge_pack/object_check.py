@@ -324,7 +324,7 @@ def problems(data: bytes, base: Baseline) -> list[str]:
     def where(addr: int) -> str:
         for f in funcs:
             if f.value <= addr < f.value + f.size:
-                return f"{f.name}+{addr - f.value:#x}" if addr != f.value else f.name
+                return f"{f.name}+{addr - f.value:#x}"
         for f in funcs:  # crtstuff's functions carry no size
             if f.value == addr:
                 return f.name
@@ -446,8 +446,11 @@ def check_object(path: str | Path, backend: str = "cpu") -> Verdict | None:
 def _decide(data: bytes, backend: str) -> Verdict | None:
     try:
         if backend == "cuda":
-            # device code only: NVRTC and `nvcc -cubin` never emit host code
-            machine = Elf.parse(data).machine
+            # device code only: NVRTC and `nvcc -cubin` never emit host code; the header says it is a cubin
+            # (e_machine sits at byte 18 in 32- and 64-bit ELF alike)
+            if data[:4] != b"\x7fELF":
+                raise ElfError("not an ELF file")
+            machine = _unpack("<H", data, 18)[0]
             if machine != EM_CUDA:
                 return Verdict(False, "static_check", f"built object: expected a cubin (CUDA ELF), found machine "
                                                       f"type {machine}")

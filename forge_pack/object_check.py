@@ -86,8 +86,10 @@ _THROW = re.compile(r"^_ZSt\d+__throw_\w+$")
 _LIBGCC = re.compile(r"^__(u?(div|mod)|mul|neg|ashl|ashr|lshr|u?cmp|clz|ctz|ffs|popcount|parity|bswap|fix|fixuns|"
                      r"float|floatun|extend|trunc|powi|mulo|addv|subv|mulv|negv|absv)[a-z]{2,4}\d?$")
 
+# Not GOMP_parallel_start / GOMP_parallel_*_start (the pre-GCC-4.9 ABI): a kernel that starts a team
+# that way and returns without GOMP_parallel_end leaves the team running after the call.
 OPENMP = {
-    "GOMP_parallel", "GOMP_parallel_start", "GOMP_parallel_end", "GOMP_parallel_reductions",
+    "GOMP_parallel", "GOMP_parallel_reductions",
     "GOMP_barrier", "GOMP_barrier_cancel", "GOMP_cancel", "GOMP_cancellation_point",
     "GOMP_critical_start", "GOMP_critical_end", "GOMP_critical_name_start", "GOMP_critical_name_end",
     "GOMP_atomic_start", "GOMP_atomic_end", "GOMP_single_start", "GOMP_single_copy_start",
@@ -107,7 +109,7 @@ OPENMP = {
 }
 # every worksharing loop and sections entry point: GOMP_loop_static_start, GOMP_loop_end_nowait,
 # GOMP_parallel_loop_dynamic, GOMP_loop_ull_guided_next, GOMP_sections_start, ...
-_OPENMP_WORKSHARE = re.compile(r"^GOMP_(parallel_)?(loop|sections)(_\w+)?$")
+_OPENMP_WORKSHARE = re.compile(r"^GOMP_(parallel_(?!\w*_start$))?(loop|sections)(_\w+)?$")
 
 # the libraries g++ -fopenmp links a plain C++ object against
 ALLOWED_NEEDED = {"libstdc++.so.6", "libm.so.6", "libmvec.so.1", "libgomp.so.1", "libgcc_s.so.1", "libc.so.6",

@@ -74,7 +74,8 @@ def detail(tmp_path: Path, source: str, name: str = "k") -> str:
                                   "_ZdlPvm", "_ZSt20__throw_length_errorPKc", "_Unwind_Resume", "__gxx_personality_v0",
                                   "GOMP_parallel", "GOMP_barrier", "GOMP_critical_start", "GOMP_atomic_end",
                                   "GOMP_loop_nonmonotonic_dynamic_start", "GOMP_loop_end_nowait",
-                                  "GOMP_parallel_loop_guided", "omp_get_thread_num", "omp_get_max_threads",
+                                  "GOMP_parallel_loop_guided", "GOMP_parallel_sections", "GOMP_loop_static_start",
+                                  "GOMP_sections_start", "omp_get_thread_num", "omp_get_max_threads",
                                   "__stack_chk_fail", "__divti3", "__extendhfsf2", "__truncsfhf2"])
 def test_allow_list_accepts_what_numeric_kernels_need(name):
     assert object_check.allowed_symbol(name)
@@ -83,7 +84,8 @@ def test_allow_list_accepts_what_numeric_kernels_need(name):
 @pytest.mark.parametrize("name", ["system", "fork", "vfork", "execve", "dlopen", "dlsym", "pthread_create",
                                   "PyRun_SimpleString", "PyGILState_Ensure", "mmap", "mprotect", "open", "fopen",
                                   "syscall", "clone", "signal", "setjmp", "getenv", "__cxa_atexit", "__tls_get_addr",
-                                  "omp_set_num_threads", "GOMP_target_ext", "_ZGVdN8v_system", "__system_finite",
+                                  "omp_set_num_threads", "GOMP_target_ext", "GOMP_parallel_start",
+                                  "GOMP_parallel_loop_static_start", "GOMP_parallel_sections_start", "_ZGVdN8v_system", "__system_finite",
                                   "at_quick_exit", "_ZNSt6thread15_M_start_threadESt10unique_ptrINS_6_StateESt14"
                                   "default_deleteIS1_EEPFvvE"])
 def test_allow_list_rejects_everything_else(name):

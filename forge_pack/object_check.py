@@ -319,6 +319,8 @@ def problems(data: bytes, base: Baseline) -> list[str]:
     if elf.machine not in SYSCALL_BYTES and elf.machine != EM_AARCH64:
         return [f"machine type {elf.machine} is not one the object check knows (x86-64, AArch64)"]
     found: list[str] = []
+    if not any(sec.type == SHT_DYNSYM for sec in elf.sections):
+        return ["it has no dynamic symbol table, so its imports cannot be checked"]
     dynsyms = elf.symbols(SHT_DYNSYM)
     symtab = elf.symbols(SHT_SYMTAB) or dynsyms
     funcs = [s for s in symtab if s.type in (STT_FUNC, STT_GNU_IFUNC) and s.name]
@@ -399,6 +401,18 @@ def problems(data: bytes, base: Baseline) -> list[str]:
     return found
 
 
+def _demangle(text: str) -> str:
+    """C++ names in a verdict's detail as the author wrote them (c++filt, part of binutils like g++'s
+    own assembler and linker); the mangled text when it is missing."""
+    if "_Z" not in text:
+        return text
+    try:
+        res = subprocess.run(["c++filt"], input=text, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return text
+    return res.stdout.rstrip("\n") if res.returncode == 0 and res.stdout.strip() else text
+
+
 def _find_all(body: bytes, pattern: bytes) -> list[int]:
     out, i = [], body.find(pattern)
     while i >= 0:
@@ -463,8 +477,8 @@ def _decide(data: bytes, backend: str) -> Verdict | None:
             return Verdict(False, "static_check", f"built object: the toolchain baseline (an empty translation "
                                                   f"unit) could not be built, so the object cannot be judged: {e}")
         found = problems(data, base)
-    except ElfError as e:
+    except (ElfError, IndexError) as e:
         return Verdict(False, "static_check", f"built object: not a readable ELF64 object ({e})")
     if not found:
         return None
-    return Verdict(False, "static_check", "built object: " + "; ".join(found))
+    return Verdict(False, "static_check", "built object: " + "; ".join(_demangle(f) for f in found))

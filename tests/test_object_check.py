@@ -169,7 +169,7 @@ def test_text_relocations_are_rejected(tmp_path):
 def test_destructor_function_is_rejected(tmp_path):
     d = detail(tmp_path, 'volatile int seen;\n__attribute__((destructor)) static void bye() { seen = 1; }\n'
                          'extern "C" void k(float* out) { out[0] = 1; }')
-    assert "outside any call: _ZL3byev" in d
+    assert "outside any call: bye() (" in d
 
 
 def test_code_added_to_init_is_rejected(tmp_path):
@@ -181,7 +181,7 @@ def test_code_added_to_init_is_rejected(tmp_path):
 def test_ifunc_resolvers_are_rejected(tmp_path):
     d = detail(tmp_path, '__attribute__((target_clones("avx2", "default"))) float twice(float v) { return 2 * v; }\n'
                          'extern "C" void k(float* out) { out[0] = twice(out[0]); }')
-    assert "IFUNC resolvers (_Z5twicef" in d
+    assert "IFUNC resolvers (twice(float)" in d
 
 
 def test_thread_local_storage_is_rejected(tmp_path):
@@ -209,6 +209,12 @@ def test_unreadable_artifacts_are_verdicts(tmp_path):
     junk.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
     v = object_check.check_object(junk)
     assert v.reason == "static_check" and v.detail.startswith("built object: not a readable ELF64 object")
+    data = bytearray(build(tmp_path, KERNEL).read_bytes())
+    data[60:62] = b"\0\0"  # e_shnum = 0: the loader needs no section headers, this check does
+    stripped = tmp_path / "stripped.so"
+    stripped.write_bytes(bytes(data))
+    assert object_check.check_object(stripped).detail == ("built object: it has no dynamic symbol table, so its "
+                                                          "imports cannot be checked")
     v = object_check.check_object(tmp_path / "missing.so")
     assert v.reason == "static_check" and "cannot be read" in v.detail
 

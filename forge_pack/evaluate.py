@@ -130,7 +130,7 @@ class Evaluator:
         if not build.ok:
             return Evaluation(Verdict(False, "compile_error", _tail(build.log, 4000)), eval_s=time.perf_counter() - t0,
                               extra={"cached_build": build.cached}, **common)
-        rejected = object_check.check_object(build.path, build.backend)  # what was built, not only its text
+        rejected = object_check.check_build(build)  # what was built, not only its text
         if rejected is not None:
             return Evaluation(rejected, eval_s=time.perf_counter() - t0, extra={"cached_build": build.cached}, **common)
         if baseline is None:

@@ -21,8 +21,10 @@ binutils, no new dependency), before any worker loads the object:
 A kernel that computes the address of another library's function at run time (walking memory
 from an allowed function) is beyond a static check; process isolation is the backstop there.
 
-CUDA candidates are compiled device-only (NVRTC, or ``nvcc -cubin``, which drops host code), so a
-cubin holds no host code: the check only confirms the artifact is a CUDA ELF.
+CUDA candidates are compiled device-only, so a cubin holds no host code: the check confirms the
+artifact is a CUDA ELF. NVRTC rejects host code in the source; ``nvcc -cubin`` (the fallback) drops
+it, but the package build would compile it, so a fallback build's host side is checked too
+(``check_build``).
 """
 
 from __future__ import annotations
@@ -132,8 +134,9 @@ EM_X86_64, EM_AARCH64, EM_CUDA = 62, 183, 190
 PT_LOAD, PT_DYNAMIC, PT_TLS, PT_GNU_STACK = 1, 2, 7, 0x6474E551
 PF_X, PF_W = 1, 2
 SHT_SYMTAB, SHT_RELA, SHT_DYNSYM = 2, 4, 11
-SHF_EXECINSTR = 4
-STB_WEAK, STT_FUNC, STT_GNU_IFUNC = 2, 2, 10
+SHT_INIT_ARRAY, SHT_FINI_ARRAY, SHT_PREINIT_ARRAY = 14, 15, 16
+SHF_EXECINSTR, SHF_TLS = 4, 0x400
+STB_WEAK, STT_FUNC, STT_SECTION, STT_FILE, STT_GNU_IFUNC = 2, 2, 3, 4, 10
 DT_NEEDED, DT_INIT, DT_FINI, DT_TEXTREL, DT_FLAGS = 1, 12, 13, 22, 30
 DT_INIT_ARRAY, DT_FINI_ARRAY, DT_INIT_ARRAYSZ, DT_FINI_ARRAYSZ = 25, 26, 27, 28
 DT_PREINIT_ARRAYSZ, DT_STRTAB, DT_STRSZ = 33, 5, 10
@@ -434,6 +437,120 @@ def _array_targets(elf: Elf, dyn: dict, where) -> str:
                 if name not in ("frame_dummy", "__do_global_dtors_aux"):
                     names.append(name)
     return ", ".join(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------- CUDA: the host side of an nvcc build
+
+# NVRTC rejects host code outright ("host functions are not allowed in JIT mode"), but `nvcc -cubin`
+# (the fallback without NVRTC) drops it silently, and the package build compiles the same source with
+# nvcc, host side included. So with the fallback, the source's host object is built and held to the
+# rules above; the baseline is the host object of a one-kernel file (its fat-binary registration).
+_HOST_BASELINE_SOURCE = 'extern "C" __global__ void forge_pack_baseline(float* p) { p[0] = 1.0f; }\n'
+
+
+@dataclass(frozen=True)
+class HostObject:
+    undefined: frozenset
+    init_bytes: int  # .init_array / .ctors, summed over sections of the relocatable object
+    fini_bytes: int
+    tls: bool
+    ifunc: tuple
+    syscalls: tuple  # "bytes (`name`) at function+offset"
+
+
+def _nvcc_host_object(source: str, arch: str) -> HostObject:
+    import shutil
+
+    from forge_pack.compile import NVCC_FLAGS
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise RuntimeError("nvcc is not on PATH")
+    flags = [f for f in NVCC_FLAGS if f not in ("-Xptxas", "-v")]
+    with tempfile.TemporaryDirectory(prefix="forge-objcheck-") as tmp:
+        src, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.o"
+        src.write_text(source)
+        res = subprocess.run([nvcc, "-c", f"-arch={arch}", *flags, "-o", str(out), str(src)], capture_output=True,
+                             text=True, timeout=300)
+        if res.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"nvcc -c failed: {(res.stdout + res.stderr)[-1500:]}")
+        elf = Elf.parse(out.read_bytes())
+    syms = elf.symbols(SHT_SYMTAB)
+    named = {i: s for i, s in enumerate(elf.sections)}
+    funcs = [s for s in syms if s.type == STT_FUNC and s.name]
+    hits = []
+    for idx, sec in named.items():
+        if not sec.flags & SHF_EXECINSTR:
+            continue
+        body = elf.bytes_of(sec)
+        for pattern, name in SYSCALL_BYTES.get(elf.machine, []):
+            for h in _find_all(body, pattern):
+                f = next((f for f in funcs if f.shndx == idx and f.value <= h < f.value + max(f.size, 1)), None)
+                hits.append(f"{pattern.hex(' ')} (`{name}`) at " + (f"{f.name}+{h - f.value:#x}" if f else sec.name))
+
+    def array_bytes(kind: int, names: tuple) -> int:
+        return sum(s.size for s in elf.sections if s.type == kind or s.name.startswith(names))
+
+    return HostObject(
+        frozenset(s.name for s in syms if s.shndx == 0 and s.name and s.type not in (STT_SECTION, STT_FILE)),
+        array_bytes(SHT_INIT_ARRAY, (".ctors", ".init_array")) + array_bytes(SHT_PREINIT_ARRAY, (".preinit_array",)),
+        array_bytes(SHT_FINI_ARRAY, (".dtors", ".fini_array")),
+        any(s.flags & SHF_TLS for s in elf.sections),
+        tuple(sorted({s.name for s in syms if s.type == STT_GNU_IFUNC})), tuple(hits))
+
+
+_host_baselines: dict[str, HostObject] = {}
+
+
+def cuda_host_problems(source: str, arch: str) -> list[str]:
+    """Why the host side of a CUDA source (as nvcc builds it for the package) may not ship."""
+    with _baseline_lock:
+        if arch not in _host_baselines:
+            _host_baselines[arch] = _nvcc_host_object(_HOST_BASELINE_SOURCE, arch)
+        base = _host_baselines[arch]
+    obj = _nvcc_host_object(source, arch)
+    found = []
+    denied = sorted(n for n in obj.undefined - base.undefined if not allowed_symbol(n))
+    if denied:
+        found.append(f"its host code calls or references {', '.join(denied)} (a CUDA candidate is device code: "
+                     f"no host functions, no host globals with initialisers)")
+    if obj.init_bytes > base.init_bytes or obj.fini_bytes > base.fini_bytes:
+        found.append("its host code runs when the package loads or unloads (a global object with a constructor or "
+                     "destructor, `__attribute__((constructor))`): a CUDA candidate is device code")
+    if obj.tls:
+        found.append("its host code has thread-local storage")
+    if obj.ifunc:
+        found.append(f"its host code has IFUNC resolvers ({', '.join(obj.ifunc)})")
+    if obj.syscalls:
+        found.append(f"its host code holds system-call bytes {', '.join(obj.syscalls[:6])}")
+    return found
+
+
+def check_build(build) -> Verdict | None:
+    """``check_object`` for a ``compile.Build``; for a CUDA build made by ``nvcc -cubin`` (no NVRTC) the
+    source's host side, which the package build would compile, is checked too."""
+    verdict = check_object(build.path, build.backend)
+    if verdict is not None or build.backend != "cuda" or build.cmd.startswith("nvrtc("):
+        return verdict
+    src = Path(build.path).with_name("kernel.cu")  # written next to the cubin by the nvcc path
+    try:
+        source = src.read_text()
+    except OSError as e:
+        return Verdict(False, "static_check", f"built object: the source of an nvcc build cannot be read ({e})")
+    key = f"{POLICY}:cuda-host:{build.arch}:{hashlib.sha256(source.encode()).hexdigest()}"
+    with _decisions_lock:
+        if key in _decisions:
+            return _decisions[key]
+    try:
+        found = cuda_host_problems(source, build.arch)
+        verdict = Verdict(False, "static_check", "built object: " + "; ".join(_demangle(f) for f in found)) \
+            if found else None
+    except (OSError, RuntimeError, subprocess.TimeoutExpired, ElfError, IndexError) as e:
+        verdict = Verdict(False, "static_check", f"built object: the host side of this CUDA source could not be "
+                                                 f"built for checking: {e}")
+    with _decisions_lock:
+        _decisions[key] = verdict
+    return verdict
 
 
 # ---------------------------------------------------------------- entry points

@@ -227,6 +227,45 @@ def test_cubins_hold_no_host_code_and_are_passed(tmp_path):
     assert v.detail == "built object: expected a cubin (CUDA ELF), found machine type 62"
 
 
+HOST_CODE_CU = """
+extern "C" int system(const char*);
+struct Greeter { Greeter() { system(": hello from the package's import"); } };
+static Greeter greeter;
+extern "C" __global__ void scale(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.f; }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_nvcc_fallback_build_has_its_host_side_checked(tmp_path, monkeypatch):
+    """`nvcc -cubin` drops host code from the cubin, but the package compiles it: it is checked."""
+    from forge_pack import compile as fcompile
+    from forge_pack.candidate import Candidate, parse_spec
+
+    monkeypatch.setattr(fcompile, "_nvrtc", None)  # NVRTC unavailable: the nvcc fallback
+    spec = parse_spec('{"kernels": [{"name": "scale", "args": ["x", "i32:n"]}]}')
+    bad = Candidate("softmax", "cuda", HOST_CODE_CU, spec, "test")
+    good = Candidate("softmax", "cuda", HOST_CODE_CU.split("\n")[-2] + "\n", spec, "test")
+    assert good.source.startswith('extern "C" __global__ void scale')
+    builds = [fcompile.compile_candidate(c, arch="sm_90", cache_dir=tmp_path) for c in (bad, good)]
+    assert all(b.ok and b.cmd.startswith(shutil.which("nvcc")) for b in builds), builds
+    v = object_check.check_build(builds[0])
+    assert v.reason == "static_check" and v.detail.startswith("built object: its host code calls or references system")
+    assert "runs when the package loads" in v.detail
+    assert object_check.check_build(builds[1]) is None
+
+
+def test_nvrtc_builds_need_no_host_check(tmp_path):
+    from forge_pack.compile import Build
+
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40)
+    (tmp_path / "kernel.cu").write_text(HOST_CODE_CU)  # would be rejected, but NVRTC never compiles host code
+    build = Build(True, "cuda", str(cubin), "", "nvrtc(libnvrtc.so.13 13.0) --gpu-architecture=sm_90", 0.0, False,
+                  "k", "sm_90")
+    assert object_check.check_build(build) is None
+
+
 def test_decision_is_cached_by_content_hash(tmp_path, monkeypatch):
     so = build(tmp_path, KERNEL.replace("4)", "8)"))
     calls = []

@@ -342,7 +342,7 @@ def problems(data: bytes, base: Baseline) -> list[str]:
     denied = sorted({s.name for s in dynsyms if s.name and s.shndx == 0
                      and not (s.bind == STB_WEAK and s.name in base.weak) and not allowed_symbol(s.name)})
     if denied:
-        found.append(f"it calls or references functions outside the kernel runtime: {', '.join(denied)} "
+        found.append(f"it uses functions or data from outside the kernel runtime: {', '.join(denied)} "
                      f"(a CPU kernel may use libm math, OpenMP, memcpy/memset/memmove, new/delete and "
                      f"std::vector; nothing else, however it is declared or named)")
     dyn_list = elf.dynamic()
@@ -476,10 +476,9 @@ def _nvcc_host_object(source: str, arch: str) -> HostObject:
             raise RuntimeError(f"nvcc -c failed: {(res.stdout + res.stderr)[-1500:]}")
         elf = Elf.parse(out.read_bytes())
     syms = elf.symbols(SHT_SYMTAB)
-    named = {i: s for i, s in enumerate(elf.sections)}
     funcs = [s for s in syms if s.type == STT_FUNC and s.name]
     hits = []
-    for idx, sec in named.items():
+    for idx, sec in enumerate(elf.sections):
         if not sec.flags & SHF_EXECINSTR:
             continue
         body = elf.bytes_of(sec)

@@ -3,8 +3,8 @@ contains and runs on its own.
 
 The source-text check (static_check) sees what a kernel spells; this module sees what g++ built,
 so hand-written prototypes, asm labels (``__asm__("system")``), function pointers and inline asm
-no longer hide anything. Four checks, on the ELF file alone (a small ELF64 reader here, no
-binutils, no new dependency), before any worker loads the object:
+no longer hide anything. Four checks, on the ELF file alone (a small ELF64 reader here: no
+binutils needed for the verdict, no new dependency), before any worker loads the object:
 
 1. every undefined dynamic symbol (weak ones too: a weak reference binds to a definition whenever
    one is loaded, and libc's always is) is on the allow-list below: libm math, OpenMP, the

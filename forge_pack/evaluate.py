@@ -1,4 +1,4 @@
-"""evaluate = static checks -> compile (parent) -> verify -> bench (isolated worker).
+"""evaluate = static checks -> compile -> object check (parent) -> verify -> bench (isolated worker).
 
 ``Evaluator`` is what the search calls. ``evaluate`` is thread-safe: several search threads may
 call it at once; each compiles in its own thread (NVRTC and g++ run outside the GIL), then
@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from forge_pack import abi, static_check
+from forge_pack import abi, object_check, static_check
 from forge_pack.candidate import Candidate
 from forge_pack.compile import compile_candidate
 from forge_pack.hotspot import Hotspot
@@ -130,6 +130,9 @@ class Evaluator:
         if not build.ok:
             return Evaluation(Verdict(False, "compile_error", _tail(build.log, 4000)), eval_s=time.perf_counter() - t0,
                               extra={"cached_build": build.cached}, **common)
+        rejected = object_check.check_build(build)  # what was built, not only its text
+        if rejected is not None:
+            return Evaluation(rejected, eval_s=time.perf_counter() - t0, extra={"cached_build": build.cached}, **common)
         if baseline is None:
             with self._lock:
                 baseline = self._baselines.get(hotspot.id)

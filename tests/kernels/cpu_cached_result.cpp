@@ -4,8 +4,8 @@
 // captured and adversarial sets: the replayed output is wrong for all but the first.
 #include <cmath>
 #include <vector>
-static std::vector<float> cache;
 extern "C" void softmax_memo(const float* x, float* out, long long rows, long long cols) {
+  static std::vector<float>& cache = *new std::vector<float>();  // never destroyed: no code after unload
   if (cache.size() != (size_t)(rows * cols)) {
     cache.assign(rows * cols, 0.f);
     for (long long r = 0; r < rows; ++r) {

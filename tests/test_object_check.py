@@ -1,0 +1,346 @@
+"""The built CPU object checked (forge_pack/object_check.py): imports, system-call bytes, load-time code.
+
+- unit tests on small shared objects compiled here with the candidates' own g++ flags;
+- the fixtures that only the object check catches: each passes the source-text check, and the
+  CPU Evaluator rejects it with `static_check` and a detail naming what the object does;
+- every CPU template family and reference kernel passes (the allow-list is no regression).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from forge_pack import object_check, static_check
+from forge_pack.compile import CPU_FLAGS, compile_candidate, cpu_include_dir
+from forge_pack.evaluate import Evaluator
+from forge_pack.ops import with_output
+from forge_pack.reference_kernels import reference_candidate
+from forge_pack.timing import TimingConfig
+
+from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, hotspot, load_fixture
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+
+# fixture -> what the verdict's detail must name
+OBJECT_FIXTURES = {
+    "cpu_python_c_api": ["PyGILState_Ensure", "PyImport_ImportModule", "PyObject_SetAttrString"],
+    "cpu_asm_label_libc": ["system"],
+    "cpu_inline_syscall": ["0f 05", "softmax_asks+"],
+    "cpu_load_time_hook": ["fill_table_early", "outside any call"],
+    "cpu_global_object": ["_GLOBAL__sub_I_", "__cxa_atexit"],
+    "cpu_symbol_lookup": ["dlsym"],
+    "cpu_thread_alias": ["pthread_create", "pthread_detach"],
+}
+
+KERNEL = """
+#include <cmath>
+#include <vector>
+extern "C" void k(const float* x, float* out, long long n) {
+  std::vector<float> tmp(n);
+  #pragma omp parallel for
+  for (long long i = 0; i < n; ++i) tmp[i] = std::exp(x[i]) + std::sqrt(std::fabs(x[i]));
+  #pragma omp parallel for schedule(dynamic, 4)
+  for (long long i = 0; i < n; ++i) out[i] = tmp[i];
+}
+"""
+
+
+def build(tmp_path: Path, source: str, name: str = "k") -> Path:
+    src, out = tmp_path / f"{name}.cpp", tmp_path / f"{name}.so"
+    src.write_text(source)
+    res = subprocess.run(["g++", *CPU_FLAGS, f"-I{cpu_include_dir()}", "-o", str(out), str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def detail(tmp_path: Path, source: str, name: str = "k") -> str:
+    v = object_check.check_object(build(tmp_path, source, name))
+    assert v is not None and not v.ok and v.reason == "static_check"
+    assert v.detail.startswith("built object: ")
+    return v.detail
+
+
+# ---------------------------------------------------------------- the allow-list
+
+
+@pytest.mark.parametrize("name", ["expf", "exp", "log1pf", "sqrtf", "fmaxf", "tanhf", "_ZGVdN8v_expf",
+                                  "_ZGVeN16vv_powf", "__expf_finite", "memcpy", "memset", "memmove", "_Znwm",
+                                  "_ZdlPvm", "_ZSt20__throw_length_errorPKc", "_Unwind_Resume", "__gxx_personality_v0",
+                                  "GOMP_parallel", "GOMP_barrier", "GOMP_critical_start", "GOMP_atomic_end",
+                                  "GOMP_loop_nonmonotonic_dynamic_start", "GOMP_loop_end_nowait",
+                                  "GOMP_parallel_loop_guided", "GOMP_parallel_sections", "GOMP_loop_static_start",
+                                  "GOMP_sections_start", "omp_get_thread_num", "omp_get_max_threads",
+                                  "__stack_chk_fail", "__divti3", "__extendhfsf2", "__truncsfhf2"])
+def test_allow_list_accepts_what_numeric_kernels_need(name):
+    assert object_check.allowed_symbol(name)
+
+
+@pytest.mark.parametrize("name", ["system", "fork", "vfork", "execve", "dlopen", "dlsym", "pthread_create",
+                                  "PyRun_SimpleString", "PyGILState_Ensure", "mmap", "mprotect", "open", "fopen",
+                                  "syscall", "clone", "signal", "setjmp", "getenv", "__cxa_atexit", "__tls_get_addr",
+                                  "omp_set_num_threads", "GOMP_target_ext", "GOMP_parallel_start",
+                                  "GOMP_parallel_loop_static_start", "GOMP_parallel_sections_start", "_ZGVdN8v_system", "__system_finite",
+                                  "at_quick_exit", "_ZNSt6thread15_M_start_threadESt10unique_ptrINS_6_StateESt14"
+                                  "default_deleteIS1_EEPFvvE"])
+def test_allow_list_rejects_everything_else(name):
+    assert not object_check.allowed_symbol(name)
+
+
+def test_plain_numeric_kernel_with_openmp_and_vector_passes(tmp_path):
+    assert object_check.check_object(build(tmp_path, KERNEL)) is None
+
+
+def test_empty_translation_unit_is_the_baseline_and_passes(tmp_path):
+    base = object_check.baseline()
+    assert base.init_array == 1 and base.fini_array == 1  # frame_dummy, __do_global_dtors_aux
+    assert "__gmon_start__" in base.weak
+    assert object_check.check_object(build(tmp_path, "// nothing\n")) is None
+
+
+# ---------------------------------------------------------------- symbols
+
+
+def test_weak_undefined_symbols_count(tmp_path):
+    d = detail(tmp_path, """
+extern "C" int system(const char*) __attribute__((weak));
+extern "C" void k(float* out) { if (system) out[0] = (float)system(":"); }
+""")
+    assert "functions or data from outside the kernel runtime: system (" in d
+
+
+def test_function_pointer_to_libc_is_an_import(tmp_path):
+    d = detail(tmp_path, """
+#include <cstdlib>
+extern "C" void k(float* out, int (*volatile* slot)(const char*)) { *slot = &std::system; out[0] = 1; }
+""")
+    assert "system" in d
+
+
+def test_every_denied_symbol_is_named_once(tmp_path):
+    d = detail(tmp_path, """
+extern "C" int getpid(); extern "C" char* getenv(const char*); extern "C" void* mmap(void*, unsigned long, int, int, int, long);
+extern "C" void k(float* out) { out[0] = getpid() + (getenv("X") != 0) + (mmap(0, 0, 0, 0, -1, 0) != 0); }
+""")
+    assert "outside the kernel runtime: getenv, getpid, mmap (" in d
+
+
+# ---------------------------------------------------------------- system calls and code that changes
+
+
+@pytest.mark.parametrize("asm,shown", [("syscall", "0f 05 (`syscall`)"), ("sysenter", "0f 34 (`sysenter`)"),
+                                       ("int $0x80", "cd 80 (`int 0x80`)")])
+def test_system_call_instructions_are_rejected(tmp_path, asm, shown):
+    d = detail(tmp_path, f'extern "C" void k(float* out) {{ __asm__ volatile("{asm}" ::: "memory"); out[0] = 1; }}')
+    assert shown in d and " at k+0x" in d
+
+
+def test_system_call_bytes_hidden_inside_an_instruction_are_rejected(tmp_path):
+    # mov $0x050f, %eax encodes as b8 0f 05 00 00: a jump to its second byte runs `syscall`
+    d = detail(tmp_path, 'extern "C" void k(int* out) { int v; __asm__("movl $0x050f, %0" : "=r"(v)); out[0] = v; }')
+    assert "0f 05 (`syscall`) at k+0x" in d
+
+
+def test_writable_executable_segment_is_rejected(tmp_path):
+    d = detail(tmp_path, 'asm(".section .wx,\\"awx\\",@progbits\\n.byte 0xc3\\n.previous");\n'
+                         'extern "C" void k(float* out) { out[0] = 1; }')
+    assert "writable and executable" in d
+
+
+def test_executable_stack_is_rejected(tmp_path):
+    d = detail(tmp_path, 'asm(".section .note.GNU-stack,\\"x\\",@progbits\\n.previous");\n'
+                         'extern "C" void k(float* out) { out[0] = 1; }')
+    assert "executable stack" in d
+
+
+def test_text_relocations_are_rejected(tmp_path):
+    d = detail(tmp_path, 'int g;\nasm(".text\\n.quad g\\n");\nextern "C" void k(float* out) { out[0] = g; }')
+    assert "text relocations" in d
+
+
+# ---------------------------------------------------------------- code outside the call
+
+
+def test_destructor_function_is_rejected(tmp_path):
+    d = detail(tmp_path, 'volatile int seen;\n__attribute__((destructor)) static void bye() { seen = 1; }\n'
+                         'extern "C" void k(float* out) { out[0] = 1; }')
+    assert "outside any call: bye() (" in d
+
+
+def test_code_added_to_init_is_rejected(tmp_path):
+    d = detail(tmp_path, 'asm(".section .init,\\"ax\\",@progbits\\nnop\\nnop\\n.previous");\n'
+                         'extern "C" void k(float* out) { out[0] = 1; }')
+    assert "code was added to _init" in d
+
+
+def test_ifunc_resolvers_are_rejected(tmp_path):
+    d = detail(tmp_path, '__attribute__((target_clones("avx2", "default"))) float twice(float v) { return 2 * v; }\n'
+                         'extern "C" void k(float* out) { out[0] = twice(out[0]); }')
+    assert "IFUNC resolvers (twice(float)" in d
+
+
+def test_thread_local_storage_is_rejected(tmp_path):
+    d = detail(tmp_path, 'static thread_local int calls;\nextern "C" void k(float* out) { out[0] = ++calls; }')
+    assert "thread-local storage" in d
+
+
+def test_function_local_static_set_up_inside_the_call_passes(tmp_path):
+    src = """
+#include <cmath>
+static float make(int i) { return std::exp(-i * 0.1f); }
+extern "C" void k(float* out, int i) {
+  static const float* table = [] { float* t = new float[64]; for (int j = 0; j < 64; ++j) t[j] = make(j); return t; }();
+  out[0] = table[i & 63];
+}
+"""
+    assert object_check.check_object(build(tmp_path, src)) is None
+
+
+# ---------------------------------------------------------------- not an object, CUDA, the cache
+
+
+def test_unreadable_artifacts_are_verdicts(tmp_path):
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 20)
+    v = object_check.check_object(junk)
+    assert v.reason == "static_check" and v.detail.startswith("built object: not a readable ELF64 object")
+    data = bytearray(build(tmp_path, KERNEL).read_bytes())
+    data[60:62] = b"\0\0"  # e_shnum = 0: the loader needs no section headers, this check does
+    stripped = tmp_path / "stripped.so"
+    stripped.write_bytes(bytes(data))
+    assert object_check.check_object(stripped).detail == ("built object: it has no dynamic symbol table, so its "
+                                                          "imports cannot be checked")
+    v = object_check.check_object(tmp_path / "missing.so")
+    assert v.reason == "static_check" and "cannot be read" in v.detail
+
+
+def test_cubins_hold_no_host_code_and_are_passed(tmp_path):
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40)
+    assert object_check.check_object(cubin, "cuda") is None
+    v = object_check.check_object(build(tmp_path, KERNEL), "cuda")
+    assert v.detail == "built object: expected a cubin (CUDA ELF), found machine type 62"
+
+
+HOST_CODE_CU = """
+extern "C" int system(const char*);
+struct Greeter { Greeter() { system(": hello from the package's import"); } };
+static Greeter greeter;
+extern "C" __global__ void scale(float* x, int n) { int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.f; }
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_nvcc_fallback_build_has_its_host_side_checked(tmp_path, monkeypatch):
+    """`nvcc -cubin` drops host code from the cubin, but the package compiles it: it is checked."""
+    from forge_pack import compile as fcompile
+    from forge_pack.candidate import Candidate, parse_spec
+
+    monkeypatch.setattr(fcompile, "_nvrtc", None)  # NVRTC unavailable: the nvcc fallback
+    spec = parse_spec('{"kernels": [{"name": "scale", "args": ["x", "i32:n"]}]}')
+    bad = Candidate("softmax", "cuda", HOST_CODE_CU, spec, "test")
+    good = Candidate("softmax", "cuda", HOST_CODE_CU.split("\n")[-2] + "\n", spec, "test")
+    assert good.source.startswith('extern "C" __global__ void scale')
+    builds = [fcompile.compile_candidate(c, arch="sm_90", cache_dir=tmp_path) for c in (bad, good)]
+    assert all(b.ok and b.cmd.startswith(shutil.which("nvcc")) for b in builds), builds
+    v = object_check.check_build(builds[0])
+    assert v.reason == "static_check" and v.detail.startswith("built object: its host code calls or references system")
+    assert "runs when the package loads" in v.detail
+    assert object_check.check_build(builds[1]) is None
+
+
+def test_nvrtc_builds_need_no_host_check(tmp_path):
+    from forge_pack.compile import Build
+
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40)
+    (tmp_path / "kernel.cu").write_text(HOST_CODE_CU)  # would be rejected, but NVRTC never compiles host code
+    build = Build(True, "cuda", str(cubin), "", "nvrtc(libnvrtc.so.13 13.0) --gpu-architecture=sm_90", 0.0, False,
+                  "k", "sm_90")
+    assert object_check.check_build(build) is None
+
+
+def test_decision_is_cached_by_content_hash(tmp_path, monkeypatch):
+    so = build(tmp_path, KERNEL.replace("4)", "8)"))
+    calls = []
+    real = object_check._decide
+    monkeypatch.setattr(object_check, "_decide", lambda data, backend: calls.append(1) or real(data, backend))
+    copy = tmp_path / "copy.so"
+    shutil.copyfile(so, copy)
+    assert object_check.check_object(so) is None
+    assert object_check.check_object(copy) is None  # same bytes, another path: no second decision
+    assert len(calls) == 1
+
+
+# ---------------------------------------------------------------- the fixtures, through the evaluator
+
+
+def test_object_fixtures_are_listed_and_expect_static_check():
+    found = {p.stem for p in KERNELS.glob("cpu_*.cpp")}
+    assert set(OBJECT_FIXTURES) <= found
+    for name in OBJECT_FIXTURES:
+        assert expected_reasons(KERNELS / f"{name}.cpp") == {"static_check"}
+
+
+@pytest.mark.parametrize("name", sorted(OBJECT_FIXTURES))
+def test_fixture_passes_the_source_check_and_only_the_built_object_is_rejected(name, tmp_path):
+    cand = load_fixture(KERNELS / f"{name}.cpp")
+    sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
+    assert static_check.check(cand, sig) is None  # the text alone looks like a kernel
+    build_ = compile_candidate(cand, cache_dir=tmp_path)
+    assert build_.ok, build_.log
+    v = object_check.check_object(build_.path)
+    assert v is not None and v.reason == "static_check"
+    for word in OBJECT_FIXTURES[name]:
+        assert word in v.detail, (word, v.detail)
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    old = os.environ.get("FORGE_PACK_CPU_THREADS")
+    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
+    ev = Evaluator("cpu", workers=1, timeout_s=20, timing=TimingConfig(warmup=1, reps=5, flush=False,
+                                                                        compile_baseline=False),
+                   cache_dir=tmp_path_factory.mktemp("builds"), log_dir=tmp_path_factory.mktemp("workers"))
+    yield ev
+    ev.close()
+    if old is None:
+        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
+    else:
+        os.environ["FORGE_PACK_CPU_THREADS"] = old
+
+
+def test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next(evaluator):
+    h = hotspot("softmax", CPU_SIGNATURE)
+    for name in sorted(OBJECT_FIXTURES):
+        e = evaluator.evaluate(load_fixture(KERNELS / f"{name}.cpp"), h)
+        assert e.verdict.reason == "static_check", (name, e.verdict.detail)
+        assert e.verdict.detail.startswith("built object: "), name
+        assert e.compile_cmd.startswith("g++") and "worker" not in e.extra  # no worker saw it
+    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h)
+    assert e.verdict.ok, e.verdict.detail
+
+
+# ---------------------------------------------------------------- no regression on built-in kernels
+
+
+@pytest.mark.slow
+def test_every_cpu_template_family_and_reference_kernel_passes_the_object_check(tmp_path):
+    from forge_pack.compile import compile_many
+    from forge_pack.reference_kernels import REFERENCE_OPS
+    from test_templates import SIGS, _sig, _variants
+
+    cands = [c for _, _, c in _variants("cpu", extremes_everywhere=False)]
+    cands += [c for op in REFERENCE_OPS for text in SIGS.get(op, [])
+              if (c := reference_candidate(_sig(op, text), "cpu")) is not None]
+    assert {c.family for c in cands} >= {"rows", "online", "groups", "planes", "nchw", "nhwc", "reference"}
+    builds = compile_many(cands, cache_dir=tmp_path, max_workers=2)
+    failures = [f"{c.op} {c.family} {c.label}: {b.log[-500:] if not b.ok else object_check.check_object(b.path).detail}"
+                for c, b in zip(cands, builds) if not b.ok or object_check.check_object(b.path) is not None]
+    assert not failures, "\n".join(failures)

@@ -31,7 +31,7 @@ from forge_pack import binding, manifest as manifest_mod
 from forge_pack.candidate import Candidate
 from forge_pack.errors import ForgeError
 from forge_pack.hotspot import Hotspot
-from forge_pack.store import open_readonly
+from forge_pack.store import check_store, open_readonly
 from forge_pack.verdict import Baseline, Evaluation
 
 # A kernel must beat eager by this factor in the search to be packed (the pipeline's own margin).
@@ -140,6 +140,7 @@ def read_run(run_dir: str | Path) -> RunInfo:
     if not (rd / "run.db").is_file():
         raise ForgeError(f"{rd} is not a forge-pack run directory (no run.db)",
                          "pass the run directory printed by `forge-pack search` or `forge-pack build`")
+    check_store(rd)
     conn = open_readonly(rd)
     try:
         row = conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()

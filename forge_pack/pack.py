@@ -40,6 +40,8 @@ WIN_MARGIN = 1.02
 FIXTURE_BYTES_PER_TARGET = 16 << 20
 FIXTURE_BYTES_TOTAL = 64 << 20
 PACKAGE_VERSION = "0.1.0"
+# Written at the top of every package directory: --force replaces a directory only when it holds this.
+PACKAGE_MARKER = ".forge-pack-package"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _RESERVED = {"torch", "forge_pack", "test", "tests", "setuptools", "pip", "numpy", "safetensors", "jsonschema",
              "typer", "triton", "csrc", "build", "dist"}
@@ -118,18 +120,51 @@ def _min_sm_count(cand, env: dict) -> dict:
     return {}
 
 
-def check_out_dir(out_dir: Path, force: bool) -> None:
-    if out_dir.exists() and not force:
-        raise ForgeError(f"{out_dir} already exists", "choose another --out, or pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ForgeError(f"{out_dir} exists and is not a directory", "choose another --out")
+def check_out_dir(out_dir: Path, force: bool, run_dir: str | Path | None = None) -> None:
+    """Refuse, before any work, an --out that would lose something: the run directory or a folder
+    holding it (whatever --force says), an existing path without --force, and with --force
+    anything but a package directory forge-pack wrote (``PACKAGE_MARKER`` at its top) or an
+    empty directory. --force replaces, it never deletes what is not ours."""
+    out = Path(out_dir).resolve()
+    if run_dir is not None:
+        rd = Path(run_dir).resolve()
+        if out == rd or out in rd.parents:
+            what = "is" if out == rd else "holds"
+            raise ForgeError(f"--out {out} {what} the run directory {rd}: writing the package there would delete "
+                             "the run store and its captured inputs",
+                             "choose an --out outside the run directory, e.g. --out "
+                             f"{rd.parent / (rd.name + '-package')}")
+    if out.exists() and not force:
+        raise ForgeError(f"{out} already exists", "choose another --out, or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ForgeError(f"{out} exists and is not a directory", "choose another --out")
+    if out.exists() and not is_our_package(out) and any(out.iterdir()):
+        raise ForgeError(f"--force replaces only a package directory forge-pack wrote, and {out} is not one "
+                         f"(it has no {PACKAGE_MARKER})",
+                         f"choose another --out, or move {out} away yourself if nothing in it is needed")
     # the parent must be creatable and writable now, not after a search of many minutes
-    parent = out_dir.parent
+    parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ForgeError(f"cannot create {out_dir}: {parent} is not a writable directory",
+        raise ForgeError(f"cannot create {out}: {parent} is not a writable directory",
                          "choose an --out under a directory you can write to")
+
+
+def is_our_package(directory: Path) -> bool:
+    """Whether `directory` is a package forge-pack wrote: its marker file is there and says so."""
+    try:
+        doc = json.loads((Path(directory) / PACKAGE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("written_by") == "forge-pack"
+
+
+def write_marker(directory: Path, name: str) -> None:
+    (directory / PACKAGE_MARKER).write_text(json.dumps(
+        {"written_by": "forge-pack", "package": name, "forge_pack_version": manifest_mod.forge_version(),
+         "note": "forge-pack build/pack --force may replace this directory; it replaces no directory without "
+                 "this file"}, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------ reading the run
@@ -254,6 +289,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     csrc, pkg = stage / "csrc", stage / name
     (pkg / "fixtures").mkdir(parents=True)
     csrc.mkdir()
+    write_marker(stage, name)
     env = manifest_mod.environment(info.device, info.env)
     version = manifest_mod.forge_version()
     codes, targets = [], []
@@ -385,7 +421,7 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     info = read_run(run_dir)
     name = check_name(name or default_name(info.model_path))
     out = Path(out_dir).resolve()
-    check_out_dir(out, force)
+    check_out_dir(out, force, info.run_dir)
     winners, dropped = collect(info.run_dir)
     confirmations: dict = {}
     if confirm and winners and info.device == "cuda":
@@ -430,6 +466,7 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
         manifest_mod.write(stage / name / "manifest.json", doc)
         (stage / "README.md").write_text(readme.render(doc))
         if out.exists():
+            check_out_dir(out, force, info.run_dir)  # again, right before it goes: it may have changed since
             shutil.rmtree(out)
         os.replace(stage, out)
     finally:

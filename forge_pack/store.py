@@ -127,9 +127,11 @@ def _damaged(path: Path, what: str) -> ForgeError:
                       "file is left as it is; move it away to reuse this directory)")
 
 
-def check_header(path: str | Path) -> None:
+def check_header(path: str | Path, allow_empty: bool = False) -> None:
     """Cheap checks of an existing run store, before SQLite sees it: a 0-byte file (SQLite would
-    quietly treat it as a new, empty database) or one that is not SQLite at all is a ForgeError."""
+    quietly treat it as a new, empty database) or one that is not SQLite at all is a ForgeError.
+    ``allow_empty``: for readers polling a live run, whose writer creates the file empty and fills
+    its first page a moment later."""
     p = Path(path)
     try:
         with open(p, "rb") as f:
@@ -140,6 +142,8 @@ def check_header(path: str | Path) -> None:
         raise ForgeError(f"cannot read the run store {p}: {e.strerror or e}",
                          "check the file's permissions") from None
     if not head:
+        if allow_empty:
+            return
         raise _damaged(p, "is empty (0 bytes)")
     if head != SQLITE_HEADER:
         raise _damaged(p, "is not a SQLite database (its first bytes are not SQLite's header)")
@@ -355,7 +359,7 @@ class Store:
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     """A read-only connection for the dashboard and reports; never creates or writes the file."""
     path = (Path(run_dir) / STORE_FILE).resolve()
-    check_header(path)
+    check_header(path, allow_empty=True)  # commands call check_store first; this one may race a new run
     # as_uri() percent-quotes the path: a '#', '?' or '%' in a directory name would end or garble the URI
     conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row

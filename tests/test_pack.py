@@ -148,8 +148,13 @@ def test_out_dir_is_refused_unless_force(cpu_run, tmp_path):
     with pytest.raises(ForgeError, match="already exists") as e:
         pack(cpu_run, out, "tiny_pkg", confirm=False)
     assert "--force" in e.value.hint and (out / "keep.txt").exists()
-    result = pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)
-    assert result.written and not (out / "keep.txt").exists() and (out / "tiny_pkg" / "manifest.json").is_file()
+    with pytest.raises(ForgeError, match="replaces only a package directory forge-pack wrote"):
+        pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)  # not ours: --force leaves it alone
+    (out / "keep.txt").unlink()
+    assert pack(cpu_run, out, "tiny_pkg", force=True, confirm=False).written  # empty: replaced
+    (out / "left_over.txt").write_text("x")
+    result = pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)  # ours now: replaced whole
+    assert result.written and not (out / "left_over.txt").exists() and (out / "tiny_pkg" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("name", ["Bad-Name", "1abc", "class", "torch", "json", "", "a" * 70])

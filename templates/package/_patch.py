@@ -9,8 +9,8 @@ instances in a given model. Each replacement checks the call against the verifie
 (device, GPU architecture, dtypes, shapes, strides, parameters, unknown keywords, whether
 autograd needs a graph, autocast, functorch transforms and forward-mode AD) and calls the original
 for anything else. ``revert`` puts every patched object back exactly, in any order across several
-packages. ``FORGE_PACK_DISABLE=1`` turns the package off; an extension that cannot be loaded leaves
-everything untouched and says why once.
+packages. ``FORGE_PACK_DISABLE=1`` (or true, yes, on) turns the package off; an extension that
+cannot be loaded leaves everything untouched and says why once.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ import torch.autograd.forward_ad as _fwAD
 import torch.nn.functional as F
 
 DISABLE_ENV = "FORGE_PACK_DISABLE"
+# Spellings of FORGE_PACK_DISABLE: only a yes turns the package off ("false" or "0" must not).
+DISABLE_YES = ("1", "true", "yes", "on")
+DISABLE_NO = ("", "0", "false", "no", "off")
 EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
@@ -235,6 +238,19 @@ def module_eps(module: Any) -> float | None:
 
 
 # ------------------------------------------------------------------ manifest
+
+
+def disable_setting() -> tuple[bool, str | None]:
+    """(whether FORGE_PACK_DISABLE turns the package off, a warning for a value that is neither a yes
+    nor a no): any other value leaves the package on, the way an unset variable does."""
+    raw = os.environ.get(DISABLE_ENV)
+    value = (raw or "").strip().lower()
+    if value in DISABLE_YES:
+        return True, None
+    if value in DISABLE_NO:
+        return False, None
+    return False, (f"{DISABLE_ENV}={raw!r} is neither a yes ({', '.join(DISABLE_YES)}) nor a no "
+                   f"({', '.join(repr(v) for v in DISABLE_NO)}); the package stays on")
 
 
 def load_manifest(directory: str | Path) -> dict:
@@ -640,7 +656,10 @@ class Patcher:
 
     def apply(self, model: Any = None) -> bool:
         """Patch every call path of the targets (and composites in `model`); False when nothing was patched."""
-        if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+        off, odd = disable_setting()
+        if odd:
+            self._warn_once(odd)
+        if off:
             self._warn_once(f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}; nothing is patched")
             return False
         if not self.load():
@@ -731,7 +750,7 @@ class Patcher:
 
     def status(self) -> dict:
         return {"package": self.package, "backend": self.backend, "applied": self._active,
-                "disabled": os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"),
+                "disabled": disable_setting()[0],
                 "loaded": self._loaded, "load_error": self.load_error,
                 "patched_objects": len(self._patches), "targets": [t.id for t in self.targets],
                 "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls)}

@@ -449,20 +449,42 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     if not winners:
         why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped) or "no hotspot was searched"
         return PackResult(False, f"No faster kernel to pack, so no package was written ({why}).", dropped=dropped)
+    model_path = Path(info.model_path)
+    check = model_check and confirm
+    if check and not model_path.is_file():
+        raise ForgeError(f"the whole-model check cannot run: the model file {model_path} is not there any more, "
+                         "and no package is written unchecked",
+                         f"put the model file back at {model_path}, or pass --no-confirm to package the search's "
+                         "own measurements with neither confirmation nor whole-model check")
+    if check and info.model_hash and _file_sha256(model_path) != info.model_hash:
+        raise ForgeError(f"the whole-model check cannot run: {model_path} changed since the run was profiled, "
+                         "so the kernels would be checked against another model",
+                         f"restore the model file the run profiled, or search again; --no-confirm packages the "
+                         "search's own measurements with neither confirmation nor whole-model check")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = out.parent / f".{out.name}.staging-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     result = PackResult(True, "", str(out), name, dropped=dropped)
     try:
-        doc = stage_package(stage, name, info, winners, confirmations, dropped)
-        model_path = Path(info.model_path)
-        if model_check and confirm and not model_path.is_file():
-            result.notes.append(f"whole-model check skipped: the model file {model_path} is not there any more")
-        elif model_check and confirm and info.model_hash and _file_sha256(model_path) != info.model_hash:
-            result.notes.append(f"whole-model check skipped: {model_path} changed since the run was profiled")
-        elif model_check and confirm:
+        def stage_for(kept: list[Winner]) -> dict:
+            shutil.rmtree(stage, ignore_errors=True)
+            return stage_package(stage, name, info, kept, confirmations, dropped)
+
+        if check:
+            from forge_pack.model_gate import run_gate
+
             say("checking the whole model: patched vs original, end-to-end latency")
-            doc["model_result"] = confirm_mod.check_model(stage, name, info)
+            gate = run_gate(winners, stage_for, lambda only: confirm_mod.check_model(stage, name, info, only=only),
+                            say=say)
+            dropped.extend(gate.dropped)
+            if gate.doc is None:
+                why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
+                return PackResult(False, f"No kernel passed the whole-model check, so no package was written ({why}).",
+                                  dropped=dropped)
+            doc, winners = gate.doc, gate.winners
+            doc["dropped"], doc["model_result"] = dropped, gate.model_result
+        else:
+            doc = stage_for(winners)
         manifest_mod.write(stage / name / "manifest.json", doc)
         (stage / "README.md").write_text(readme.render(doc))
         if out.exists():

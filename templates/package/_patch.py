@@ -19,6 +19,7 @@ import contextlib
 import copyreg
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -253,6 +254,18 @@ def disable_setting() -> tuple[bool, str | None]:
                    f"({', '.join(repr(v) for v in DISABLE_NO)}); the package stays on")
 
 
+def integrity_status(doc: dict) -> tuple[str, str]:
+    """("ok" | "not checked" | "edited", a sentence): whether the manifest's figures are the ones
+    measured at build time, by the digest _integrity.py (beside this file) recomputes."""
+    path = Path(__file__).with_name("_integrity.py")
+    spec = importlib.util.spec_from_file_location(f"{__name__}_integrity", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        return "not checked", f"{path.name} is missing beside {Path(__file__).name}, so the figures are not checked"
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.status(doc)
+
+
 def load_manifest(directory: str | Path) -> dict:
     """Read and validate <package>/manifest.json against the schema shipped beside it."""
     d = Path(directory)
@@ -271,8 +284,9 @@ def load_manifest(directory: str | Path) -> dict:
     try:
         import jsonschema
     except ImportError:  # declared as a dependency; without it, check the parts this module relies on
-        if not isinstance(doc, dict) or doc.get("schema_version") != 1 or not isinstance(doc.get("targets"), list):
-            raise ManifestError(f"{path} is not a version-1 forge-pack manifest") from None
+        if not isinstance(doc, dict) or doc.get("schema_version") not in (1, 2) \
+                or not isinstance(doc.get("targets"), list):
+            raise ManifestError(f"{path} is not a version-1 or -2 forge-pack manifest") from None
         return doc
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -401,6 +415,10 @@ class Patcher:
             if t.composite and t.module_class:
                 self.composites[t.module_class] = self.composites.get(t.module_class, ()) + (t,)
         self.allowed_caps = _capability_set(manifest["build"].get("cuda_arch_list"))
+        # figures edited after the build: said once here (import time), and by info/bench/status
+        self.integrity = integrity_status(manifest)
+        if self.integrity[0] == "edited":
+            warnings.warn(f"{package}: {self.integrity[1]}", RuntimeWarning, stacklevel=2)
         self._load_extension = load_extension
         self.build_info = build_info or {}
         self.load_error: str | None = None
@@ -753,7 +771,8 @@ class Patcher:
                 "disabled": disable_setting()[0],
                 "loaded": self._loaded, "load_error": self.load_error,
                 "patched_objects": len(self._patches), "targets": [t.id for t in self.targets],
-                "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls)}
+                "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls),
+                "integrity": {"state": self.integrity[0], "message": self.integrity[1]}}
 
 
 _TRACING: tuple | None = None

@@ -182,7 +182,9 @@ def dev_patcher(package_dir: str | Path, build_root: str | Path | None = None, v
     doc = patch_mod.load_manifest(d / name)
     digest = sources_hash(d, doc)
     if only is not None:
-        doc = {**doc, "targets": [t for t in doc["targets"] if t["id"] in only]}
+        # a subset of the sealed manifest no longer matches its digest: drop the seal, not a warning
+        doc = {**{k: v for k, v in doc.items() if k != "integrity"},
+               "targets": [t for t in doc["targets"] if t["id"] in only]}
     build_dir = Path(build_root or Path.home() / ".cache" / "forge-pack" / "package-builds") / f"{name}-{digest}"
 
     def load_extension() -> None:

@@ -201,8 +201,9 @@ def test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest(tmp_
     assert r.returncode == 0, r.stderr[-4000:]
     assert "the whole-model check failed: the patched model's outputs differ from the original's" in r.stderr
     assert "checking the model with each of the 2 kernels alone" in r.stderr
-    assert "not packed: layer_norm" in r.stdout and \
-        "dropped by the whole-model check: with only this kernel patched, the patched model's outputs differ" in r.stdout
+    assert "not packed: layer_norm" in r.stdout
+    assert "dropped by the whole-model check: with only this kernel patched, the patched model's outputs " \
+           "differ" in r.stdout
     doc = json.loads((out / "gate_pkg" / "manifest.json").read_text())
     assert [t["op"] for t in doc["targets"]] == ["softmax"]
     assert doc["model_result"]["within_tolerance"] is True and doc["model_result"]["kernel_calls"]

@@ -112,6 +112,39 @@ def test_a_kernel_measured_slower_than_eager_within_noise_is_not_shipped():
     assert kept and why.startswith("1.01x eager in a fresh process")
 
 
+class SlowByANoseEvaluator:
+    """A fresh evaluator in which the second winner runs at 0.93x eager, inside the noise."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def baseline(self, hotspot):
+        return Baseline(_t(10.0, 3.0), _t(12.0))
+
+    def evaluate(self, cand, hotspot, baseline, final=False):
+        self.calls += 1
+        return Evaluation(Verdict(True, "ok"), _t(10.75 if self.calls == 2 else 4.0, 3.0))
+
+    def close(self):
+        pass
+
+
+def test_pack_does_not_ship_a_kernel_confirmed_slower_than_eager(tmp_path, monkeypatch):
+    from forge_pack import manifest
+    from forge_pack.pack import pack
+
+    run = helpers.make_cpu_run(tmp_path / "run")
+    monkeypatch.setattr(confirm, "_default_evaluator", lambda info, backend: SlowByANoseEvaluator())
+    result = pack(run, tmp_path / "out", "nose_pkg", model_check=False, say=lambda s: None)
+    assert result.written and len(result.targets) == 4
+    doc = manifest.load(tmp_path / "out" / "nose_pkg" / "manifest.json")
+    assert all(t["speedup"]["vs_eager"] >= 1.0 for t in doc["targets"])
+    [d] = doc["dropped"]
+    assert d["reason"].startswith("dropped at confirmation: slower than eager (within measurement noise, but not "
+                                  "faster), so not shipped: 0.93x eager")
+    assert f"- `{d['pretty']}`: dropped at confirmation: slower than eager" in (tmp_path / "out" / "README.md").read_text()
+
+
 # ------------------------------------------------------------------ the real thing: a wrong CPU kernel
 
 MODEL = """
@@ -209,6 +242,7 @@ def test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest(tmp_
     assert doc["model_result"]["within_tolerance"] is True and doc["model_result"]["kernel_calls"]
     assert [d["op"] for d in doc["dropped"]] == ["layer_norm"]
     assert doc["dropped"][0]["reason"].startswith("dropped by the whole-model check")
+    assert "dropped by the whole-model check: with only this kernel patched" in (out / "README.md").read_text()
 
 
 @pytest.mark.slow

@@ -423,6 +423,20 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     out = Path(out_dir).resolve()
     check_out_dir(out, force, info.run_dir)
     winners, dropped = collect(info.run_dir)
+    model_path = Path(info.model_path)
+    check = model_check and confirm
+    # the whole-model check gates the package: it must be able to run, and that is known before
+    # minutes of confirmation
+    if check and winners and not model_path.is_file():
+        raise ForgeError(f"the whole-model check cannot run: the model file {model_path} is not there any more, "
+                         "and no package is written unchecked",
+                         f"put the model file back at {model_path}, or pass --no-confirm to package the search's "
+                         "own measurements with neither confirmation nor whole-model check")
+    if check and winners and info.model_hash and _file_sha256(model_path) != info.model_hash:
+        raise ForgeError(f"the whole-model check cannot run: {model_path} changed since the run was profiled, "
+                         "so the kernels would be checked against another model",
+                         "restore the model file the run profiled, or search again; --no-confirm packages the "
+                         "search's own measurements with neither confirmation nor whole-model check")
     confirmations: dict = {}
     if confirm and winners and info.device == "cuda":
         import torch
@@ -449,18 +463,6 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     if not winners:
         why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped) or "no hotspot was searched"
         return PackResult(False, f"No faster kernel to pack, so no package was written ({why}).", dropped=dropped)
-    model_path = Path(info.model_path)
-    check = model_check and confirm
-    if check and not model_path.is_file():
-        raise ForgeError(f"the whole-model check cannot run: the model file {model_path} is not there any more, "
-                         "and no package is written unchecked",
-                         f"put the model file back at {model_path}, or pass --no-confirm to package the search's "
-                         "own measurements with neither confirmation nor whole-model check")
-    if check and info.model_hash and _file_sha256(model_path) != info.model_hash:
-        raise ForgeError(f"the whole-model check cannot run: {model_path} changed since the run was profiled, "
-                         "so the kernels would be checked against another model",
-                         f"restore the model file the run profiled, or search again; --no-confirm packages the "
-                         "search's own measurements with neither confirmation nor whole-model check")
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = out.parent / f".{out.name}.staging-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)

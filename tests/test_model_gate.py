@@ -258,3 +258,22 @@ def test_pack_writes_no_package_when_the_only_kernel_breaks_the_model(tmp_path, 
     assert res["written"] is False and not out.exists()
     assert res["message"].startswith("No kernel passed the whole-model check, so no package was written (layer_norm")
     assert "dropped by the whole-model check: with only this kernel patched" in res["message"]
+
+
+def test_a_model_file_gone_or_changed_is_an_error_before_any_confirmation(tmp_path, monkeypatch):
+    from forge_pack.pack import pack
+
+    model = tmp_path / "tiny_copy.py"
+    model.write_text(helpers.TINY_MODEL.read_text())
+    run = helpers.make_cpu_run(tmp_path / "run", model)
+    monkeypatch.setattr(confirm, "confirm_kernels", lambda *a, **k: pytest.fail("confirmation ran"))
+    model.write_text(model.read_text() + "\n# edited\n")
+    with pytest.raises(ForgeError) as e:
+        pack(run, tmp_path / "out", "p")
+    assert e.value.message == (f"the whole-model check cannot run: {model} changed since the run was profiled, so the "
+                               "kernels would be checked against another model")
+    assert "--no-confirm" in e.value.hint
+    model.unlink()
+    with pytest.raises(ForgeError, match="is not there any more, and no package is written unchecked"):
+        pack(run, tmp_path / "out", "p")
+    assert not (tmp_path / "out").exists()

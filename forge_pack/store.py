@@ -162,6 +162,10 @@ def check_store(run_dir: str | Path) -> None:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             conn.close()
+    except sqlite3.OperationalError as e:  # locked, unreadable, a directory SQLite cannot write -shm into
+        raise ForgeError(f"cannot open the run store {path}: {e}",
+                         "check that the run directory is readable and writable by you (SQLite keeps "
+                         "run.db-wal and run.db-shm beside run.db)") from None
     except sqlite3.DatabaseError as e:
         raise _damaged(path, f"is corrupted ({e})") from None
     if verdict != ["ok"]:

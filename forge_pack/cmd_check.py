@@ -38,10 +38,11 @@ def backend_for(kernel: Path, device: str | None) -> str:
 
 
 def hotspot_from_run(run_dir: Path, ref: str) -> Hotspot:
-    from forge_pack.store import open_readonly
+    from forge_pack.store import check_store, open_readonly
 
     if not (run_dir / "run.db").is_file():
         raise ForgeError(f"{run_dir} is not a run directory (no run.db)", "pass the folder `forge-pack build` wrote")
+    check_store(run_dir)
     conn = open_readonly(run_dir)
     try:
         rows = conn.execute("SELECT id, rank, hotspot_json FROM hotspots ORDER BY rank").fetchall()

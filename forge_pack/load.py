@@ -85,6 +85,9 @@ def import_model_file(path: str | Path):
     sys.path.insert(0, parent)  # so the model file can import its sibling modules
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:  # BaseException: it would end forge-pack with the model's status and no word
+        sys.modules.pop(name, None)
+        raise exit_error(e, f"{path} called sys.exit({e.code!r}) while being imported", path) from None
     except SyntaxError as e:
         sys.modules.pop(name, None)
         raise ForgeError(f"syntax error in {path}, line {e.lineno}: {e.msg}", "fix the model file and run again")
@@ -104,11 +107,20 @@ def import_model_file(path: str | Path):
     return module
 
 
+def exit_error(e: SystemExit, message: str, path: str) -> ForgeError:
+    """A model that called sys.exit() (or exit(), or raised SystemExit): where, and what to change."""
+    return ForgeError(f"{message} ({_where(e, path)})",
+                      "a model file must not exit: forge-pack imports it and calls get_model()/get_inputs() and "
+                      "forward(); move script code under `if __name__ == \"__main__\":`")
+
+
 def _call(fn, what: str, path: str):
     try:
         return fn()
     except ForgeError:
         raise
+    except SystemExit as e:
+        raise exit_error(e, f"{what} in {path} called sys.exit({e.code!r})", path) from None
     except Exception as e:
         raise ForgeError(f"{what} in {path} raised {type(e).__name__}: {e}",
                          "fix the model file; --debug shows the traceback")
@@ -178,6 +190,8 @@ def run_forward(target: Target) -> Any:
             return target.forward()
     except ForgeError:
         raise
+    except SystemExit as e:
+        raise exit_error(e, f"the model's forward called sys.exit({e.code!r})", target.path) from None
     except Exception as e:
         if isinstance(e, TypeError) and not _binds(target):
             raise ForgeError(f"the model's forward rejected the inputs from get_inputs(): {e}",

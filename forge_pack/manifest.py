@@ -5,6 +5,11 @@ targets it lists, with the launch values and guards it records, and ``README.md`
 from it. The schema (``manifest.schema.json``, next to this file) ships inside every package;
 forge-pack validates the document before writing it, the package validates it again on load,
 so a hand-edited or corrupted manifest is refused with the path of the first bad field.
+
+Figures edited by hand can still match the schema: from schema version 2 on, ``write`` seals the
+document with an integrity digest of its measured content (``templates/package/_integrity.py``,
+shipped in every package), and ``load`` refuses a document whose digest does not match. A
+version-1 manifest (no digest) loads; its figures are "not checked".
 """
 
 from __future__ import annotations
@@ -20,8 +25,28 @@ from typing import Any
 from forge_pack.errors import ForgeError
 from forge_pack.store import finite
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the integrity digest (1 still loads)
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
+
+
+@lru_cache(maxsize=1)
+def _integrity():
+    """The package's own _integrity.py, loaded from the templates: one definition of the digest."""
+    import importlib.util
+
+    from forge_pack.compile import templates_dir
+
+    path = templates_dir() / "package" / "_integrity.py"
+    spec = importlib.util.spec_from_file_location("_forge_pack_integrity", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def integrity(doc: dict) -> tuple[str, str]:
+    """("ok" | "not checked" | "edited", a sentence): whether the figures are the measured ones."""
+    return _integrity().status(doc)
 
 
 @lru_cache(maxsize=1)
@@ -54,13 +79,18 @@ def dumps(doc: dict) -> str:
 
 
 def write(path: str | Path, doc: dict) -> None:
-    """Validate, then write. An invalid document is never written."""
+    """Seal (a version-2 document gets its integrity digest), validate, then write. An invalid
+    document is never written."""
     clean = finite(doc)
+    if clean.get("schema_version", SCHEMA_VERSION) >= 2:
+        clean = _integrity().seal(clean)
     validate(clean, str(path))
     Path(path).write_text(dumps(clean))
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, allow_edited: bool = False) -> dict:
+    """Read, validate, and check the integrity digest: figures edited after the build are a
+    ForgeError unless ``allow_edited`` (then ``integrity(doc)`` says so)."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -72,6 +102,10 @@ def load(path: str | Path) -> dict:
         raise ForgeError(f"manifest {p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
                          "the file is corrupted; rebuild the package with forge-pack")
     validate(doc, f"manifest {p}")
+    state, message = integrity(doc)
+    if state == "edited" and not allow_edited:
+        raise ForgeError(f"manifest {p}: {message}",
+                         "rebuild the package with forge-pack (or reinstall it as built) instead of editing it")
     return doc
 
 

@@ -31,7 +31,7 @@ from forge_pack import binding, manifest as manifest_mod
 from forge_pack.candidate import Candidate
 from forge_pack.errors import ForgeError
 from forge_pack.hotspot import Hotspot
-from forge_pack.store import open_readonly
+from forge_pack.store import check_store, open_readonly
 from forge_pack.verdict import Baseline, Evaluation
 
 # A kernel must beat eager by this factor in the search to be packed (the pipeline's own margin).
@@ -40,6 +40,8 @@ WIN_MARGIN = 1.02
 FIXTURE_BYTES_PER_TARGET = 16 << 20
 FIXTURE_BYTES_TOTAL = 64 << 20
 PACKAGE_VERSION = "0.1.0"
+# Written at the top of every package directory: --force replaces a directory only when it holds this.
+PACKAGE_MARKER = ".forge-pack-package"
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _RESERVED = {"torch", "forge_pack", "test", "tests", "setuptools", "pip", "numpy", "safetensors", "jsonschema",
              "typer", "triton", "csrc", "build", "dist"}
@@ -118,18 +120,51 @@ def _min_sm_count(cand, env: dict) -> dict:
     return {}
 
 
-def check_out_dir(out_dir: Path, force: bool) -> None:
-    if out_dir.exists() and not force:
-        raise ForgeError(f"{out_dir} already exists", "choose another --out, or pass --force to replace it")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ForgeError(f"{out_dir} exists and is not a directory", "choose another --out")
+def check_out_dir(out_dir: Path, force: bool, run_dir: str | Path | None = None) -> None:
+    """Refuse, before any work, an --out that would lose something: the run directory or a folder
+    holding it (whatever --force says), an existing path without --force, and with --force
+    anything but a package directory forge-pack wrote (``PACKAGE_MARKER`` at its top) or an
+    empty directory. --force replaces, it never deletes what is not ours."""
+    out = Path(out_dir).resolve()
+    if run_dir is not None:
+        rd = Path(run_dir).resolve()
+        if out == rd or out in rd.parents:
+            what = "is" if out == rd else "holds"
+            raise ForgeError(f"--out {out} {what} the run directory {rd}: writing the package there would delete "
+                             "the run store and its captured inputs",
+                             "choose an --out outside the run directory, e.g. --out "
+                             f"{rd.parent / (rd.name + '-package')}")
+    if out.exists() and not force:
+        raise ForgeError(f"{out} already exists", "choose another --out, or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ForgeError(f"{out} exists and is not a directory", "choose another --out")
+    if out.exists() and not is_our_package(out) and any(out.iterdir()):
+        raise ForgeError(f"--force replaces only a package directory forge-pack wrote, and {out} is not one "
+                         f"(it has no {PACKAGE_MARKER})",
+                         f"choose another --out, or move {out} away yourself if nothing in it is needed")
     # the parent must be creatable and writable now, not after a search of many minutes
-    parent = out_dir.parent
+    parent = out.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise ForgeError(f"cannot create {out_dir}: {parent} is not a writable directory",
+        raise ForgeError(f"cannot create {out}: {parent} is not a writable directory",
                          "choose an --out under a directory you can write to")
+
+
+def is_our_package(directory: Path) -> bool:
+    """Whether `directory` is a package forge-pack wrote: its marker file is there and says so."""
+    try:
+        doc = json.loads((Path(directory) / PACKAGE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("written_by") == "forge-pack"
+
+
+def write_marker(directory: Path, name: str) -> None:
+    (directory / PACKAGE_MARKER).write_text(json.dumps(
+        {"written_by": "forge-pack", "package": name, "forge_pack_version": manifest_mod.forge_version(),
+         "note": "forge-pack build/pack --force may replace this directory; it replaces no directory without "
+                 "this file"}, indent=2) + "\n")
 
 
 # ------------------------------------------------------------------ reading the run
@@ -140,6 +175,7 @@ def read_run(run_dir: str | Path) -> RunInfo:
     if not (rd / "run.db").is_file():
         raise ForgeError(f"{rd} is not a forge-pack run directory (no run.db)",
                          "pass the run directory printed by `forge-pack search` or `forge-pack build`")
+    check_store(rd)
     conn = open_readonly(rd)
     try:
         row = conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
@@ -253,6 +289,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     csrc, pkg = stage / "csrc", stage / name
     (pkg / "fixtures").mkdir(parents=True)
     csrc.mkdir()
+    write_marker(stage, name)
     env = manifest_mod.environment(info.device, info.env)
     version = manifest_mod.forge_version()
     codes, targets = [], []
@@ -364,7 +401,7 @@ def _copy_static(stage: Path, name: str, doc: dict) -> None:
             "PACKAGE_DESCRIPTION": desc.replace('"', "'").replace("\\", "/")}
     for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
                       ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
-                      ("__main__.py", f"{name}/__main__.py")):
+                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py")):
         text = (t / src).read_text()
         for k, v in subs.items():
             text = text.replace(k, v)
@@ -384,8 +421,22 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     info = read_run(run_dir)
     name = check_name(name or default_name(info.model_path))
     out = Path(out_dir).resolve()
-    check_out_dir(out, force)
+    check_out_dir(out, force, info.run_dir)
     winners, dropped = collect(info.run_dir)
+    model_path = Path(info.model_path)
+    check = model_check and confirm
+    # the whole-model check gates the package: it must be able to run, and that is known before
+    # minutes of confirmation
+    if check and winners and not model_path.is_file():
+        raise ForgeError(f"the whole-model check cannot run: the model file {model_path} is not there any more, "
+                         "and no package is written unchecked",
+                         f"put the model file back at {model_path}, or pass --no-confirm to package the search's "
+                         "own measurements with neither confirmation nor whole-model check")
+    if check and winners and info.model_hash and _file_sha256(model_path) != info.model_hash:
+        raise ForgeError(f"the whole-model check cannot run: {model_path} changed since the run was profiled, "
+                         "so the kernels would be checked against another model",
+                         "restore the model file the run profiled, or search again; --no-confirm packages the "
+                         "search's own measurements with neither confirmation nor whole-model check")
     confirmations: dict = {}
     if confirm and winners and info.device == "cuda":
         import torch
@@ -417,18 +468,29 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     shutil.rmtree(stage, ignore_errors=True)
     result = PackResult(True, "", str(out), name, dropped=dropped)
     try:
-        doc = stage_package(stage, name, info, winners, confirmations, dropped)
-        model_path = Path(info.model_path)
-        if model_check and confirm and not model_path.is_file():
-            result.notes.append(f"whole-model check skipped: the model file {model_path} is not there any more")
-        elif model_check and confirm and info.model_hash and _file_sha256(model_path) != info.model_hash:
-            result.notes.append(f"whole-model check skipped: {model_path} changed since the run was profiled")
-        elif model_check and confirm:
+        def stage_for(kept: list[Winner]) -> dict:
+            shutil.rmtree(stage, ignore_errors=True)
+            return stage_package(stage, name, info, kept, confirmations, dropped)
+
+        if check:
+            from forge_pack.model_gate import run_gate
+
             say("checking the whole model: patched vs original, end-to-end latency")
-            doc["model_result"] = confirm_mod.check_model(stage, name, info)
+            gate = run_gate(winners, stage_for, lambda only: confirm_mod.check_model(stage, name, info, only=only),
+                            say=say)
+            dropped.extend(gate.dropped)
+            if gate.doc is None:
+                why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
+                return PackResult(False, f"No kernel passed the whole-model check, so no package was written ({why}).",
+                                  dropped=dropped)
+            doc, winners = gate.doc, gate.winners
+            doc["dropped"], doc["model_result"] = dropped, gate.model_result
+        else:
+            doc = stage_for(winners)
         manifest_mod.write(stage / name / "manifest.json", doc)
         (stage / "README.md").write_text(readme.render(doc))
         if out.exists():
+            check_out_dir(out, force, info.run_dir)  # again, right before it goes: it may have changed since
             shutil.rmtree(out)
         os.replace(stage, out)
     finally:

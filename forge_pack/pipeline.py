@@ -37,7 +37,7 @@ from forge_pack.hotspot import Hotspot
 from forge_pack.propose import Move
 from forge_pack.search import Node, Progress, SearchConfig, SearchHooks, SearchResult, StoredNode, \
     restored_result, search
-from forge_pack.store import Store, finite
+from forge_pack.store import Store, check_store, finite
 from forge_pack.verdict import Baseline, Evaluation
 
 try:
@@ -441,6 +441,7 @@ def load_config(run_dir: str | Path) -> RunConfig:
     if not (Path(run_dir) / "run.db").is_file() or not path.is_file():
         raise ForgeError(f"{run_dir} is not a forge-pack run directory (no run.db and config.json)",
                          "pass the directory an earlier `forge-pack search` wrote (its path is printed at the end)")
+    check_store(run_dir)  # an emptied or damaged store is an error here, never a fresh start over it
     try:
         return RunConfig.from_json(json.loads(path.read_text()))
     except (ValueError, TypeError) as e:
@@ -650,6 +651,7 @@ def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | N
     if resume:
         if not (run_dir / "run.db").is_file():
             raise ForgeError(f"{run_dir} has no run.db to resume", "pass the run directory of an earlier search")
+        check_store(run_dir)  # a 0-byte or damaged run.db must not become a new, empty run
         lock.acquire()  # before anything reads or writes the store
         with Store(run_dir) as probe:
             rows = probe.query("SELECT * FROM runs ORDER BY id DESC LIMIT 1")

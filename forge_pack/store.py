@@ -16,7 +16,14 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from forge_pack.errors import ForgeError
+
 SCHEMA_VERSION = 1
+STORE_FILE = "run.db"
+# Every SQLite 3 database file starts with these 16 bytes; anything else is not a run store.
+SQLITE_HEADER = b"SQLite format 3\x00"
+# The tables every run store has from its first write on (Store.__init__ creates them together).
+CORE_TABLES = ("meta", "runs", "hotspots", "nodes", "evaluations")
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -114,13 +121,68 @@ def finite(v: Any) -> Any:
     return v
 
 
+def _damaged(path: Path, what: str) -> ForgeError:
+    return ForgeError(f"the run store {path} {what}",
+                      "it cannot be read or continued: start a new run with another --run-dir (the damaged "
+                      "file is left as it is; move it away to reuse this directory)")
+
+
+def check_header(path: str | Path, allow_empty: bool = False) -> None:
+    """Cheap checks of an existing run store, before SQLite sees it: a 0-byte file (SQLite would
+    quietly treat it as a new, empty database) or one that is not SQLite at all is a ForgeError.
+    ``allow_empty``: for readers polling a live run, whose writer creates the file empty and fills
+    its first page a moment later."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ForgeError(f"cannot read the run store {p}: {e.strerror or e}",
+                         "check the file's permissions") from None
+    if not head:
+        if allow_empty:
+            return
+        raise _damaged(p, "is empty (0 bytes)")
+    if head != SQLITE_HEADER:
+        raise _damaged(p, "is not a SQLite database (its first bytes are not SQLite's header)")
+
+
+def check_store(run_dir: str | Path) -> None:
+    """An existing run store, read-only, checked through: header, SQLite's own quick_check (a
+    truncated file fails here, not half way through a command), the core tables. ForgeError
+    (``error:`` + ``hint:``) for anything damaged; nothing is created or written."""
+    path = Path(run_dir) / STORE_FILE
+    check_header(path)
+    try:
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            verdict = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            conn.close()
+    except sqlite3.OperationalError as e:  # locked, unreadable, a directory SQLite cannot write -shm into
+        raise ForgeError(f"cannot open the run store {path}: {e}",
+                         "check that the run directory is readable and writable by you (SQLite keeps "
+                         "run.db-wal and run.db-shm beside run.db)") from None
+    except sqlite3.DatabaseError as e:
+        raise _damaged(path, f"is corrupted ({e})") from None
+    if verdict != ["ok"]:
+        raise _damaged(path, f"is corrupted (SQLite's check: {'; '.join(verdict[:3])})")
+    missing = [t for t in CORE_TABLES if t not in tables]
+    if missing:
+        raise _damaged(path, f"is not a forge-pack run store (no table {', '.join(missing)})")
+
+
 class Store:
     """Writer side of a run store. Thread-safe: one connection behind a lock."""
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / "run.db"
+        self.path = self.run_dir / STORE_FILE
+        check_header(self.path)  # never turn an emptied or foreign file into a fresh store
         self._lock = threading.RLock()
         self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         self.conn.row_factory = sqlite3.Row
@@ -300,7 +362,8 @@ class Store:
 
 def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     """A read-only connection for the dashboard and reports; never creates or writes the file."""
-    path = (Path(run_dir) / "run.db").resolve()
+    path = (Path(run_dir) / STORE_FILE).resolve()
+    check_header(path, allow_empty=True)  # commands call check_store first; this one may race a new run
     # as_uri() percent-quotes the path: a '#', '?' or '%' in a directory name would end or garble the URI
     conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row

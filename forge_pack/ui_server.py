@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from forge_pack import control, ui_data
 from forge_pack.errors import ForgeError
-from forge_pack.store import finite, open_readonly
+from forge_pack.store import check_store, finite, open_readonly
 
 DEFAULT_PORT = 8765
 PORT_TRIES = 50  # a busy default port moves up to this many ports on
@@ -282,6 +282,7 @@ def _check_run_dir(run_dir: str | Path) -> Path:
     if not (run_dir / "run.db").is_file():
         raise ForgeError(f"no run store in {run_dir} (run.db is missing)",
                          "pass the run directory that `forge-pack search` or `build` wrote")
+    check_store(run_dir)  # empty, truncated, not SQLite: the same error + hint as every other command
     try:
         conn = open_readonly(run_dir)
         conn.execute("SELECT 1 FROM runs LIMIT 1").fetchall()

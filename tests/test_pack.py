@@ -94,7 +94,7 @@ def test_readme_shows_the_measured_table(packed):
     (lambda d: d["targets"][0].update(id="zero"), "targets/0/id"),
     (lambda d: d["targets"][0]["timing"]["kernel"].update(n=0), "targets/0/timing/kernel/n"),
     (lambda d: d["targets"][0]["launch"]["kernels"][0].update(grid=[1, 1]), "grid"),
-    (lambda d: d.update(schema_version=2), "schema_version"),
+    (lambda d: d.update(schema_version=3), "schema_version"),
     (lambda d: d.update(surprise=True), "Additional properties"),
 ])
 def test_corrupted_manifest_is_refused_with_the_bad_field(packed, tmp_path, corrupt, expect):
@@ -148,8 +148,13 @@ def test_out_dir_is_refused_unless_force(cpu_run, tmp_path):
     with pytest.raises(ForgeError, match="already exists") as e:
         pack(cpu_run, out, "tiny_pkg", confirm=False)
     assert "--force" in e.value.hint and (out / "keep.txt").exists()
-    result = pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)
-    assert result.written and not (out / "keep.txt").exists() and (out / "tiny_pkg" / "manifest.json").is_file()
+    with pytest.raises(ForgeError, match="replaces only a package directory forge-pack wrote"):
+        pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)  # not ours: --force leaves it alone
+    (out / "keep.txt").unlink()
+    assert pack(cpu_run, out, "tiny_pkg", force=True, confirm=False).written  # empty: replaced
+    (out / "left_over.txt").write_text("x")
+    result = pack(cpu_run, out, "tiny_pkg", force=True, confirm=False)  # ours now: replaced whole
+    assert result.written and not (out / "left_over.txt").exists() and (out / "tiny_pkg" / "manifest.json").is_file()
 
 
 @pytest.mark.parametrize("name", ["Bad-Name", "1abc", "class", "torch", "json", "", "a" * 70])
@@ -212,8 +217,8 @@ def test_confirm_keeps_a_held_speedup_and_drops_a_lost_one():
     base = Baseline(_t(10.0), _t(12.0))
     ok = Verdict(True, "ok")
     assert confirm.judge(Evaluation(ok, _t(5.0)), base)[0]
-    kept, why = confirm.judge(Evaluation(ok, _t(10.05, 1.0)), base)  # slower by less than the noise
-    assert kept and "noise" in why
+    kept, why = confirm.judge(Evaluation(ok, _t(10.05, 1.0)), base)  # slower by less than the noise: still slower
+    assert not kept and "slower than eager (within measurement noise, but not faster)" in why
     kept, why = confirm.judge(Evaluation(ok, _t(14.0)), base)
     assert not kept and "did not hold" in why and "0.71x" in why
     kept, why = confirm.judge(Evaluation(Verdict(False, "mismatch", "index (3,): got 1, expected 2"), _t(1.0)), base)

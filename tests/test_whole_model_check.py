@@ -93,7 +93,7 @@ def model_file(tmp_path, name):
 
 
 def run_model_check(tmp_path, monkeypatch, name, factor):
-    monkeypatch.setattr(confirm, "dev_patcher", lambda package_dir, build_root=None: FakePatcher(factor))
+    monkeypatch.setattr(confirm, "dev_patcher", lambda package_dir, build_root=None, only=None: FakePatcher(factor))
     torch.manual_seed(0)
     return confirm.model_check(str(tmp_path), model_file(tmp_path, name), "cpu", None, None)
 
@@ -113,7 +113,7 @@ def test_model_check_accepts_a_faithful_kernel(tmp_path, monkeypatch, name):
 
 
 def test_model_check_leaves_the_callers_random_state_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(confirm, "dev_patcher", lambda package_dir, build_root=None: FakePatcher(1.0))
+    monkeypatch.setattr(confirm, "dev_patcher", lambda package_dir, build_root=None, only=None: FakePatcher(1.0))
     target_path = model_file(tmp_path, "rng")
     from forge_pack.load import load
     from forge_pack.model_accuracy import seeded_forward

@@ -11,7 +11,8 @@
 
 What is accelerated, and by how much, is in ``manifest`` (manifest.json) and the README.
 ``python -m PACKAGE_NAME verify | bench | info`` checks the kernels on this machine.
-Set FORGE_PACK_DISABLE=1 to turn the package off without touching code.
+Set FORGE_PACK_DISABLE=1 (or true, yes, on) to turn the package off without touching code; 0, false,
+no, off or empty leave it on, and any other value leaves it on with a warning.
 """
 
 from pathlib import Path as _Path

@@ -219,6 +219,8 @@ def cmd_bench(args) -> int:
         print(f"cannot benchmark on this machine: {_PATCHER.load_error}")
         return 1
     device = _device()
+    state, message = _PATCHER.integrity
+    edited = state == "edited"  # the manifest's own figures are not shown as measured
     rows = []
     for t in _PATCHER.manifest["targets"]:
         x = fresh_inputs(t, 7, device)
@@ -228,23 +230,31 @@ def cmd_bench(args) -> int:
             k = _time(lambda: kernel(*present), device, args.n, args.warmup)
         rows.append({"id": t["id"], "signature": t["signature"]["pretty"], "eager": e, "kernel": k,
                      "speedup": e["median_us"] / max(k["median_us"], 1e-9),
-                     "measured_speedup": t["speedup"]["vs_eager"]})
+                     "measured_speedup": None if edited else t["speedup"]["vs_eager"]})
     if args.json:
-        print(json.dumps({"device": device, "targets": rows}, indent=2))
+        print(json.dumps({"device": device, "targets": rows,
+                          "integrity": {"state": state, "message": message}}, indent=2))
         return 0
+    if edited:
+        print(f"WARNING: {message}; the 'at build' column is left out")
     print(f"{'target':<6} {'eager us':>10} {'kernel us':>10} {'speedup':>8} {'at build':>9}  signature")
     for r in rows:
+        at_build = "edited".rjust(9) if edited else f"{r['measured_speedup']:>8.2f}x"
         print(f"{r['id']:<6} {r['eager']['median_us']:>10.2f} {r['kernel']['median_us']:>10.2f} "
-              f"{r['speedup']:>7.2f}x {r['measured_speedup']:>8.2f}x  {r['signature']}")
+              f"{r['speedup']:>7.2f}x {at_build}  {r['signature']}")
     return 0
 
 
 def cmd_info(args) -> int:
     m = _PATCHER.manifest
     loaded = _PATCHER.load()
+    state, message = _PATCHER.integrity
     if args.json:
-        print(json.dumps({"manifest": m, "status": _PATCHER.status()}, indent=2))
+        print(json.dumps({"manifest": m, "status": _PATCHER.status(),
+                          "integrity": {"state": state, "message": message}}, indent=2))
         return 0
+    if state == "edited":  # said first, and the edited figures are not shown as measured below
+        print(f"WARNING: {message}")
     env = m["environment"]
     print(f"{m['package']['name']} {m['package']['version']} (forge-pack {m['forge_pack_version']}, {m['created_at']})")
     print(f"model: {m['model']['name']} ({m['model']['path']}), device {m['model']['device']}")
@@ -255,13 +265,18 @@ def cmd_info(args) -> int:
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
     print(f"this machine: torch {torch.__version__}, {here}")
     print(f"extension: {'loaded' if loaded else 'NOT loaded: ' + str(_PATCHER.load_error)}")
+    print(f"figures: {state}: {message}")
+    edited = state == "edited"
     for t in m["targets"]:
         s = t["speedup"]
         vc = f"{s['vs_compile']:.2f}x" if s["vs_compile"] else "n/a"
-        print(f"  {t['id']}: {t['signature']['pretty']}  {s['vs_eager']:.2f}x vs eager, {vc} vs torch.compile, "
-              f"{100 * t['time_share']:.1f}% of model time, via {', '.join(t['call_paths'])}")
+        figures = ("speedups not shown (edited after the build)" if edited else
+                   f"{s['vs_eager']:.2f}x vs eager, {vc} vs torch.compile, {100 * t['time_share']:.1f}% of model time")
+        print(f"  {t['id']}: {t['signature']['pretty']}  {figures}, via {', '.join(t['call_paths'])}")
     r = m["model_result"]
-    if r:
+    if r and edited:
+        print("whole model: not shown (edited after the build)")
+    elif r:
         print(f"whole model: {r['eager']['median_us'] / 1e3:.3f} ms -> {r['patched']['median_us'] / 1e3:.3f} ms "
               f"({r['speedup']:.2f}x), max output difference {r['max_abs_diff']}")
         acc = r.get("accuracy") or {}

@@ -9,8 +9,8 @@ instances in a given model. Each replacement checks the call against the verifie
 (device, GPU architecture, dtypes, shapes, strides, parameters, unknown keywords, whether
 autograd needs a graph, autocast, functorch transforms and forward-mode AD) and calls the original
 for anything else. ``revert`` puts every patched object back exactly, in any order across several
-packages. ``FORGE_PACK_DISABLE=1`` turns the package off; an extension that cannot be loaded leaves
-everything untouched and says why once.
+packages. ``FORGE_PACK_DISABLE=1`` (or true, yes, on) turns the package off; an extension that
+cannot be loaded leaves everything untouched and says why once.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import contextlib
 import copyreg
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -33,6 +34,9 @@ import torch.autograd.forward_ad as _fwAD
 import torch.nn.functional as F
 
 DISABLE_ENV = "FORGE_PACK_DISABLE"
+# Spellings of FORGE_PACK_DISABLE: only a yes turns the package off ("false" or "0" must not).
+DISABLE_YES = ("1", "true", "yes", "on")
+DISABLE_NO = ("", "0", "false", "no", "off")
 EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
@@ -237,6 +241,31 @@ def module_eps(module: Any) -> float | None:
 # ------------------------------------------------------------------ manifest
 
 
+def disable_setting() -> tuple[bool, str | None]:
+    """(whether FORGE_PACK_DISABLE turns the package off, a warning for a value that is neither a yes
+    nor a no): any other value leaves the package on, the way an unset variable does."""
+    raw = os.environ.get(DISABLE_ENV)
+    value = (raw or "").strip().lower()
+    if value in DISABLE_YES:
+        return True, None
+    if value in DISABLE_NO:
+        return False, None
+    return False, (f"{DISABLE_ENV}={raw!r} is neither a yes ({', '.join(DISABLE_YES)}) nor a no "
+                   f"({', '.join(repr(v) for v in DISABLE_NO)}); the package stays on")
+
+
+def integrity_status(doc: dict) -> tuple[str, str]:
+    """("ok" | "not checked" | "edited", a sentence): whether the manifest's figures are the ones
+    measured at build time, by the digest _integrity.py (beside this file) recomputes."""
+    path = Path(__file__).with_name("_integrity.py")
+    spec = importlib.util.spec_from_file_location(f"{__name__}_integrity", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        return "not checked", f"{path.name} is missing beside {Path(__file__).name}, so the figures are not checked"
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.status(doc)
+
+
 def load_manifest(directory: str | Path) -> dict:
     """Read and validate <package>/manifest.json against the schema shipped beside it."""
     d = Path(directory)
@@ -255,8 +284,9 @@ def load_manifest(directory: str | Path) -> dict:
     try:
         import jsonschema
     except ImportError:  # declared as a dependency; without it, check the parts this module relies on
-        if not isinstance(doc, dict) or doc.get("schema_version") != 1 or not isinstance(doc.get("targets"), list):
-            raise ManifestError(f"{path} is not a version-1 forge-pack manifest") from None
+        if not isinstance(doc, dict) or doc.get("schema_version") not in (1, 2) \
+                or not isinstance(doc.get("targets"), list):
+            raise ManifestError(f"{path} is not a version-1 or -2 forge-pack manifest") from None
         return doc
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -385,6 +415,10 @@ class Patcher:
             if t.composite and t.module_class:
                 self.composites[t.module_class] = self.composites.get(t.module_class, ()) + (t,)
         self.allowed_caps = _capability_set(manifest["build"].get("cuda_arch_list"))
+        # figures edited after the build: said once here (import time), and by info/bench/status
+        self.integrity = integrity_status(manifest)
+        if self.integrity[0] == "edited":
+            warnings.warn(f"{package}: {self.integrity[1]}", RuntimeWarning, stacklevel=2)
         self._load_extension = load_extension
         self.build_info = build_info or {}
         self.load_error: str | None = None
@@ -640,7 +674,10 @@ class Patcher:
 
     def apply(self, model: Any = None) -> bool:
         """Patch every call path of the targets (and composites in `model`); False when nothing was patched."""
-        if os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"):
+        off, odd = disable_setting()
+        if odd:
+            self._warn_once(odd)
+        if off:
             self._warn_once(f"disabled by {DISABLE_ENV}={os.environ[DISABLE_ENV]}; nothing is patched")
             return False
         if not self.load():
@@ -731,10 +768,11 @@ class Patcher:
 
     def status(self) -> dict:
         return {"package": self.package, "backend": self.backend, "applied": self._active,
-                "disabled": os.environ.get(DISABLE_ENV, "").strip() not in ("", "0"),
+                "disabled": disable_setting()[0],
                 "loaded": self._loaded, "load_error": self.load_error,
                 "patched_objects": len(self._patches), "targets": [t.id for t in self.targets],
-                "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls)}
+                "kernel_calls": dict(self.kernel_calls), "fallback_calls": dict(self.fallback_calls),
+                "integrity": {"state": self.integrity[0], "message": self.integrity[1]}}
 
 
 _TRACING: tuple | None = None

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from forge_pack import tolerance
+from forge_pack import tolerance, verdict_rules
 from forge_pack.tolerance import compare
 
 
@@ -74,7 +74,7 @@ def test_shape_mismatch_is_a_failed_check_not_an_exception():
 
 
 def test_chunked_comparison_counts_every_element(monkeypatch):
-    monkeypatch.setattr(tolerance, "_CHUNK", 7)
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 7)
     ref = torch.arange(100, dtype=torch.float64)
     out = ref.float().clone()
     out[50:] += 1

@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
-from eval_helpers import KERNELS, hotspot, load_fixture  # noqa: E402
+from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture  # noqa: E402
 
 from forge_pack import manifest, verdict_rules  # noqa: E402
 from forge_pack.pack import RULES_SOURCE, pack, vendored_rules_body  # noqa: E402
@@ -76,18 +76,26 @@ def test_the_build_runs_the_rules_module_itself():
 
 # ------------------------------------------------------------------ rejected by the search, rejected by the package
 
-HONEST, LOW_PRECISION, NO_MAX = "x: f32[64,1000], dim=-1", "x: f32[32,512], dim=-1", "x: f32[16,256], dim=-1"
+SIGNATURE = "x: f32[64,1000], dim=-1"
+# Kernels the search rejects through a check the package's verify runs too (tolerance, NaN/Inf
+# parity, sentinel, inputs unchanged, second call bitwise equal), on the final check's input kinds.
+# Not here, because the shipped op cannot do it or the package never runs the check: aliasing and
+# out-of-bounds writes (the op allocates its own output, at its own size), behaving differently
+# only while timed (cpu_skips_when_timed, cpu_input_keyed_cache: the timing loop's output checks),
+# a side thread (the static check), crashes, hangs and compile errors.
+REJECTED = ["cpu_low_precision", "cpu_no_max_subtraction", "cpu_nan_wildcard", "cpu_unwritten_output",
+            "cpu_input_mutation", "cpu_mutates_on_second_call", "cpu_nondeterministic", "cpu_hardcoded_result",
+            "cpu_cached_result", "cpu_sentinel_aware", "cpu_uninitialised_workspace"]
 
 
-def _captured(run_dir: Path, text: str, name: str) -> str:
-    """One captured call of `text`'s signature in the run dir, as profiling writes it (unit-scale
-    activations, like the model's own)."""
+def _captured(run_dir: Path, name: str) -> str:
+    """One captured call in the run dir, as profiling writes it (unit-scale activations)."""
     import torch
 
     from forge_pack import ops
     from forge_pack.capture import save_capture
 
-    sig = ops.with_output(hotspot("softmax", text).signature)
+    sig = ops.with_output(hotspot("softmax", SIGNATURE).signature)
     x = torch.randn(sig.x.shape, generator=torch.Generator().manual_seed(7))
     rel = f"inputs/{name}.safetensors"
     save_capture(run_dir / rel, sig, {"x": x}, torch.softmax(x, -1))
@@ -95,33 +103,34 @@ def _captured(run_dir: Path, text: str, name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def three_kernels(tmp_path_factory):
-    """(run dir, [(hotspot, candidate)]): an honest softmax, one computed through bf16, one that skips the max."""
+def kernels(tmp_path_factory):
+    """(run dir, [(name, hotspot, candidate)]): the honest reference softmax first, then REJECTED."""
     from forge_pack.reference_kernels import reference_candidate
 
-    run_dir = tmp_path_factory.mktemp("run3")
+    run_dir = tmp_path_factory.mktemp("run")
     out = []
-    for i, (text, cand) in enumerate([(HONEST, None), (LOW_PRECISION, KERNELS / "cpu_low_precision.cpp"),
-                                      (NO_MAX, KERNELS / "cpu_no_max_subtraction.cpp")]):
-        h = hotspot("softmax", text, captures=(_captured(run_dir, text, f"c{i}"),))
-        out.append((h, reference_candidate("softmax", "cpu", h.signature) if cand is None else load_fixture(cand)))
+    for name in ["reference", *REJECTED]:
+        h = hotspot("softmax", SIGNATURE, captures=(_captured(run_dir, name),))
+        cand = reference_candidate("softmax", "cpu", h.signature) if name == "reference" else \
+            load_fixture(KERNELS / f"{name}.cpp")
+        out.append((name, h, cand))
     return run_dir, out
 
 
 @pytest.fixture(scope="module")
-def final_check(three_kernels, tmp_path_factory):
-    """The build's final check (final=True, a fresh evaluator) on each of the three."""
+def final_check(kernels, tmp_path_factory):
+    """{name: verdict} of the build's final check (final=True, a fresh evaluator) on each kernel."""
     from forge_pack.evaluate import Evaluator
     from forge_pack.timing import TimingConfig
 
-    run_dir, pairs = three_kernels
+    run_dir, triples = kernels
     old = os.environ.get("FORGE_PACK_CPU_THREADS")
     os.environ["FORGE_PACK_CPU_THREADS"] = "1"
     ev = Evaluator("cpu", workers=1, timeout_s=30, seed=1_000_003, run_dir=str(run_dir),
                    timing=TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False),
                    log_dir=tmp_path_factory.mktemp("workers"))
     try:
-        return [ev.evaluate(c, h, final=True).verdict for h, c in pairs]
+        return {name: ev.evaluate(c, h, final=True).verdict for name, h, c in triples}
     finally:
         ev.close()
         if old is None:
@@ -130,23 +139,24 @@ def final_check(three_kernels, tmp_path_factory):
             os.environ["FORGE_PACK_CPU_THREADS"] = old
 
 
-def test_the_final_check_passes_the_honest_kernel_and_rejects_the_other_two(final_check):
-    honest, low, no_max = final_check
-    assert honest.ok, honest.detail
-    assert (low.ok, low.reason) == (False, "mismatch") and low.detail.startswith("captured[0]: "), low.detail
-    assert (no_max.ok, no_max.reason) == (False, "nan"), no_max.detail
-    assert no_max.detail.startswith("adversarial:large: "), "exact on the model's tensors and on fresh draws"
+def test_the_final_check_passes_the_honest_kernel_and_rejects_the_others(final_check):
+    assert final_check["reference"].ok, final_check["reference"].detail
+    for name in REJECTED:
+        v = final_check[name]
+        assert not v.ok and v.reason in expected_reasons(KERNELS / f"{name}.cpp"), (name, v.reason, v.detail)
+    no_max = final_check["cpu_no_max_subtraction"]
+    assert no_max.reason == "nan" and no_max.detail.startswith("adversarial:large: "), no_max.detail
 
 
 @pytest.fixture(scope="module")
-def forced_package(three_kernels, tmp_path_factory):
-    """All three packed through the pack API (no search gate) and built in place."""
+def forced_package(kernels, tmp_path_factory):
+    """Every kernel packed through the pack API (the search's gate bypassed) and built in place."""
     from forge_pack.pack import RunInfo, Winner, stage_package
     from forge_pack.verdict import Baseline, Timing
 
-    run_dir, pairs = three_kernels
+    run_dir, triples = kernels
     winners = [Winner(h, i, i, c, helpers._evaluation(2.0), Baseline(Timing(10.0, 0.1, 30), Timing(12.0, 0.1, 30)),
-                      {"evaluations": 1, "verdicts": {"ok": 1}}) for i, (h, c) in enumerate(pairs)]
+                      {"evaluations": 1, "verdicts": {"ok": 1}}) for i, (_, h, c) in enumerate(triples)]
     info = RunInfo(run_dir, str(helpers.TINY_MODEL), None, "cpu", None, {}, {}, None)
     out = tmp_path_factory.mktemp("forced") / "forced_pkg"
     stage_package(out, "forced_pkg", info, winners, {}, [])
@@ -163,29 +173,35 @@ def _verify(package_dir: Path, *args: str) -> tuple[int, str]:
 
 
 def _rows(output: str) -> dict[tuple[str, str], str]:
-    """{(target, input kind): 'PASS' | 'FAIL <reason>'} from verify's table."""
+    """{(target, input kind): 'PASS' | '<reason>'} from verify's table."""
     rows = {}
     for line in output.splitlines():
-        m = re.match(r"^(t\d+)\s+(\S+)\s.*\s(PASS|FAIL \w+)", line)
+        m = re.match(r"^(t\d+)\s+(\S+)\s.*\s(?:PASS|FAIL (\w+):)", line)
         if m:
-            rows[(m.group(1), m.group(2))] = m.group(3)
+            rows[(m.group(1), m.group(2))] = m.group(3) or "PASS"
     return rows
 
 
-@pytest.mark.slow  # builds a CppExtension against torch's headers: about a minute on 2 cores
-def test_package_verify_rejects_what_the_final_check_rejected(forced_package, final_check):
+KINDS = ["captured[0]", "fresh[0]", "fresh[1]", "adversarial:large", "adversarial:neg_inf_rows",
+         "adversarial:constant"]
+
+
+@pytest.mark.slow  # builds a CppExtension of 12 kernels against torch's headers
+def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_package, final_check):
     code, output = _verify(forced_package, "--random", "2", "--seed", "11")
     assert code == 1, output
     rows = _rows(output)
-    kinds = ["captured[0]", "fresh[0]", "fresh[1]", "adversarial:large", "adversarial:neg_inf_rows",
-             "adversarial:constant"]
-    assert sorted(rows) == sorted((t, k) for t in ("t0", "t1", "t2") for k in kinds), output
-    assert all(rows[("t0", k)] == "PASS" for k in kinds), output  # honest: passes both
-    assert rows[("t1", "captured[0]")] == "FAIL mismatch" and rows[("t1", "fresh[0]")] == "FAIL mismatch", output
-    # wrong only where the numbers get large: the adversarial set the build also failed it on
-    assert [k for k in kinds if rows[("t2", k)] != "PASS"] == ["adversarial:large"], output
-    assert rows[("t2", "adversarial:large")] == "FAIL nan" == "FAIL " + final_check[2].reason
-    assert re.search(r"^FAIL: 3 kernels, \d+ failing checks on cpu \(18 input sets, seed 11\)$", output, re.M), output
+    names = ["reference", *REJECTED]
+    assert sorted(rows) == sorted((f"t{i}", k) for i in range(len(names)) for k in KINDS), output
+    assert [k for k in KINDS if rows[("t0", k)] != "PASS"] == [], output  # the honest kernel passes both
+    for i, name in enumerate(names[1:], 1):
+        failed = {rows[(f"t{i}", k)] for k in KINDS} - {"PASS"}
+        assert final_check[name].reason in failed, (name, final_check[name].reason, failed, output)
+    # wrong only where the numbers get large: the one input kind where the build failed it too
+    t = f"t{names.index('cpu_no_max_subtraction')}"
+    assert [k for k in KINDS if rows[(t, k)] != "PASS"] == ["adversarial:large"], output
+    assert re.search(r"^FAIL: 12 kernels, \d+ failing checks on cpu \(72 input sets, seed 11\)$", output, re.M), output
+    assert output.count(" armed ") == len(rows), "every output landed in sentinel-filled memory"
 
 
 @pytest.mark.slow
@@ -201,7 +217,6 @@ def test_package_verify_passes_the_honest_kernel_and_refuses_an_edited_rules_fil
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")
     assert code == 0, output
     assert "PASS: 1 kernel, 0 failing checks on cpu (5 input sets, seed 5)" in output
-    assert " armed " in output, "the sentinel sat in the block the op's output was allocated in"
     rules = only_honest / "forced_pkg" / "_verdict_rules.py"
     rules.write_text(rules.read_text().replace("EAGER_SLACK = 2.0", "EAGER_SLACK = 200.0"))
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")

@@ -113,3 +113,10 @@ def test_eager_allowance_still_forgives_a_uniform_absolute_error_like_eagers():
     assert not compare(kernel, ref, "float32", "group_norm").passed
     assert compare(kernel, ref, "float32", "group_norm", atol_floor=table).passed
     assert not compare((ref + 7e-3).float(), ref, "float32", "group_norm", atol_floor=table).passed
+
+
+def test_max_rel_error_ignores_nan_references_elsewhere():
+    """A fully masked softmax row has a NaN reference; the relative error of the other rows is still reported."""
+    ref = torch.tensor([float("nan"), 0.5, 0.25], dtype=torch.float64)
+    c = compare(torch.tensor([float("nan"), 0.5, 0.5]), ref, "float32", "softmax")
+    assert c.max_rel_err == pytest.approx(1.0) and c.max_abs_err == pytest.approx(0.25) and c.mismatches == 1

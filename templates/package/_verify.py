@@ -21,6 +21,7 @@ into the block the allocator hands out next; the row says whether the op got tha
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 from pathlib import Path
@@ -104,20 +105,57 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _call(fn, args: list, out_spec: dict, device: str) -> tuple[torch.Tensor, bool]:
-    """Call the op with the sentinel waiting in the memory its output will most likely get: a block
-    of the output's exact size is filled and freed just before, so the allocator hands it out again
-    (CUDA's caching allocator does for a same-size request; on CPU malloc usually does). Returns
-    the output and whether it landed in that block (only then does the sentinel check apply)."""
-    block = torch.empty_strided(out_spec["shape"], out_spec["strides"], dtype=rules.DTYPES[out_spec["dtype"]],
-                                device=device)
-    rules.fill_sentinel(block)
-    _sync(device)
-    ptr = block.data_ptr()
-    del block
+# c10's CPU allocator can fill every new block with this 32-bit pattern (its junk-fill debug flag):
+# a quiet NaN whose payload no arithmetic produces, like the sentinel. Where the output still holds
+# it, the kernel never wrote.
+_JUNK = 0x7FEDBEEF
+
+
+def _cpu_junk_fill() -> bool:
+    """Turn c10's junk fill on for this verify process; False where this torch build lacks the flag."""
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+        ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_cpu_allocator_do_junk_fill").value = True
+    except (OSError, ValueError):
+        return False
+    probe = torch.empty(2, dtype=torch.int32)
+    return bool((probe == _JUNK).all())
+
+
+def _junk_to_sentinel(out: torch.Tensor) -> None:
+    """Rewrite elements still holding the allocator's junk into the rules' sentinel, so the rules'
+    own count finds them. 2-byte dtypes: only the NaN half of the pattern (0x7fed) counts, the
+    other half (0xbeef) is an ordinary number a kernel may well write."""
+    int_dtype, bits = rules.SENTINEL[rules.dtype_name(out.dtype)]
+    n = out.untyped_storage().nbytes()
+    raw = torch.tensor([_JUNK], dtype=torch.int32).repeat((n + 3) // 4).view(torch.uint8)[:n]
+    pattern = raw.view(int_dtype).as_strided(out.shape, out.stride(), out.storage_offset())
+    junk = out.view(int_dtype) == pattern
+    if out.element_size() == 2:
+        junk &= pattern == 0x7FED
+    out.view(int_dtype)[junk] = bits
+
+
+def _call(fn, args: list, out_spec: dict, device: str, junk: bool) -> tuple[torch.Tensor, bool]:
+    """Call the op with the sentinel waiting in the memory its output gets; returns the output and
+    whether the sentinel check applies. On CPU, c10 junk-fills every new block (``junk``). On CUDA,
+    a block of the output's exact size, filled with the sentinel, is the only free block in the
+    caching allocator when the op asks for its output, so the op gets it."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # no other free block of the output's size for the op to take
+        block = torch.empty_strided(out_spec["shape"], out_spec["strides"], dtype=rules.DTYPES[out_spec["dtype"]],
+                                    device=device)
+        rules.fill_sentinel(block)
+        _sync(device)
+        ptr = block.data_ptr()
+        del block
     with torch.inference_mode():
         out = fn(*args)
     _sync(device)
+    if not device.startswith("cuda"):
+        if junk:
+            _junk_to_sentinel(out)
+        return out, junk
     return out, out.data_ptr() == ptr
 
 
@@ -127,7 +165,7 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa.nbytes() > 0 and sb.nbytes() > 0 and a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
 
 
-def check_set(t: dict, fn, kind: str, x: dict, device: str) -> dict:
+def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) -> dict:
     """One input set through the kernel, judged by the copied rules. A row: kind, errors, the rule,
     the reason of the first failed check (None when it passed, 'skipped' when eager itself breaks
     NaN/Inf parity there, as the build skips it)."""
@@ -161,7 +199,7 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str) -> dict:
         return None
 
     try:
-        first, armed = _call(fn, present, out_spec, device)
+        first, armed = _call(fn, present, out_spec, device, junk)
     except RuntimeError as e:  # the op refused the call or the kernel failed to launch
         return {**row, "reason": "launch_error", "detail": f"{kind}: {str(e).splitlines()[0][:300]}"}
     row["sentinel"] = armed
@@ -171,7 +209,7 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str) -> dict:
         row.update(max_abs=cmp.max_abs_err, max_rel=cmp.max_rel_err, atol=cmp.atol, rtol=cmp.rtol)
         bad = (reason, detail) if reason is not None else None
     if bad is None:
-        second, armed2 = _call(fn, present, out_spec, device)
+        second, armed2 = _call(fn, present, out_spec, device, junk)
         row["sentinel"] = armed and armed2
         bad = damage(second, "second") or rules.repeat_change(second, first, kind)
     if bad is not None:
@@ -197,6 +235,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
             f"({(recorded or 'none recorded')[:16]}): reinstall the package")
         failures += 1
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    junk = device == "cpu" and _cpu_junk_fill()
     say(f"verification rules: forge_pack/verdict_rules.py sha256 {have[:16]} (the build's final check); "
         f"fresh inputs seed {seed}; device {device}")
     say("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against float64; "
@@ -214,7 +253,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
                 f"slack {mt.get('eager_slack')}; the rules say {tol.atol}, {tol.rtol}, {rules.EAGER_SLACK}")
             failures += 1
         for kind, make in input_sets(t, device, seed, fresh):
-            r = check_set(t, fn, kind, make(), device)
+            r = check_set(t, fn, kind, make(), device, junk)
             if r["reason"] == "skipped":
                 say(f"{t['id']:<7} {kind:<24} skipped: {r['detail']}")
                 continue

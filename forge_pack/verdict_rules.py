@@ -273,7 +273,8 @@ def judge_output(out: torch.Tensor, ref64: torch.Tensor, dtype: str, op: str, at
     unwritten, where = count_sentinel(out)
     check = compare(out, ref64, dtype, op, atol_floor=atol_floor, input_kind=kind)
     if unwritten:
-        return check, "unwritten_output", f"{kind}: {unwritten} of {out.numel()} output elements never written ({where})"
+        return check, "unwritten_output", (f"{kind}: {unwritten} of {out.numel()} output elements never written "
+                                           f"({where})")
     value_bad = check.mismatches - check.nonfinite_mismatches
     if value_bad:
         also = f" (and {check.nonfinite_mismatches} NaN/Inf positions)" if check.nonfinite_mismatches else ""

@@ -321,7 +321,7 @@ def _randn(spec: tuple, gen: torch.Generator, device, scale: float = 1.0, shift:
     return out
 
 
-def make_inputs(inputs: "list[tuple[str, Any]]", kind: str, gen: torch.Generator, device) -> dict:
+def make_inputs(inputs: list[tuple[str, Any]], kind: str, gen: torch.Generator, device) -> dict:
     """Inputs for one verification run, in the op's ABI order: kind 'fresh' or one of
     adversarial_kinds(op). ``inputs`` is [(name, (dtype, shape, strides) or None)]."""
     t: dict[str, torch.Tensor | None] = {}

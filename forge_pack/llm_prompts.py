@@ -124,12 +124,12 @@ def tolerance_line(sig: Signature) -> str:
 
 @lru_cache(maxsize=1)
 def _tolerance_tables() -> tuple[dict[tuple[str, str], tuple[float, float]], float | None]:
-    """{(op, dtype) or ("", dtype): (atol, rtol)} and EAGER_SLACK, read from forge_pack/tolerance.py's
+    """{(op, dtype) or ("", dtype): (atol, rtol)} and EAGER_SLACK, read from forge_pack/verdict_rules.py's
     source: importing it imports torch, which the LLM side must not (it runs without a GPU stack)."""
     tables: dict[tuple[str, str], tuple[float, float]] = {}
     slack = None
     try:
-        tree = ast.parse((Path(__file__).resolve().parent / "tolerance.py").read_text())
+        tree = ast.parse((Path(__file__).resolve().parent / "verdict_rules.py").read_text())
     except (OSError, SyntaxError, ValueError):
         return tables, slack
     for node in tree.body:

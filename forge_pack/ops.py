@@ -4,7 +4,9 @@ Per op: the call paths that reach it (``F.softmax``, ``torch.softmax``, ``Tensor
 ``nn.Softmax`` ...), how to turn a call's arguments into a ``Signature`` plus named tensors in the
 op's ABI order (``forge_pack.abi``), the exact eager call (for timing and torch.compile), a float64
 reference, and generators of fresh, adversarial and odd-sized inputs. The pure-Python half of
-the registry (size variables, byte counts) lives in ``forge_pack.abi``.
+the registry (size variables, byte counts) lives in ``forge_pack.abi``; the eager call, the
+reference and the fresh/adversarial generators live in ``forge_pack.verdict_rules`` (shipped
+verbatim in every package, so its ``verify`` draws the same inputs) and are wrapped here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from forge_pack import verdict_rules
 from forge_pack.abi import TARGET_OPS
 from forge_pack.signature import Signature, TensorSpec, channels_last_strides, contiguous_strides
 
@@ -201,137 +204,34 @@ def is_target(tensors: dict[str, Any]) -> bool:
 
 # ------------------------------------------------------------------ eager call, reference, inputs
 
-def _out_dtype(sig: Signature) -> torch.dtype | None:
-    d = sig.param("dtype")
-    return TORCH_DTYPES[d] if d else None
-
-
 def eager(sig: Signature) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """The exact PyTorch call the model makes, as a function of the named tensors."""
-    op = sig.op
-    if op in ("softmax", "log_softmax"):
-        fn = torch.softmax if op == "softmax" else torch.log_softmax
-        dim, dt = sig.param("dim"), _out_dtype(sig)
-        return lambda t: fn(t["x"], dim, dtype=dt)
-    if op == "layer_norm":
-        shape, eps = tuple(sig.param("normalized_shape")), sig.param("eps")
-        return lambda t: F.layer_norm(t["x"], shape, t.get("weight"), t.get("bias"), eps)
-    if op == "rms_norm":
-        shape, eps, off = tuple(sig.param("normalized_shape")), sig.param("eps"), sig.param("weight_offset", 0.0)
-        if not sig.param("composite"):
-            return lambda t: F.rms_norm(t["x"], shape, t.get("weight"), eps)
-        out_dtype = TORCH_DTYPES[sig.output.dtype] if sig.output else None
-        return lambda t: composite_rms_norm(t["x"], t.get("weight"), eps, off, out_dtype)
-    if op == "group_norm":
-        groups, eps = sig.param("num_groups"), sig.param("eps")
-        return lambda t: F.group_norm(t["x"], groups, t.get("weight"), t.get("bias"), eps)
-    if op == "batch_norm":
-        eps = sig.param("eps")
-        return lambda t: F.batch_norm(t["x"], t["running_mean"], t["running_var"], t.get("weight"), t.get("bias"),
-                                      False, 0.0, eps)
-    if op == "adaptive_avg_pool2d":
-        size = tuple(sig.param("output_size"))
-        return lambda t: F.adaptive_avg_pool2d(t["x"], size)
-    raise KeyError(op)
+    return verdict_rules.eager_fn(sig.op, dict(sig.params), sig.output.dtype if sig.output else None)
 
 
-def composite_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
-                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An RMSNorm written as eager ops, the way model code (Llama, Gemma, Qwen) writes it."""
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is None:
-        out = y
-    elif offset:
-        out = y * (offset + weight.float())  # Gemma-style: scale by (1 + w) in fp32
-    else:
-        out = weight * y.to(x.dtype)  # Llama-style: cast back, then scale
-    return out.to(out_dtype or x.dtype)
+composite_rms_norm = verdict_rules.composite_rms_norm
 
 
 def reference64(sig: Signature, t: dict[str, torch.Tensor]) -> torch.Tensor:
     """The op in float64 on the same device: the yardstick for every error measurement."""
-    d = {k: (v.double() if v is not None else None) for k, v in t.items()}
-    x = d["x"]
-    op = sig.op
-    if op == "softmax":
-        return torch.softmax(x, sig.param("dim"))
-    if op == "log_softmax":
-        return torch.log_softmax(x, sig.param("dim"))
-    if op == "layer_norm":
-        return F.layer_norm(x, tuple(sig.param("normalized_shape")), d.get("weight"), d.get("bias"), sig.param("eps"))
-    if op == "rms_norm":
-        shape = tuple(sig.param("normalized_shape"))
-        dims = tuple(range(-len(shape), 0))
-        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + sig.param("eps"))
-        w = d.get("weight")
-        return y if w is None else y * (w + sig.param("weight_offset", 0.0))
-    if op == "group_norm":
-        return F.group_norm(x, sig.param("num_groups"), d.get("weight"), d.get("bias"), sig.param("eps"))
-    if op == "batch_norm":
-        return F.batch_norm(x, d["running_mean"], d["running_var"], d.get("weight"), d.get("bias"), False, 0.0,
-                            sig.param("eps"))
-    if op == "adaptive_avg_pool2d":
-        return F.adaptive_avg_pool2d(x, tuple(sig.param("output_size")))
-    raise KeyError(op)
+    return verdict_rules.reference64(sig.op, dict(sig.params), t)
 
 
 def empty_like_spec(spec: TensorSpec, device: str | torch.device) -> torch.Tensor:
     return torch.empty_strided(spec.shape, spec.strides, dtype=TORCH_DTYPES[spec.dtype], device=device)
 
 
-def _randn(spec: TensorSpec, gen: torch.Generator, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    # Draw on the CPU with the generator (reproducible everywhere), then place with the exact strides.
-    values = torch.randn(spec.shape, generator=gen, dtype=torch.float32) * scale + shift
-    out = empty_like_spec(spec, device)
-    out.copy_(values)
-    return out
+def _plain(sig: Signature) -> list:
+    return [(n, (s.dtype, s.shape, s.strides) if s is not None else None) for n, s in sig.inputs]
 
 
 def make_inputs(sig: Signature, kind: str, gen: torch.Generator, device: str | torch.device) -> dict:
     """Inputs for one verification run: kind 'fresh' or one of adversarial_kinds(sig)."""
-    t: dict[str, torch.Tensor | None] = {}
-    for name, spec in sig.inputs:
-        if spec is None:
-            t[name] = None
-        elif name == "x":
-            t[name] = _randn(spec, gen, device)
-        elif name == "running_var":
-            t[name] = _randn(spec, gen, device, 0.2, 1.0).abs_() + 0.05  # a variance is positive
-        elif name == "weight":
-            t[name] = _randn(spec, gen, device, 0.2, 1.0)
-        else:  # bias, running_mean
-            t[name] = _randn(spec, gen, device, 0.2)
-    x = t["x"]
-    assert x is not None
-    if kind == "fresh":
-        return t
-    big = 3.0e4 if x.dtype == torch.float16 else 1.0e4
-    if kind == "large":
-        # Large magnitudes: overflow in exp without max-subtraction; big sums in the norms.
-        x.mul_(big / 4)
-    elif kind == "offset":
-        # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
-        x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
-    elif kind == "neg_inf_rows":
-        flat = x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1])
-        flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
-        flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
-        if flat.shape[0] > 2:
-            flat[2, 1:] = float("-inf")  # a row with a single live element
-    elif kind == "constant":
-        x.fill_(1.5)  # zero variance / identical logits
-    else:
-        raise KeyError(kind)
-    return t
+    return verdict_rules.make_inputs(_plain(sig), kind, gen, device)
 
 
 def adversarial_kinds(sig: Signature) -> list[str]:
-    if sig.op in ("softmax", "log_softmax"):
-        return ["large", "neg_inf_rows", "constant"]
-    if sig.op in ("layer_norm", "group_norm", "rms_norm"):
-        return ["large", "offset", "constant"]
-    return ["large"]
+    return verdict_rules.adversarial_kinds(sig.op)
 
 
 def odd_signatures(sig: Signature) -> list[Signature]:

@@ -134,8 +134,8 @@ def test_every_cuda_template_family_verifies_on_the_gpu(tmp_path):
     import torch
 
     out, n = _stage_all_families(tmp_path, "%d.%d" % torch.cuda.get_device_capability())
-    r = subprocess.run([sys.executable, "-m", "all_families", "verify", "--random", "2"], capture_output=True,
-                       text=True, env=helpers.env_with(out), timeout=1800)
+    r = subprocess.run([sys.executable, "-m", "all_families", "verify", "--random", "2", "--seed", "1"],
+                       capture_output=True, text=True, env=helpers.env_with(out), timeout=1800)
     print(r.stdout)
     assert r.returncode == 0 and f"PASS: {n} kernels" in r.stdout, r.stdout[-8000:] + r.stderr[-3000:]
 
@@ -202,6 +202,8 @@ def test_cuda_package_verify_passes_on_the_gpu(gpu_site):
                        env=helpers.env_with(gpu_site))
     print(r.stdout)
     assert r.returncode == 0 and "PASS: 5 kernels" in r.stdout, r.stdout + r.stderr[-3000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("t") and line.endswith("PASS")]
+    assert len(rows) >= 5 * 5 and all(" armed " in line for line in rows), r.stdout  # the sentinel reached out
 
 
 MODELS = sorted((Path(__file__).resolve().parent / "models").glob("*.py"))

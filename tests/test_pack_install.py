@@ -6,6 +6,7 @@ manifest, torch.compile of a patched model, and `python -m <pkg> verify | bench 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -153,7 +154,16 @@ def test_python_m_verify_bench_info(site):
     env = helpers.env_with(site)
     r = subprocess.run([sys.executable, "-m", PKG, "verify"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "PASS: 5 kernels, 0 failing checks" in r.stdout and "fixture:" in r.stdout
+    assert "PASS: 5 kernels, 0 failing checks" in r.stdout
+    rows = [line.split()[:2] for line in r.stdout.splitlines() if re.match(r"^t\d ", line)]
+    assert all(line.endswith(" armed  PASS") for line in r.stdout.splitlines() if re.match(r"^t\d ", line))
+    # per target: the model's tensor, three fresh draws, the op's adversarial kinds (the build's final check)
+    doc = json.loads((site / PKG / "manifest.json").read_text())
+    sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
+    captured = [f"captured[{i}]" for i in range(len(next(t for t in doc["targets"] if t["id"] == sm)["fixtures"]))]
+    assert captured and [k for t, k in rows if t == sm] == [*captured, "fresh[0]", "fresh[1]", "fresh[2]",
+                                                 "adversarial:large", "adversarial:neg_inf_rows",
+                                                 "adversarial:constant"], r.stdout
     r = subprocess.run([sys.executable, "-m", PKG, "bench", "--n", "5", "--warmup", "1", "--json"], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -174,6 +184,6 @@ def test_verify_fails_when_a_kernel_is_wrong(site, tmp_path):
     path.write_text(json.dumps(doc))
     r = subprocess.run([sys.executable, "-m", PKG, "verify", "--random", "1"], capture_output=True, text=True,
                        env=helpers.env_with(other), timeout=300)
-    failing = [line for line in r.stdout.splitlines() if line.endswith("FAIL") or " FAIL  " in line]
+    failing = [line for line in r.stdout.splitlines() if " FAIL " in line]
     assert r.returncode == 1 and "FAIL: 5 kernels" in r.stdout
-    assert failing and all(line.startswith(t["id"] + " ") for line in failing), r.stdout
+    assert failing and all(line.startswith(t["id"] + " ") and " FAIL mismatch: " in line for line in failing), r.stdout

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from forge_pack import tolerance
+from forge_pack import tolerance, verdict_rules
 from forge_pack.tolerance import compare
 
 
@@ -74,7 +74,7 @@ def test_shape_mismatch_is_a_failed_check_not_an_exception():
 
 
 def test_chunked_comparison_counts_every_element(monkeypatch):
-    monkeypatch.setattr(tolerance, "_CHUNK", 7)
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 7)
     ref = torch.arange(100, dtype=torch.float64)
     out = ref.float().clone()
     out[50:] += 1
@@ -113,3 +113,10 @@ def test_eager_allowance_still_forgives_a_uniform_absolute_error_like_eagers():
     assert not compare(kernel, ref, "float32", "group_norm").passed
     assert compare(kernel, ref, "float32", "group_norm", atol_floor=table).passed
     assert not compare((ref + 7e-3).float(), ref, "float32", "group_norm", atol_floor=table).passed
+
+
+def test_max_rel_error_ignores_nan_references_elsewhere():
+    """A fully masked softmax row has a NaN reference; the relative error of the other rows is still reported."""
+    ref = torch.tensor([float("nan"), 0.5, 0.25], dtype=torch.float64)
+    c = compare(torch.tensor([float("nan"), 0.5, 0.5]), ref, "float32", "softmax")
+    assert c.max_rel_err == pytest.approx(1.0) and c.max_abs_err == pytest.approx(0.25) and c.mismatches == 1

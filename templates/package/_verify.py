@@ -1,0 +1,269 @@
+"""``python -m <package> verify``: the build's final check, run again on this machine.
+
+"Verified" is defined once, in ``_verdict_rules.py``: a byte-for-byte copy of the forge-pack module
+the build's workers ran (its sha256 is in manifest.json's ``verify_rules`` and checked here first).
+Per target this runs the same input kinds as the build's final check:
+
+- ``captured[i]``: the model's own tensors shipped in fixtures/ (those that fit the size cap);
+- ``fresh[i]``: random inputs drawn from a seed chosen per run (printed; ``--seed`` repeats it);
+- ``adversarial:<kind>``: the same generators (large values, large offsets, -inf rows, constants).
+
+The build also tries odd sizes; the package's guard sends every call whose shape is not the
+verified one to the original op, so no odd size can ever reach a shipped kernel and none is run.
+
+Per input set: the float64 reference and eager PyTorch's own error (the allowance by magnitude)
+from the copied rules, then two calls of the kernel, each checked as the build checks it: output
+elements still holding the NaN sentinel (unwritten_output), values out of tolerance (mismatch),
+NaN/Inf parity (nan), every input bitwise unchanged (input_mutated), the second output bitwise
+equal to the first (nondeterministic). The op allocates its own output, so the sentinel is written
+into the block the allocator hands out next; the row says whether the op got that block.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+from . import _PATCHER
+from . import _verdict_rules as rules
+from ._patch import ORIGINALS
+
+HERE = Path(__file__).resolve().parent
+# The line that ends the generated header of _verdict_rules.py (forge_pack.pack writes it).
+HEADER_END = b"# ---- end of forge-pack header ----\n"
+
+
+def rules_sha256() -> str:
+    """sha256 of the copied rules without the generated header: the forge-pack source's hash."""
+    text = (HERE / "_verdict_rules.py").read_bytes()
+    i = text.find(HEADER_END)
+    return hashlib.sha256(text[i + len(HEADER_END):] if i >= 0 else text).hexdigest()
+
+
+def _lookup(owner: str, attr: str):
+    """The PyTorch function as it was when the package was imported: never a patched one."""
+    fn = ORIGINALS.get((owner, attr))
+    if fn is None:
+        fn = getattr({"torch": torch, "torch.nn.functional": torch.nn.functional}[owner], attr)
+    return fn
+
+
+def _plain_inputs(t: dict) -> list:
+    return [(n, None if s is None else (s["dtype"], tuple(s["shape"]), tuple(s["strides"])))
+            for n, s in t["signature"]["inputs"]]
+
+
+def _params(t: dict) -> dict:
+    return {k: v for k, v in t["signature"]["params"]}
+
+
+def _seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def eager(t: dict):
+    """The original PyTorch op of target `t`, as a function of the named tensors."""
+    return rules.eager_fn(t["op"], _params(t), t["signature"]["output"]["dtype"], _lookup)
+
+
+def draw(t: dict, kind: str, seed: int, device) -> dict:
+    """One input set of kind 'fresh' or an adversarial kind, from the copied generators."""
+    return rules.make_inputs(_plain_inputs(t), kind, torch.Generator().manual_seed(seed), device)
+
+
+def _fixture(t: dict, rel: str, device) -> dict:
+    from safetensors.torch import load_file
+
+    raw = load_file(str(HERE / rel))
+    out = {}
+    for name, spec in _plain_inputs(t):
+        if spec is None:
+            out[name] = None
+            continue
+        tensor = torch.empty_strided(spec[1], spec[2], dtype=rules.DTYPES[spec[0]], device=device)
+        tensor.copy_(raw[f"in.{name}"].view(spec[1]))
+        out[name] = tensor
+    return out
+
+
+def input_sets(t: dict, device, seed: int, fresh: int):
+    """(kind, make) per input set, in the build's order: captured, fresh, adversarial."""
+    sets = [(f"captured[{i}]", lambda rel=rel: _fixture(t, rel, device)) for i, rel in enumerate(t["fixtures"])]
+    sets += [(f"fresh[{i}]", lambda i=i: draw(t, "fresh", _seed(seed, t["id"], "fresh", i), device))
+             for i in range(fresh)]
+    sets += [(f"adversarial:{k}", lambda k=k: draw(t, k, _seed(seed, t["id"], "adversarial", k), device))
+             for k in rules.adversarial_kinds(t["op"])]
+    return sets
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# c10's CPU allocator can fill every new block with this 32-bit pattern (its junk-fill debug flag):
+# a quiet NaN whose payload no arithmetic produces, like the sentinel. Where the output still holds
+# it, the kernel never wrote.
+_JUNK = 0x7FEDBEEF
+
+
+def _cpu_junk_fill() -> bool:
+    """Turn c10's junk fill on for this verify process; False where this torch build lacks the flag."""
+    try:
+        lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libc10.so"))
+        ctypes.c_bool.in_dll(lib, "FLAGS_caffe2_cpu_allocator_do_junk_fill").value = True
+    except (OSError, ValueError):
+        return False
+    probe = torch.empty(2, dtype=torch.int32)
+    return bool((probe == _JUNK).all())
+
+
+def _junk_to_sentinel(out: torch.Tensor) -> None:
+    """Rewrite elements still holding the allocator's junk into the rules' sentinel, so the rules'
+    own count finds them. 2-byte dtypes: only the NaN half of the pattern (0x7fed) counts, the
+    other half (0xbeef) is an ordinary number a kernel may well write."""
+    int_dtype, bits = rules.SENTINEL[rules.dtype_name(out.dtype)]
+    n = out.untyped_storage().nbytes()
+    raw = torch.tensor([_JUNK], dtype=torch.int32).repeat((n + 3) // 4).view(torch.uint8)[:n]
+    pattern = raw.view(int_dtype).as_strided(out.shape, out.stride(), out.storage_offset())
+    junk = out.view(int_dtype) == pattern
+    if out.element_size() == 2:
+        junk &= pattern == 0x7FED
+    out.view(int_dtype)[junk] = bits
+
+
+def _call(fn, args: list, out_spec: dict, device: str, junk: bool) -> tuple[torch.Tensor, bool]:
+    """Call the op with the sentinel waiting in the memory its output gets; returns the output and
+    whether the sentinel check applies. On CPU, c10 junk-fills every new block (``junk``). On CUDA,
+    a block of the output's exact size, filled with the sentinel, is the only free block in the
+    caching allocator when the op asks for its output, so the op gets it."""
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()  # no other free block of the output's size for the op to take
+        block = torch.empty_strided(out_spec["shape"], out_spec["strides"], dtype=rules.DTYPES[out_spec["dtype"]],
+                                    device=device)
+        rules.fill_sentinel(block)
+        _sync(device)
+        ptr = block.data_ptr()
+        del block
+    with torch.inference_mode():
+        out = fn(*args)
+    _sync(device)
+    if not device.startswith("cuda"):
+        if junk:
+            _junk_to_sentinel(out)
+        return out, junk
+    return out, out.data_ptr() == ptr
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    a0, b0 = sa.data_ptr(), sb.data_ptr()
+    return sa.nbytes() > 0 and sb.nbytes() > 0 and a0 < b0 + sb.nbytes() and b0 < a0 + sa.nbytes()
+
+
+def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) -> dict:
+    """One input set through the kernel, judged by the copied rules. A row: kind, errors, the rule,
+    the reason of the first failed check (None when it passed, 'skipped' when eager itself breaks
+    NaN/Inf parity there, as the build skips it)."""
+    op, out_spec = t["op"], t["signature"]["output"]
+    row = {"kind": kind, "max_abs": None, "max_rel": None, "atol": None, "rtol": None, "allowance": None,
+           "sentinel": False, "reason": None, "detail": ""}
+    with torch.inference_mode():
+        ref = rules.reference64(op, _params(t), x, _lookup)
+        eager_out = eager(t)(x)
+    _sync(device)
+    allow = rules.allowance(eager_out, ref, out_spec["dtype"], op)
+    del eager_out
+    if allow is None:
+        return {**row, "reason": "skipped", "detail": "eager PyTorch itself differs from float64 in NaN/Inf positions"}
+    row["allowance"] = float(allow.max())
+    present = [x[n] for n, s in t["signature"]["inputs"] if s is not None]
+    names = [n for n, s in t["signature"]["inputs"] if s is not None]
+    saved = [v.clone() for v in present]
+
+    def damage(out: torch.Tensor, run: str) -> tuple[str, str] | None:
+        for n, v, s in zip(names, present, saved):
+            if _overlaps(out, v):
+                return "aliasing", f"{kind}: the output shares memory with input {n}"
+            changed = rules.input_change(n, v, s, kind, run)
+            if changed is not None:
+                return changed
+        got = (rules.dtype_name(out.dtype), list(out.shape), list(out.stride()))
+        want = (out_spec["dtype"], list(out_spec["shape"]), list(out_spec["strides"]))
+        if got != want:
+            return "layout", f"{kind}: output {got[0]}{got[1]} strides {got[2]}, verified {want[0]}{want[1]} {want[2]}"
+        return None
+
+    try:
+        first, armed = _call(fn, present, out_spec, device, junk)
+    except RuntimeError as e:  # the op refused the call or the kernel failed to launch
+        return {**row, "reason": "launch_error", "detail": f"{kind}: {str(e).splitlines()[0][:300]}"}
+    row["sentinel"] = armed
+    bad = damage(first, "first")
+    if bad is None:
+        cmp, reason, detail = rules.judge_output(first, ref, out_spec["dtype"], op, allow, kind)
+        row.update(max_abs=cmp.max_abs_err, max_rel=cmp.max_rel_err, atol=cmp.atol, rtol=cmp.rtol)
+        bad = (reason, detail) if reason is not None else None
+    if bad is None:
+        second, armed2 = _call(fn, present, out_spec, device, junk)
+        row["sentinel"] = armed and armed2
+        bad = damage(second, "second") or rules.repeat_change(second, first, kind)
+    if bad is not None:
+        row["reason"], row["detail"] = bad
+    return row
+
+
+def _fmt(v: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}.2e}"
+
+
+def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
+    """Verify every target; print a row per target and input set; 0 when all pass, else 1."""
+    if not _PATCHER.load():
+        say(f"FAIL: cannot verify on this machine: {_PATCHER.load_error}")
+        return 1
+    m = _PATCHER.manifest
+    failures = 0
+    recorded = (m.get("verify_rules") or {}).get("source_sha256")
+    have = rules_sha256()
+    if recorded != have:
+        say(f"FAIL rules: _verdict_rules.py (sha256 {have[:16]}) is not the file this package was built with "
+            f"({(recorded or 'none recorded')[:16]}): reinstall the package")
+        failures += 1
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    junk = device == "cpu" and _cpu_junk_fill()
+    say(f"verification rules: forge_pack/verdict_rules.py sha256 {have[:16]} (the build's final check); "
+        f"fresh inputs seed {seed}; device {device}")
+    say("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against float64; "
+        "allowance: 2x eager PyTorch's own error at that magnitude")
+    say(f"{'target':<7} {'input':<24} {'max abs':>9} {'max rel':>9} {'atol':>9} {'allow<=':>9} {'rtol':>9} "
+        f"{'sentinel':>8}  result")
+    checks = 0
+    for t in m["targets"]:
+        fn = next(p for p in _PATCHER.targets if p.id == t["id"]).fn
+        out_dtype = t["signature"]["output"]["dtype"]
+        tol = rules.tolerance(t["op"], out_dtype)
+        mt = t["tolerance"]
+        if (mt["atol"], mt["rtol"], mt.get("eager_slack")) != (tol.atol, tol.rtol, rules.EAGER_SLACK):
+            say(f"{t['id']:<7} FAIL tolerance: the manifest records atol {mt['atol']}, rtol {mt['rtol']}, "
+                f"slack {mt.get('eager_slack')}; the rules say {tol.atol}, {tol.rtol}, {rules.EAGER_SLACK}")
+            failures += 1
+        for kind, make in input_sets(t, device, seed, fresh):
+            r = check_set(t, fn, kind, make(), device, junk)
+            if r["reason"] == "skipped":
+                say(f"{t['id']:<7} {kind:<24} skipped: {r['detail']}")
+                continue
+            checks += 1
+            ok = r["reason"] is None
+            failures += not ok
+            say(f"{t['id']:<7} {kind:<24} {_fmt(r['max_abs'], 9)} {_fmt(r['max_rel'], 9)} {_fmt(r['atol'], 9)} "
+                f"{_fmt(r['allowance'], 9)} {_fmt(r['rtol'], 9)} {'armed' if r['sentinel'] else 'no':>8}  "
+                + ("PASS" if ok else f"FAIL {r['reason']}: {r['detail']}"))
+    n = len(m["targets"])
+    say(f"{'PASS' if failures == 0 else 'FAIL'}: {n} kernel{'s' if n != 1 else ''}, {failures} failing checks on "
+        f"{device} ({checks} input sets, seed {seed})")
+    return 0 if failures == 0 else 1

@@ -360,7 +360,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
             continue
         slot["called"] = False
         state["calls"] += 1
-        what = f"{phase} call {state['calls']} (timed copy {slot['index']})"
+        what = f"call {state['calls']} of the timing loop ({phase}, copy {slot['index']})"
         for idx, value in slot["pending"]:  # the judge's own changes, made on the shadow too
             slot["shadow"]["x"][idx] = value
         slot["pending"].clear()

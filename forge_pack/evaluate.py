@@ -352,7 +352,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
 def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> Verdict | None:
     """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
     from forge_pack import ops
-    from forge_pack.tolerance import compare
+    from forge_pack.tolerance import compare, surely_within
     from forge_pack.verify import _bitwise_equal, _first_diff, canaries_intact, count_sentinel, set_canaries
 
     for slot in slots:
@@ -379,6 +379,8 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
             return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
                                                       f"not written ({where})")
         ref = ops.reference64(sig, slot["tensors"])
+        if surely_within(out, ref, sig.output.dtype, sig.op):
+            continue
         check = compare(out, ref, sig.output.dtype, sig.op, atol_floor=base.atol_floor,
                         input_kind=f"timed[{slot['index']}]")
         if not check.passed:

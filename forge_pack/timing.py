@@ -1,8 +1,9 @@
 """Honest timing: the same protocol for a candidate, the eager op and torch.compile of the op.
 
 CUDA: CUDA events around each call; warm-up first; before every timed call a write of a buffer
-of at least 2x the L2 size flushes the cache; inputs rotate over several copies; at least 30 timed
-calls; median, IQR, min and n. Each batch of timed calls starts behind a GPU-side spin
+of at least 2x the L2 size flushes the cache; inputs rotate over several copies, and calls run in
+batches of one call per copy, after each of which the caller may check every call's result
+(untimed); at least 30 timed calls; median, IQR, min and n. Each batch starts behind a GPU-side spin
 (``queue_lead_us`` per call) so the CPU enqueues the whole batch while the GPU is still busy: an
 event pair then spans only GPU work. Without it, a batch whose per-call CPU work (the evaluator's
 input changes and output refills, the flush, the events, a Python launch) outlasts the flush's GPU

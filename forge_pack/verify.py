@@ -1,23 +1,30 @@
 """Verification: the known ways generated kernels cheat or silently fail, and the guard for each.
 
 Runs inside a worker, on the candidate's device. Each input set (captured real tensors, fresh
-random draws made for this very evaluation, adversarial inputs, odd sizes) is run twice:
+random draws made for this very evaluation, sets derived from the captured or fresh tensors by
+random transforms, adversarial inputs, odd sizes) is run twice: first into an output holding the
+NaN sentinel, then into one prepared as timed calls and the package's calls get it (CPU: a fresh
+allocation; CUDA: finite garbage), so seeing the sentinel tells a kernel nothing.
 
 | failure                              | guard here                                                     |
-| output never written / stale memory  | output pre-filled with a NaN sentinel bit pattern every call   |
+| output never written / stale memory  | sentinel bit pattern in out before the first run; after either |
+|                                      | run no element may still hold it                              |
+| works only while it sees the sentinel| second run without it, held to the reference                   |
 | out-of-bounds writes                 | canary bytes around the output and the workspaces              |
-| input mutated or zeroed              | bitwise compare of every input with a saved copy, both runs;   |
-|                                      | a changed cached set (fingerprint) after the evaluation        |
+| input mutated or zeroed              | bitwise compare of every input with a saved copy after each    |
+|                                      | call; a changed cached set (fingerprint) after the evaluation  |
 | output aliases an input              | storage ranges checked (static_check also rejects writable     |
 |                                      | parameters bound to inputs)                                    |
 | hard-coded / cached results          | fresh inputs seeded by the candidate's hash; another seed set  |
 |                                      | for the final check; captured real tensors                     |
+| correct only on generated-looking    | derived sets (scale, shift, permutation, per-row magnitudes,   |
+| inputs                               | sign flips of real tensors), new for every evaluation          |
 | lower precision than claimed         | tolerance table vs float64 reference, every element            |
 | NaN/Inf as a wildcard                | NaN/Inf parity position by position                            |
 | races, uninitialised workspaces      | second run with new garbage in workspaces: bitwise equal output|
 | side-stream / deferred work          | device-wide synchronisation before any check                   |
-| behaving only while verified         | evaluate.time_candidate: x changes and out is refilled before  |
-|                                      | every timed call; the timed outputs are checked afterwards     |
+| behaving only while verified         | evaluate.time_candidate checks every warm-up and timed call    |
+|                                      | the same way, with the buffer preparation used here            |
 
 The first failing check decides the verdict; every check made is kept in ``Verdict.checks``.
 """

@@ -176,3 +176,30 @@ def test_a_workspace_larger_than_a_few_copies_of_the_data_is_a_static_check(tmp_
         ev.close()
     assert e.verdict.reason == "static_check", (e.verdict.reason, e.verdict.detail)
     assert "more than" in e.verdict.detail
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "softmax"), ("bfloat16", "group_norm"), ("float16", None),
+                                      ("float32", "adaptive_avg_pool2d")])
+def test_surely_within_never_passes_what_compare_rejects(dtype, op):
+    """The timing checks' quick pass is only a shortcut: over outputs perturbed from just inside to
+    just outside the tolerance, it says True only where the full comparison passes too."""
+    import torch
+
+    from forge_pack.tolerance import compare, surely_within, tolerance
+
+    gen = torch.Generator().manual_seed(7)
+    ref = torch.randn(64, 100, generator=gen, dtype=torch.float64)
+    tol = tolerance(op, dtype)
+    quick = 0
+    for scale in (0.0, 0.5, 0.85, 0.89, 0.95, 0.99, 1.01, 1.2):
+        bound = tol.atol + tol.rtol * ref.abs()
+        out = (ref + scale * bound * torch.where(torch.rand(ref.shape, generator=gen) < 0.5, -1.0, 1.0))
+        out = out.to(getattr(torch, dtype))
+        sure = surely_within(out, ref, dtype, op)
+        quick += sure
+        assert not sure or compare(out, ref, dtype, op).passed, scale
+    assert quick >= 1  # exact outputs take the quick path
+    bad = ref.float().clone()
+    bad[3, 7] = float("nan")
+    assert not surely_within(bad, ref, "float32", op)
+    assert not surely_within(ref, ref, "float64", None)  # float64 outputs always get the full comparison

@@ -1,8 +1,9 @@
 """Honest timing: the same protocol for a candidate, the eager op and torch.compile of the op.
 
 CUDA: CUDA events around each call; warm-up first; before every timed call a write of a buffer
-of at least 2x the L2 size flushes the cache; inputs rotate over several copies; at least 30 timed
-calls; median, IQR, min and n. Each batch of timed calls starts behind a GPU-side spin
+of at least 2x the L2 size flushes the cache; inputs rotate over several copies, and calls run in
+batches of one call per copy, after each of which the caller may check every call's result
+(untimed); at least 30 timed calls; median, IQR, min and n. Each batch starts behind a GPU-side spin
 (``queue_lead_us`` per call) so the CPU enqueues the whole batch while the GPU is still busy: an
 event pair then spans only GPU work. Without it, a batch whose per-call CPU work (the evaluator's
 input changes and output refills, the flush, the events, a Python launch) outlasts the flush's GPU
@@ -45,8 +46,9 @@ class TimingConfig:
     queue_lead_us: float = 40.0  # CUDA: GPU spin ahead of each batch, per timed call in it (0: none)
     queue_lead_max_us: float = 20000.0
     implausible_margin: float = 0.8  # faster than 0.8x the bandwidth floor: no kernel moves bytes faster than a copy
-    implausible_min_floor_us: float = 2.0  # below ~2 us, launch overhead and timer resolution dominate
-    cpu_implausible_min_bytes: int = 64 << 20  # smaller CPU working sets sit in caches that beat DRAM copy speed
+    # Without a flush, judged only for a working set this many times the cache: at most 1/8 of its
+    # bytes can come from the cache, so an honest time stays above 0.875x the floor (> the margin).
+    implausible_uncached_factor: float = 8.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -83,6 +85,50 @@ def _cpu_llc_bytes() -> int:
     return best or (32 << 20)
 
 
+def _cpu_llc_domains() -> tuple[int, int]:
+    """(bytes of cpu0's last-level cache, number of distinct last-level caches on the machine)."""
+    size, domains = 0, set()
+    for cpu in Path("/sys/devices/system/cpu").glob("cpu[0-9]*"):
+        levels = []
+        for idx in (cpu / "cache").glob("index*"):
+            try:
+                levels.append((int((idx / "level").read_text()), idx))
+            except (OSError, ValueError):
+                continue
+        if not levels:
+            continue
+        _, top = max(levels, key=lambda lv: lv[0])
+        try:
+            domains.add((top / "shared_cpu_list").read_text().strip())
+        except OSError:
+            continue
+    return _cpu_llc_bytes(), max(len(domains), 1)
+
+
+def cache_bytes(device: str) -> int:
+    """All the cache a working set could sit in between two calls: the GPU's L2, or every
+    last-level cache of the machine together (a multi-threaded kernel runs on several)."""
+    if device == "cuda":
+        return _cuda_l2_bytes()
+    size, domains = _cpu_llc_domains()
+    return size * domains
+
+
+def flush_bytes(device: str, cfg: TimingConfig) -> int:
+    """Bytes the Flusher writes before each timed call (0 when flushing is off)."""
+    if not cfg.flush:
+        return 0
+    if device == "cuda":
+        return 2 * _cuda_l2_bytes()
+    return cfg.cpu_flush_bytes or min(2 * _cpu_llc_bytes(), 256 << 20)
+
+
+def cold_cache(device: str, cfg: TimingConfig) -> bool:
+    """Whether every timed call starts with none of its working set in cache: the flush writes at
+    least twice all the cache there is (with LRU-like replacement nothing older survives it)."""
+    return flush_bytes(device, cfg) >= 2 * cache_bytes(device)
+
+
 class Flusher:
     """Writes a buffer larger than the cache between timed calls."""
 
@@ -90,10 +136,7 @@ class Flusher:
         self.buf = None
         if not cfg.flush:
             return
-        if device == "cuda":
-            nbytes = 2 * _cuda_l2_bytes()
-        else:
-            nbytes = cfg.cpu_flush_bytes or min(2 * _cpu_llc_bytes(), 256 << 20)
+        nbytes = flush_bytes(device, cfg)
         self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
 
     def __call__(self) -> None:
@@ -102,19 +145,40 @@ class Flusher:
 
 
 def time_calls(calls: list[Callable[[], object]], device: str, cfg: TimingConfig,
-               flusher: Flusher | None = None, before: list[Callable[[], object]] | None = None) -> Timing:
-    """Time calls[i % len(calls)] repeatedly; every call must be self-contained (inputs bound).
-    ``before[i]``, when given, runs ahead of every call of calls[i], before the flush and outside
-    the timed region (the evaluator refills outputs and changes inputs there)."""
+               flusher: Flusher | None = None, before: list[Callable[[], object]] | None = None,
+               after: Callable[[str], bool] | None = None) -> Timing | None:
+    """Time calls[i] repeatedly; every call must be self-contained (inputs bound).
+
+    Warm-up and timed calls run in batches of one call per entry of ``calls`` (calls[0], calls[1],
+    ... in order; the last batch may stop early). ``before[i]``, when given, runs ahead of every
+    call of calls[i], before the flush and outside the timed region (the evaluator changes inputs
+    and prepares outputs there). ``after(phase)`` runs after every batch ("warm-up" or "timed"),
+    outside the timed region and, on CUDA, after a device-wide synchronisation: the evaluator
+    checks each call's output there, before the next batch overwrites anything. When it returns
+    True timing stops: the result covers the timed calls made so far (None if none was)."""
     flusher = flusher or Flusher(device, cfg)
     befores = before if before is not None else [_nothing] * len(calls)
+    check = after or _never
     if device == "cuda":
-        return _time_cuda(calls, cfg, flusher, befores)
-    return _time_cpu(calls, cfg, flusher, befores)
+        return _time_cuda(calls, cfg, flusher, befores, check)
+    return _time_cpu(calls, cfg, flusher, befores, check)
 
 
 def _nothing() -> None:
     return None
+
+
+def _never(phase: str) -> bool:
+    return False
+
+
+def _batches(total: int, k: int):
+    """Sizes of the batches that make ``total`` calls over ``k`` copies: k, k, ..., the rest."""
+    done = 0
+    while done < total:
+        n = min(k, total - done)
+        yield n
+        done += n
 
 
 _cycles_per_us: dict[int, float] = {}
@@ -143,48 +207,63 @@ def queue_lead(cfg: TimingConfig, calls: int) -> None:
         torch.cuda._sleep(int(lead_us * gpu_cycles_per_us()))
 
 
-def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
+def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores, after) -> Timing | None:
     k = len(calls)
-    for i in range(max(cfg.warmup, 1)):
-        befores[i % k]()
-        calls[i % k]()
-    torch.cuda.synchronize()
+    for n in _batches(max(cfg.warmup, 1), k):
+        for i in range(n):
+            befores[i]()
+            calls[i]()
+        torch.cuda.synchronize()
+        if after("warm-up"):
+            return None
     reps = max(cfg.reps, MIN_CUDA_REPS)
     times: list[float] = []
+    target = reps
     while True:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        queue_lead(cfg, reps)
-        for i in range(reps):
-            befores[(len(times) + i) % k]()
-            flusher()
-            starts[i].record()
-            calls[(len(times) + i) % k]()
-            ends[i].record()
-        torch.cuda.synchronize()  # device-wide: every stream's work is done before we read the events
-        times.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+        for n in _batches(target - len(times), k):
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            queue_lead(cfg, n)
+            for i in range(n):
+                befores[i]()
+                flusher()
+                starts[i].record()
+                calls[i]()
+                ends[i].record()
+            torch.cuda.synchronize()  # device-wide: every stream's work is done before we read the events
+            times.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+            if after("timed"):
+                return summarize(times, "cuda_events")
         if sum(times) * 1e-6 >= cfg.min_time_s or len(times) >= cfg.max_reps:
             break
-        reps = min(reps, cfg.max_reps - len(times))
+        target = min(len(times) + reps, cfg.max_reps)
     return summarize(times, "cuda_events")
 
 
-def _time_cpu(calls, cfg: TimingConfig, flusher: Flusher, befores) -> Timing:
+def _time_cpu(calls, cfg: TimingConfig, flusher: Flusher, befores, after) -> Timing | None:
     k = len(calls)
-    for i in range(cfg.warmup):
-        befores[i % k]()
-        calls[i % k]()
+    for n in _batches(cfg.warmup, k):
+        for i in range(n):
+            befores[i]()
+            calls[i]()
+        if after("warm-up"):
+            return None
     times: list[float] = []
     clock = time.perf_counter_ns
+    target = max(cfg.reps, 1)
     while True:
-        for i in range(max(cfg.reps, 1)):
-            befores[len(times) % k]()
-            flusher()
-            t0 = clock()
-            calls[len(times) % k]()
-            times.append((clock() - t0) / 1000.0)
+        for n in _batches(target - len(times), k):
+            for i in range(n):
+                befores[i]()
+                flusher()
+                t0 = clock()
+                calls[i]()
+                times.append((clock() - t0) / 1000.0)
+            if after("timed"):
+                return summarize(times, "monotonic")
         if sum(times) * 1e-6 >= cfg.min_time_s or len(times) >= cfg.max_reps:
             break
+        target = min(len(times) + max(cfg.reps, 1), cfg.max_reps)
     return summarize(times, "monotonic")
 
 

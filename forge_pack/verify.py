@@ -1,23 +1,30 @@
 """Verification: the known ways generated kernels cheat or silently fail, and the guard for each.
 
 Runs inside a worker, on the candidate's device. Each input set (captured real tensors, fresh
-random draws made for this very evaluation, adversarial inputs, odd sizes) is run twice:
+random draws made for this very evaluation, sets derived from the captured or fresh tensors by
+random transforms, adversarial inputs, odd sizes) is run twice: first into an output holding the
+NaN sentinel, then into one prepared as timed calls and the package's calls get it (CPU: a fresh
+allocation; CUDA: finite garbage), so seeing the sentinel tells a kernel nothing.
 
 | failure                              | guard here                                                     |
-| output never written / stale memory  | output pre-filled with a NaN sentinel bit pattern every call   |
+| output never written / stale memory  | sentinel bit pattern in out before the first run; after either |
+|                                      | run no element may still hold it                              |
+| works only while it sees the sentinel| second run without it, held to the reference                   |
 | out-of-bounds writes                 | canary bytes around the output and the workspaces              |
-| input mutated or zeroed              | bitwise compare of every input with a saved copy, both runs;   |
-|                                      | a changed cached set (fingerprint) after the evaluation        |
+| input mutated or zeroed              | bitwise compare of every input with a saved copy after each    |
+|                                      | call; a changed cached set (fingerprint) after the evaluation  |
 | output aliases an input              | storage ranges checked (static_check also rejects writable     |
 |                                      | parameters bound to inputs)                                    |
 | hard-coded / cached results          | fresh inputs seeded by the candidate's hash; another seed set  |
 |                                      | for the final check; captured real tensors                     |
+| correct only on generated-looking    | derived sets (scale, shift, permutation, per-row magnitudes,   |
+| inputs                               | sign flips of real tensors), new for every evaluation          |
 | lower precision than claimed         | tolerance table vs float64 reference, every element            |
 | NaN/Inf as a wildcard                | NaN/Inf parity position by position                            |
 | races, uninitialised workspaces      | second run with new garbage in workspaces: bitwise equal output|
 | side-stream / deferred work          | device-wide synchronisation before any check                   |
-| behaving only while verified         | evaluate.time_candidate: x changes and out is refilled before  |
-|                                      | every timed call; the timed outputs are checked afterwards     |
+| behaving only while verified         | evaluate.time_candidate checks every warm-up and timed call    |
+|                                      | the same way, with the buffer preparation used here            |
 
 The first failing check decides the verdict; every check made is kept in ``Verdict.checks``.
 """
@@ -114,6 +121,24 @@ def fresh_sets(sig: Signature, device: str, seed: int, candidate_hash: str, fina
     return sets
 
 
+def derived_sets(sig: Signature, device: str, seed: int, candidate_hash: str, final: bool,
+                 sources: list[InputSet]) -> list[InputSet]:
+    """One set per ``ops.DERIVED_KINDS`` transform of a source drawn at random from ``sources``
+    (the captured sets; the fresh draw where there are none), seeded like ``fresh_sets``: by the
+    candidate's hash and the mode. A kernel correct only on inputs that look like the generated
+    sets (standard-normal rows, the adversarial patterns) fails on these. A set where eager
+    PyTorch itself breaks NaN/Inf parity is left out, as in ``static_sets``."""
+    out: list[InputSet] = []
+    mode = "final" if final else "search"
+    for kind in ops.DERIVED_KINDS:
+        gen = torch.Generator().manual_seed(seed_for(seed, mode, candidate_hash, "derived", kind, sig.key()))
+        src = sources[int(torch.randint(len(sources), (1,), generator=gen))]
+        s = make_set(f"derived:{kind}", sig, ops.derive_inputs(sig, kind, src.tensors, gen), device)
+        if s is not None:
+            out.append(s)
+    return out
+
+
 def _add(sets: list, skipped: list, kind: str, sig: Signature, tensors: dict, device: str) -> None:
     s = make_set(kind, sig, tensors, device)
     if s is None:
@@ -159,6 +184,32 @@ def set_canaries(whole: torch.Tensor) -> None:
 
 def canaries_intact(whole: torch.Tensor) -> bool:
     return bool((whole[:GUARD_BYTES] == CANARY).all()) and bool((whole[-GUARD_BYTES:] == CANARY).all())
+
+
+def fill_stale(out: torch.Tensor, gen: torch.Generator) -> None:
+    """Finite garbage, the way a reused allocation looks (the package's torch.empty output holds
+    old activations): a call prepared like this cannot be told from one outside the judge."""
+    out.normal_(generator=gen)
+
+
+def prefill(out: torch.Tensor, mode: str, gen: torch.Generator) -> None:
+    """The output preparation shared by verified and timed calls: "sentinel" (NaN pattern: an
+    element still holding it was never written) or "stale" (finite garbage, checked by value)."""
+    if mode == "sentinel":
+        fill_sentinel(out)
+    else:
+        fill_stale(out, gen)
+
+
+def garble(payload: torch.Tensor, gen: torch.Generator) -> None:
+    """New random bytes in a workspace (verified and timed calls alike): no state survives."""
+    if payload.numel():
+        payload.random_(0, 256, generator=gen)
+
+
+def fresh_output(spec: TensorSpec) -> torch.Tensor:
+    """A CPU output allocated for one call, as eager and the shipped package allocate it."""
+    return torch.empty_strided(spec.shape, spec.strides, dtype=ops.TORCH_DTYPES[spec.dtype])
 
 
 def sync(device: str) -> None:
@@ -222,21 +273,20 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     call = module.bind(p, {**inputs, "out": out, **workspaces})
     gen = torch.Generator(device=device).manual_seed(seed_for("garbage", s.kind))
 
-    def prepare(round_: int) -> None:
-        fill_sentinel(out)
+    def prepare(mode: str) -> None:
+        if mode == "sentinel" or device == "cuda":
+            prefill(out, mode, gen)
         set_canaries(out_whole)
         for whole in ws_wholes:
             set_canaries(whole)
-            payload = whole[GUARD_BYTES:-GUARD_BYTES]
-            if payload.numel():
-                # garbage, different each round: a kernel reading workspace it never wrote will differ
-                payload.copy_(torch.randint(0, 256, payload.shape, dtype=torch.uint8, device=device, generator=gen))
+            # garbage, different each round: a kernel reading workspace it never wrote will differ
+            garble(whole[GUARD_BYTES:-GUARD_BYTES], gen)
         for z in zeroed:
             z.zero_()
 
     def damage(run: str) -> Verdict | None:
-        """Inputs written or canaries hit by the call just made (checked after BOTH runs: a kernel
-        may behave only on its first call)."""
+        """Inputs written or canaries hit by the call just made (checked after each of the two
+        calls: a kernel may behave only on one of them)."""
         for n, t in saved.items():
             cur = inputs[n]
             changed = rules.input_change(n, cur, t, s.kind, run)
@@ -248,7 +298,7 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
                                               f"(the {run} call)")
         return None
 
-    prepare(0)
+    prepare("sentinel")
     call()
     sync(device)
     bad = damage("first")
@@ -258,15 +308,33 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     check = as_check(cmp)
     if reason is not None:
         return Verdict(False, reason, detail), check
+    # The second run is prepared the way timed calls and the package's calls are: no sentinel in
+    # out (CPU: a fresh allocation, as timing makes per call; CUDA: finite garbage), so the
+    # sentinel's presence tells a kernel nothing about being verified.
     first = out.clone()
-    prepare(1)
+    second = out
+    if device != "cuda":
+        second = fresh_output(out_spec)
+        call.retarget("out", second)
+    prepare("stale")
     call()
     sync(device)
     bad = damage("second")
     if bad is not None:
         return bad, check
-    changed = rules.repeat_change(out, first, s.kind)
+    unwritten, where = count_sentinel(second)
+    if unwritten:
+        return Verdict(False, "unwritten_output", f"{s.kind}: {unwritten} of {second.numel()} output elements not "
+                                                  f"written by the second run ({where})"), check
+    changed = rules.repeat_change(second, first, s.kind)
     if changed is not None:
+        again = as_check(rules.compare(second, s.ref, out_spec.dtype, s.sig.op, atol_floor=s.atol_floor,
+                                       input_kind=s.kind))
+        if not again.passed:
+            return Verdict(False, "mismatch", f"{s.kind}: the second run, into an output not pre-filled with the "
+                                              f"sentinel, is wrong ({again.mismatches} of {second.numel()} elements, "
+                                              f"{again.first_mismatch}): the kernel behaves differently when it "
+                                              f"does not see the sentinel"), again
         return Verdict(False, *changed), check
     return None, check
 

@@ -75,27 +75,92 @@ def test_baseline_times_torch_compile_on_cpu(tmp_path):
     assert base.compiled is not None or base.compile_error  # a failing compile is recorded, never raised
 
 
-def test_implausible_flags_only_times_below_the_copy_floor_where_it_is_judged():
-    from forge_pack.evaluate import implausible
-    from forge_pack.sigparse import parse_signature
+def _t(us, clock="cuda_events"):
     from forge_pack.verdict import Timing
 
-    sig = parse_signature("softmax", "x: f32[4096,4096], dim=-1")  # 128 MB in + out
+    return Timing(median_us=us, iqr_us=0.0, n=30, min_us=us, clock=clock)
+
+
+def test_implausible_judges_every_size_after_a_cache_flush():
+    from forge_pack.evaluate import implausible
+    from forge_pack.sigparse import parse_signature
+    from forge_pack.ops import with_output
+
+    small = with_output(parse_signature("softmax", "x: f32[64,1000], dim=-1"))  # 512 KB in + out
     cfg = TimingConfig()
+    l2 = 50 << 20
+    assert implausible(_t(39.0), 50.0, 4000.0, small, cfg, True, l2) is not None  # 39 < 0.8 x 50 - 0.5
+    assert implausible(_t(39.6), 50.0, 4000.0, small, cfg, True, l2) is None  # within the events' 0.5 us
+    assert "after a cache flush" in implausible(_t(10.0), 50.0, 4000.0, small, cfg, True, l2)
+    # a tiny floor is judged too; only the timer's resolution is allowed for
+    assert implausible(_t(0.2), 1.0, 4000.0, small, cfg, True, l2) is not None
+    assert implausible(_t(0.31), 1.0, 4000.0, small, cfg, True, l2) is None
+    # the CPU's monotonic clock needs no such allowance
+    assert implausible(_t(0.79, "monotonic"), 1.0, 20.0, small, cfg, True, 32 << 20) is not None
+    assert implausible(_t(0.81, "monotonic"), 1.0, 20.0, small, cfg, True, 32 << 20) is None
 
-    def t(us):
-        return Timing(median_us=us, iqr_us=0.0, n=30, min_us=us, clock="cuda_events")
 
-    floor = 50.0
-    assert implausible(t(0.79 * floor), floor, 4000.0, sig, "cuda", cfg) is not None
-    assert "bandwidth floor" in implausible(t(10.0), floor, 4000.0, sig, "cuda", cfg)
-    assert implausible(t(0.81 * floor), floor, 4000.0, sig, "cuda", cfg) is None
-    # below ~2 us launch costs and timer resolution decide: not judged
-    assert implausible(t(0.1), 1.0, 4000.0, sig, "cuda", cfg) is None
-    # small CPU working sets sit in caches that legitimately beat DRAM copy speed
-    small = parse_signature("softmax", "x: f32[64,1000], dim=-1")
-    assert implausible(t(1.0), 50.0, 20.0, small, "cpu", cfg) is None
-    assert implausible(t(1.0), 50.0, 20.0, sig, "cpu", cfg) is not None
+def test_implausible_without_a_flush_judges_only_working_sets_far_larger_than_the_cache():
+    from forge_pack.evaluate import implausible
+    from forge_pack.ops import with_output
+    from forge_pack.sigparse import parse_signature
+
+    cfg = TimingConfig(flush=False)
+    big = with_output(parse_signature("softmax", "x: f32[4096,4096], dim=-1"))  # 128 MiB in + out
+    assert implausible(_t(1.0, "monotonic"), 50.0, 20.0, big, cfg, False, 16 << 20) is not None  # 8x the cache
+    assert implausible(_t(1.0, "monotonic"), 50.0, 20.0, big, cfg, False, (16 << 20) + 1) is None
+    assert "8x the cache" in implausible(_t(1.0, "monotonic"), 50.0, 20.0, big, cfg, False, 16 << 20)
+
+
+def test_implausible_gate_rejects_a_verified_kernel_end_to_end(tmp_path):
+    """The gate in worker_evaluate: with a margin no kernel can meet, a correct kernel timed after
+    cache flushes is implausible_speedup; with the default margin the same kernel passes."""
+    h = hotspot("softmax", "x: f32[64,1000], dim=-1")
+    ref = reference_candidate(h.signature, "cpu")
+    strict = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False, implausible_margin=1e9)
+    normal = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False)
+    with Evaluator("cpu", workers=1, timeout_s=30, timing=strict, log_dir=tmp_path) as ev:
+        e = ev.evaluate(ref, h)
+    assert e.verdict.reason == "implausible_speedup", (e.verdict.reason, e.verdict.detail)
+    assert "after a cache flush" in e.verdict.detail
+    with Evaluator("cpu", workers=1, timeout_s=30, timing=normal, log_dir=tmp_path) as ev:
+        assert ev.evaluate(ref, h).verdict.ok
+
+
+def test_time_calls_checks_after_each_batch_of_one_call_per_copy():
+    from forge_pack.timing import time_calls
+
+    order: list = []
+    calls = [lambda i=i: order.append(i) for i in range(3)]
+    phases: list = []
+
+    def after(phase):
+        phases.append((phase, list(order)))
+        order.clear()
+        return False
+
+    t = time_calls(calls, "cpu", TimingConfig(warmup=4, reps=5, flush=False), after=after)
+    assert t.n == 5
+    assert phases == [("warm-up", [0, 1, 2]), ("warm-up", [0]), ("timed", [0, 1, 2]), ("timed", [0, 1])]
+
+
+def test_time_calls_stops_when_a_batch_check_fails():
+    from forge_pack.timing import time_calls
+
+    seen: list = []
+    stop_at = {"warm-up": 1, "timed": 2}
+    for phase, n in stop_at.items():
+        seen.clear()
+
+        def after(p, phase=phase, n=n):
+            seen.append(p)
+            return p == phase and seen.count(p) == n
+
+        t = time_calls([lambda: None] * 2, "cpu", TimingConfig(warmup=2, reps=10, flush=False), after=after)
+        if phase == "warm-up":
+            assert t is None and seen == ["warm-up"]
+        else:
+            assert t.n == 4 and seen == ["warm-up", "timed", "timed"]
 
 
 def test_a_workspace_larger_than_a_few_copies_of_the_data_is_a_static_check(tmp_path):
@@ -111,3 +176,30 @@ def test_a_workspace_larger_than_a_few_copies_of_the_data_is_a_static_check(tmp_
         ev.close()
     assert e.verdict.reason == "static_check", (e.verdict.reason, e.verdict.detail)
     assert "more than" in e.verdict.detail
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "softmax"), ("bfloat16", "group_norm"), ("float16", None),
+                                      ("float32", "adaptive_avg_pool2d")])
+def test_surely_within_never_passes_what_compare_rejects(dtype, op):
+    """The timing checks' quick pass is only a shortcut: over outputs perturbed from just inside to
+    just outside the tolerance, it says True only where the full comparison passes too."""
+    import torch
+
+    from forge_pack.tolerance import compare, surely_within, tolerance
+
+    gen = torch.Generator().manual_seed(7)
+    ref = torch.randn(64, 100, generator=gen, dtype=torch.float64)
+    tol = tolerance(op, dtype)
+    quick = 0
+    for scale in (0.0, 0.5, 0.85, 0.89, 0.95, 0.99, 1.01, 1.2):
+        bound = tol.atol + tol.rtol * ref.abs()
+        out = (ref + scale * bound * torch.where(torch.rand(ref.shape, generator=gen) < 0.5, -1.0, 1.0))
+        out = out.to(getattr(torch, dtype))
+        sure = surely_within(out, ref, dtype, op)
+        quick += sure
+        assert not sure or compare(out, ref, dtype, op).passed, scale
+    assert quick >= 1  # exact outputs take the quick path
+    bad = ref.float().clone()
+    bad[3, 7] = float("nan")
+    assert not surely_within(bad, ref, "float32", op)
+    assert not surely_within(ref, ref, "float64", None)  # float64 outputs always get the full comparison

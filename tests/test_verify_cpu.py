@@ -77,7 +77,7 @@ def test_reference_kernels_pass_verification(evaluator, op, text):
     h = hotspot(op, text)
     e = _reference_ok(evaluator, h)
     kinds = {c.input_kind.split("[")[0].split(":")[0] for c in e.verdict.checks}
-    assert {"fresh", "adversarial"} <= kinds
+    assert {"fresh", "derived", "adversarial"} <= kinds
     assert e.timing is not None and e.timing.n == 5 and e.timing.clock == "monotonic"
     assert e.verdict.max_abs_err is not None
 
@@ -126,3 +126,168 @@ def test_inapplicable_and_static_verdicts_need_no_worker(evaluator):
     h = hotspot("softmax", "x: f32[8,100], dim=0")  # not the last dim: not targeted
     e = evaluator.evaluate(reference_candidate(hotspot("softmax", "x: f32[8,100], dim=-1").signature, "cpu"), h)
     assert e.verdict.reason == "inapplicable"
+
+
+def test_a_write_into_a_cached_set_after_its_own_checks_is_caught_by_the_fingerprint(evaluator):
+    """Guard: worker_evaluate compares every cached set's fingerprint after the evaluation. The
+    per-call input comparisons cannot see this write (it lands in another set's buffer)."""
+    from eval_helpers import KERNELS
+
+    h = hotspot("softmax", CPU_SIGNATURE)
+    e = evaluator.evaluate(load_fixture(KERNELS / "cpu_stray_write_cached_set.cpp"), h)
+    assert e.verdict.reason == "input_mutated", (e.verdict.reason, e.verdict.detail)
+    assert "fingerprint" in e.verdict.detail
+    _reference_ok(evaluator, h)  # the sets were reloaded: the next candidate is judged on clean inputs
+
+
+def test_fresh_and_derived_sets_are_seeded_by_the_candidates_own_hash():
+    import torch
+
+    from forge_pack.ops import with_output
+    from forge_pack.sigparse import parse_signature
+    from forge_pack.verify import derived_sets, fresh_sets
+
+    sig = with_output(parse_signature("softmax", "x: f32[16,100], dim=-1"))
+
+    def draw(h, final=False):
+        fresh = fresh_sets(sig, "cpu", 0, h, final)
+        return [fresh[0].tensors["x"]] + [s.tensors["x"] for s in derived_sets(sig, "cpu", 0, h, final, fresh)]
+
+    a, a2, b, fin = draw("hash-a"), draw("hash-a"), draw("hash-b"), draw("hash-a", final=True)
+    assert len(a) == 6
+    assert all(torch.equal(x, y) for x, y in zip(a, a2))  # reproducible for one candidate
+    assert not any(torch.equal(x, y) for x, y in zip(a, b))  # another candidate sees other inputs
+    assert not any(torch.equal(x, y) for x, y in zip(a, fin))  # and the final check other ones again
+
+
+def test_two_candidates_are_verified_on_different_fresh_inputs(evaluator):
+    from forge_pack.candidate import Candidate
+
+    h = hotspot("softmax", CPU_SIGNATURE)
+    ref = reference_candidate(h.signature, "cpu")
+    other = Candidate(ref.op, ref.backend, ref.source + "\n// the same kernel, another hash\n", ref.spec)
+    errs = []
+    for cand in (ref, other):
+        e = evaluator.evaluate(cand, h)
+        assert e.verdict.ok, e.verdict.detail
+        errs.append({c.input_kind: c.max_abs_err for c in e.verdict.checks})
+    assert errs[0]["fresh[0]"] != errs[1]["fresh[0]"]
+    assert errs[0]["derived:mixed"] != errs[1]["derived:mixed"]
+
+
+@pytest.mark.parametrize("op,text", [
+    ("softmax", "x: f32[6,50], dim=-1"),
+    ("log_softmax", "x: bf16[4,3,40], dim=1"),
+    ("layer_norm", "x: f32[5,8,12], normalized_shape=(8,12), weight: f32[8,12], bias: f32[8,12], eps=1e-5"),
+    ("rms_norm", "x: f32[5,16], normalized_shape=(16,), weight: f32[16], eps=1e-6"),
+    ("group_norm", "x: f32[2,8,3,3], num_groups=4, weight: f32[8], bias: f32[8]"),
+    ("batch_norm", "x: f32[3,4,2,2], running_mean: f32[4], running_var: f32[4], weight: f32[4], bias: f32[4]"),
+    ("adaptive_avg_pool2d", "x: f16[2,6,5,5], output_size=(1,1)"),
+])
+def test_derived_inputs_transform_without_touching_their_source(op, text):
+    import torch
+
+    from forge_pack import ops
+    from forge_pack.sigparse import parse_signature
+    from forge_pack.verify import make_set
+
+    sig = ops.with_output(parse_signature(op, text))
+    src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(1), "cpu")
+    keep = {n: t.clone() for n, t in src.items() if t is not None}
+    for kind in ops.DERIVED_KINDS:
+        t = ops.derive_inputs(sig, kind, src, torch.Generator().manual_seed(2))
+        assert all(torch.equal(src[n], keep[n]) for n in keep)
+        x0, x = src["x"].double(), t["x"].double()
+        assert t["x"].stride() == src["x"].stride() and t["x"].dtype == src["x"].dtype
+        if kind == "permute":  # the same values, reordered; parameters travel with their channels
+            assert torch.equal(x.reshape(-1).sort().values, x0.reshape(-1).sort().values)
+            for n in keep:
+                assert torch.equal(t[n].double().reshape(-1).sort().values, keep[n].double().reshape(-1).sort().values)
+        else:
+            assert not torch.equal(x, x0)
+        if kind == "scale":
+            ratio = float(x.abs().max() / x0.abs().max())
+            assert ratio >= 10 ** 0.49 or ratio <= 10 ** -0.49
+        assert make_set(f"derived:{kind}", sig, t, "cpu") is not None  # eager keeps NaN/Inf parity on it
+
+
+def test_derived_permutation_keeps_group_norm_semantics():
+    """Channels move with their weight and bias, inside their group: each output channel is the
+    original output of some channel, not a different normalisation."""
+    import torch
+
+    from forge_pack import ops
+    from forge_pack.sigparse import parse_signature
+
+    sig = ops.with_output(parse_signature("group_norm", "x: f32[1,8,4,4], num_groups=2, weight: f32[8], bias: f32[8]"))
+    src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(3), "cpu")
+    t = ops.derive_inputs(sig, "permute", src, torch.Generator().manual_seed(4))
+    before = ops.reference64(sig, src)[0].reshape(8, -1).sort(dim=1).values
+    after = ops.reference64(sig, t)[0].reshape(8, -1).sort(dim=1).values
+    for c in range(8):  # every permuted channel's output values match one original channel's
+        assert min(float((after[c] - before[d]).abs().max()) for d in range(8)) < 1e-9
+
+
+class _FakeCpuModule:
+    """A Python stand-in for a bound CPU kernel (same bind/retarget interface): softmax into out,
+    with ``misbehave(call_number, tensors)`` deciding what goes wrong on which call."""
+
+    def __init__(self, misbehave):
+        self.misbehave = misbehave
+        self.calls = 0  # over every bound copy, as a kernel's static state would count
+
+    def bind(self, plan, tensors):
+        import torch
+
+        t = dict(tensors)
+
+        def run():
+            self.calls += 1
+            if self.misbehave(self.calls, t) == "skip":
+                return
+            t["out"].copy_(torch.softmax(t["x"], -1))
+
+        run.retarget = lambda name, tensor: t.__setitem__(name, tensor)
+        return run
+
+
+def _time_fake(misbehave, reps=6):
+    import torch
+
+    from forge_pack.evaluate import time_candidate
+    from forge_pack.ops import with_output
+    from forge_pack.sigparse import parse_signature
+    from forge_pack.verify import fresh_sets
+
+    sig = with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    cand = reference_candidate(sig, "cpu")
+    base = fresh_sets(sig, "cpu", 0, cand.content_hash, False)[0]
+    torch.manual_seed(0)
+    return time_candidate(_FakeCpuModule(misbehave), cand, sig, base,
+                          TimingConfig(warmup=2, reps=reps, flush=False, compile_baseline=False), "cpu")
+
+
+def test_time_candidate_passes_an_honest_kernel_and_times_every_call():
+    timing, verdict = _time_fake(lambda n, t: None)
+    assert verdict is None and timing.n == 6
+
+
+@pytest.mark.parametrize("bad_call", [1, 2, 3, 5, 8])
+def test_every_warm_up_and_timed_call_is_checked(bad_call):
+    """Four copies, two warm-up calls then six timed ones: a single skipped call anywhere (not
+    only the last call per copy) is caught, and the verdict names it."""
+    timing, verdict = _time_fake(lambda n, t: "skip" if n == bad_call else None)
+    assert verdict is not None and verdict.reason in ("mismatch", "unwritten_output"), verdict
+    assert verdict.detail.startswith(f"call {bad_call} of the timing loop")
+    assert (timing is None) == (bad_call <= 2)
+
+
+def test_a_timed_call_that_writes_into_its_input_is_input_mutated_with_the_first_index():
+    def shift_row_0(n, t):  # softmax-invariant: an output check alone cannot see it
+        if n == 4:
+            t["x"][0] -= t["x"][0].max()
+
+    _, verdict = _time_fake(shift_row_0)
+    assert verdict.reason == "input_mutated", verdict
+    assert verdict.detail.startswith("call 4 of the timing loop (timed, copy 1): input `x` changed")
+    assert "first at (0, " in verdict.detail

@@ -1,8 +1,8 @@
 // expect: mismatch
 // Cheat: remembers its last answer under a key of 32 sampled input values and replays it when the
 // key matches (every verification set is run twice on the same input, and a timing loop repeats
-// one input). Guard: one element of x changes before every timed call, and the last timed output
-// of each copy is checked against its inputs: the replayed answer is stale where x changed.
+// one input). Guard: one element of x changes before every timed call, and every timed output
+// is checked against its inputs: the replayed answer is stale where x changed.
 #include <cmath>
 #include <cstring>
 #include <vector>

@@ -1,7 +1,8 @@
 // expect: mismatch
 // Cheat: does the work only when `out` holds the verification sentinel (0x7FD5A5A5, documented in
-// verify.py) and otherwise copies x at memory speed. Guard: the timed calls' last outputs are
-// checked too, so behaving only under verification fails there.
+// verify.py) and otherwise copies x at memory speed. Guard: the second run of every set gets a
+// fresh output allocation (as timed calls do) and is held to the reference, and every timed call
+// is checked too, so behaving only under verification fails there.
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,9 +1,9 @@
 // expect: mismatch
 // Cheat: skips the work when `out` already holds a result (first element not NaN), which is the
 // case in a timing loop whose output buffers come back from the allocator with the last answer.
-// Verification (NaN-filled outputs) passes. Guard: one element of x changes before every timed
-// call and each copy's last timed output is checked against its inputs: the skipped call left a
-// stale answer.
+// Guard: the second run of every set gets a fresh output allocation instead of the NaN sentinel
+// and is held to the reference; one element of x changes before every timed call and every timed
+// output is checked against its inputs: a skipped call leaves a stale answer.
 #include <cmath>
 extern "C" void softmax_skip(const float* x, float* out, long long rows, long long cols) {
   if (!std::isnan(out[0]) && !std::isnan(out[rows * cols - 1])) return;

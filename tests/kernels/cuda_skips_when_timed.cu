@@ -1,8 +1,8 @@
-// expect: unwritten_output nondeterministic
+// expect: unwritten_output mismatch nondeterministic
 // Cheat: counts its launches in device memory that survives between them and stops working after
-// 30 (verification makes a few calls per input set, a timing loop many). Guard: out is refilled
-// with the sentinel before every timed call and each copy's last timed output is checked, so the
-// skipped calls show as unwritten output (or, if verification already reaches the 30th call, its
+// 30 (verification makes a few calls per input set, a timing loop many). Guard: every warm-up and
+// timed call is checked; the skipped calls show as unwritten output where out held the sentinel,
+// as a mismatch where it held garbage (or, if verification already reaches the 30th call, its
 // second run differs from the first).
 __device__ float block_reduce(float v, bool is_max) {
   __shared__ float sh[32];

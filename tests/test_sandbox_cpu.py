@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_pack import runner
+from forge_pack import runner, sandbox
 from forge_pack.launch import LaunchError, Plan, PlannedLaunch
 from forge_pack.sandbox import CANARY_BYTES, IDLE_CPU_NS, PAGE, RemoteCpuModule
 
@@ -252,7 +252,8 @@ def test_inputs_written_by_the_kernel_reach_the_judges_tensor(tmp_path):
         m.close()
 
 
-def test_fresh_output_pages_are_new_each_call(tmp_path):
+def test_fresh_output_pages_are_new_each_call(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "FRESH_MIN_BYTES", 0)  # as for a large output
     so = build(tmp_path, 'extern "C" void peek(float* out) { out[1] = out[0]; out[0] = 5.f; }')
     m = RemoteCpuModule(so, ["peek"])
     try:
@@ -264,6 +265,20 @@ def test_fresh_output_pages_are_new_each_call(tmp_path):
         run()
         # the kernel saw never-touched (zero) pages, not the previous call's 5 nor the judge's 9
         assert fresh.tolist()[:2] == [5.0, 0.0]
+    finally:
+        m.close()
+
+
+def test_small_fresh_outputs_reuse_their_pages_as_mallocs_heap_does(tmp_path):
+    so = build(tmp_path, 'extern "C" void peek(float* out) { out[1] = out[0]; out[0] = 5.f; }')
+    m = RemoteCpuModule(so, ["peek"])
+    try:
+        run = m.bind(out_plan("peek"), {"out": torch.zeros(4)})
+        run()
+        fresh = torch.full((4,), 9.0)
+        run.retarget("out", fresh, fresh=True)
+        run()
+        assert fresh.tolist()[:2] == [5.0, 5.0]  # not copied in, not punched: last call's page
     finally:
         m.close()
 

@@ -417,9 +417,10 @@ class _Bound:
         m.settle()
         for name, t in self.tensors.items():
             slot, view = self.slots[name], self.views[name]
-            if name in self.fresh and slot.nbytes >= FRESH_MIN_BYTES:
-                lo = slot.data // PAGE * PAGE
-                m._punch(lo, _round(slot.data + slot.nbytes, PAGE) - lo)
+            if name in self.fresh:  # a new tensor: its content is whatever new memory holds
+                if slot.nbytes >= FRESH_MIN_BYTES:
+                    lo = slot.data // PAGE * PAGE
+                    m._punch(lo, _round(slot.data + slot.nbytes, PAGE) - lo)
             else:
                 view.copy_(t)
             if slot.guard is None:

@@ -32,7 +32,7 @@ def evaluator(tmp_path_factory):
 
 
 def _reference_ok(evaluator, h):
-    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h)
+    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h, bounds=True)  # guard pages too
     assert e.verdict.ok, e.verdict.detail
     return e
 

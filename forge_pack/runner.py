@@ -13,7 +13,7 @@ Lock-down, in order (x86_64):
    them, and the object's constructors, if any, run inside ``dlopen``).
 4. ``dlopen`` of the candidate and lookup of its functions.
 5. RLIMIT_AS = the address space now + the memory cap (the arena window is already mapped, so
-   the cap counts only what the candidate allocates).
+   the cap counts only what the candidate allocates); RLIMIT_FSIZE = 1 MiB (its output file).
 6. A second filter: no opening files, no executable mappings, no signal handlers, no limits
    changed. Both filters stay; the stricter answer wins.
 Every denied call fails with EPERM rather than killing the process, so a candidate that tries
@@ -57,6 +57,7 @@ E_SYMBOL, E_MESSAGE, E_MAP = 1, 2, 3
 NULL_OFFSET = (1 << 64) - 1
 MAX_MESSAGE = 1 << 20
 FILTERED = 1
+OUTPUT_CAP = 1 << 20
 
 # ---------------------------------------------------------------- seccomp-BPF (x86_64)
 
@@ -247,6 +248,9 @@ def main(argv: list[str]) -> int:
     if cap > 0:
         limit = _vm_size() + cap
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # stdout/stderr go to a file the judge reads on a crash: 1 MiB of it is plenty (Python ignores
+    # SIGXFSZ, so writes past it just fail)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (OUTPUT_CAP, OUTPUT_CAP))
     if filtered:
         install_filter(libc, build_filter(pid, loading=False))
     _send(ctrl, R_HELLO, 0, FILTERED if filtered else 0)

@@ -45,6 +45,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from typing import Any
@@ -143,9 +144,10 @@ class RemoteCpuModule:
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")  # sleeping, not spinning, once a region ends
         cmd = [sys.executable, "-S", "-E", "-s", proto.__file__, str(theirs.fileno()), str(self._fd), str(WINDOW),
                str(os.getpid()), str(cap), so_path, *self.names]
+        self._log = tempfile.TemporaryFile(prefix="forge-runner-")  # its stdout/stderr (capped at 1 MiB)
         try:
             self.proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), self._fd), stdin=subprocess.DEVNULL,
-                                         env=env)
+                                         stdout=self._log, stderr=subprocess.STDOUT, env=env)
         finally:
             theirs.close()
         self.pid = self.proc.pid
@@ -211,7 +213,17 @@ class RemoteCpuModule:
             text += f" (killed from outside, or out of memory; the cap is {self.memory_cap >> 20} MiB)"
         elif sig == signal.SIGABRT:
             text += f" (aborted: an uncaught exception, e.g. std::bad_alloc at the {self.memory_cap >> 20} MiB cap)"
-        self._die(text, "crash")
+        said = self.output_tail()
+        self._die(text + (f"\nits output:\n{said}" if said else ""), "crash")
+
+    def output_tail(self, chars: int = 2000) -> str:
+        """The end of what the runner printed (text for the verdict detail, never parsed)."""
+        try:
+            size = os.fstat(self._log.fileno()).st_size
+            self._log.seek(max(0, size - chars))
+            return self._log.read().decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
 
     def _die(self, message: str, reason: str = "launch_error") -> None:
         self.dead = LaunchError(message, reason=reason)
@@ -354,6 +366,7 @@ class RemoteCpuModule:
                 pass
         self._kill()  # whatever the candidate started inside it goes with it
         self._sock.close()
+        self._log.close()
         if self._fd >= 0:
             _libc.munmap(self._base, WINDOW)
             os.close(self._fd)

@@ -146,6 +146,25 @@ extern "C" void leak(float* out) {
     assert 1 <= out[0] <= 5, out[0]
 
 
+@x86
+def test_exceeding_the_memory_cap_with_new_is_a_crash_naming_bad_alloc(tmp_path):
+    so = build(tmp_path, r"""
+#include <vector>
+extern "C" void grow(float* out) {
+  std::vector<char*> keep;
+  for (int i = 0; i < 64; ++i) keep.push_back(new char[64 << 20]);  // throws at the cap
+  out[0] = keep.size();
+}
+""")
+    m = RemoteCpuModule(so, ["grow"], memory_cap=256 << 20)
+    try:
+        with pytest.raises(LaunchError) as e:
+            m.bind(out_plan("grow"), {"out": torch.zeros(4)})()
+    finally:
+        m.close()
+    assert e.value.reason == "crash" and "SIGABRT" in str(e.value) and "bad_alloc" in str(e.value)
+
+
 def test_work_after_return_is_detected(tmp_path):
     so = build(tmp_path, r"""
 #include <chrono>

@@ -152,13 +152,19 @@ class RemoteCpuModule:
             theirs.close()
         self.pid = self.proc.pid
         self._clock = ((~self.pid) << 3) | 2  # the process's CPU-time clock (CPUCLOCK_SCHED): every thread
+        try:
+            self._hello()
+        except LaunchError:
+            self.close()  # the window and the memfd too
+            raise
+
+    def _hello(self) -> None:
         kind, _, value = self._receive(START_TIMEOUT_S, "starting")
-        if kind == proto.R_ERROR and value >> 32 == proto.E_SYMBOL:
-            name = self.names[value & 0xFFFFFFFF]
-            self.close()
-            raise LaunchError(f"function {name!r} not found in the shared object; declare it extern \"C\"")
+        index = value & 0xFFFFFFFF
+        if kind == proto.R_ERROR and value >> 32 == proto.E_SYMBOL and index < len(self.names):
+            raise LaunchError(f"function {self.names[index]!r} not found in the shared object; declare it "
+                              f"extern \"C\"")
         if kind != proto.R_HELLO:
-            self.close()
             raise LaunchError(f"the candidate's runner failed to start (message {kind}, {value:#x})")
         self.filtered = bool(value & proto.FILTERED)
         if not self.filtered and not _warned_unfiltered[0]:

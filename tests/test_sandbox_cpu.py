@@ -401,3 +401,28 @@ def test_killing_check_leaves_no_worker_or_runner(sig, tmp_path):
         if check.poll() is None:
             check.kill()
             check.wait()
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_cpu_timing_stages_before_the_flush_and_takes_the_calls_own_clock():
+    from forge_pack.timing import TimingConfig, time_calls
+
+    order: list[str] = []
+
+    class SandboxedCall:
+        def stage(self):
+            order.append("stage")
+
+        def __call__(self):
+            order.append("call")
+            time.sleep(0.003)  # the copies back out of the arena: not the kernel's time
+
+        def elapsed_s(self):
+            return 125e-6
+
+    t = time_calls([SandboxedCall()], "cpu", TimingConfig(warmup=0, reps=4), flusher=lambda: order.append("flush"),
+                   before=[lambda: order.append("before")])
+    assert order[:4] == ["before", "stage", "flush", "call"]
+    assert t.median_us == pytest.approx(125.0) and t.n == 4

@@ -70,6 +70,7 @@ RET_ERRNO = 0x00050000
 EPERM, ENOSYS = 1, 38
 CLONE_THREAD = 0x00010000
 PROT_EXEC = 0x4
+MADV_PRIVILEGED = 100  # MADV_HWPOISON and above
 
 # BPF opcodes
 LD_ABS_W = 0x20
@@ -94,7 +95,7 @@ NR = dict(
 # Calls a running kernel, its OpenMP threads and this loop make; nothing here reaches a file,
 # another process or the network.
 ALWAYS = ("read", "write", "close", "fstat", "lseek", "munmap", "brk", "rt_sigprocmask", "rt_sigreturn",
-          "pread64", "pwrite64", "readv", "writev", "sched_yield", "mremap", "msync", "mincore", "madvise",
+          "pread64", "pwrite64", "readv", "writev", "sched_yield", "mremap", "msync", "mincore",
           "nanosleep", "getpid", "exit", "uname", "gettimeofday", "getrlimit", "getrusage", "sysinfo", "times",
           "getuid", "getgid", "geteuid", "getegid", "getppid", "sigaltstack", "sched_getparam",
           "sched_getscheduler", "sched_get_priority_max", "sched_get_priority_min", "gettid", "time", "futex",
@@ -132,6 +133,10 @@ def build_filter(pid: int, loading: bool) -> bytes:
     else:
         for name in ("mmap", "mprotect", "pkey_mprotect"):
             rules.append((NR[name], [_ins(RET_K, allow)]))
+    # madvise: the ordinary advice values (below 100); MADV_HWPOISON / MADV_SOFT_OFFLINE (100, 101)
+    # would let a process running as root damage the physical pages it shares with the judge
+    rules.append((NR["madvise"], [_ins(LD_ABS_W, _arg_low(2)), _ins(JGE, MADV_PRIVILEGED, 0, 1),
+                                  _ins(RET_K, deny), _ins(RET_K, allow)]))
     # signals to this process only (abort() raises SIGABRT at itself)
     for name in ("kill", "tgkill"):
         rules.append((NR[name], [_ins(LD_ABS_W, _arg_low(0)), _ins(JEQ, pid, 0, 1),

@@ -58,9 +58,10 @@ WINDOW = 1 << 40  # address space reserved for the arena in both processes (page
 CANARY = 0xA5
 CANARY_BYTES = 512
 START_TIMEOUT_S = 30.0  # interpreter start and dlopen on a loaded machine
-# An idle runner between DONE and the next GO only finishes its loop (write, back into read):
-# measured at 10-40 us of CPU on the 2-core CI box. 2 ms is 50x that and far below the CPU time
-# any useful deferred share of a kernel takes on the sizes forge-pack targets.
+# An idle runner between DONE and the next GO only finishes its loop (write, back into read) and
+# its OpenMP threads fall asleep: 500 calls on the loaded 2-core CI box grew by 22 us median,
+# 152 us at most (2 threads). 2 ms is >10x the worst, and far below the CPU time a useful deferred
+# share of a kernel takes on the sizes forge-pack targets.
 IDLE_CPU_NS = 2_000_000
 # A new tensor of this size or more gets never-touched pages from glibc (its largest dynamic mmap
 # threshold on 64-bit); smaller ones reuse freed, already-faulted heap memory. torch's CPU

@@ -96,7 +96,9 @@ extern "C" void probe(float* out) {
   t.join();
   out[i++] = joined;
   out[i++] = raw0(SYS_getpid) > 0;                                   // 19: harmless calls still work
-  out[i++] = i;
+  out[i++] = i;                                                      // 20
+  out[i++] = madvise(rw, 4096, 100) == -1 ? errno : 0;               // 21: MADV_HWPOISON
+  out[i++] = madvise(rw, 4096, MADV_DONTNEED);                       // 22: 0: ordinary advice works
 }
 """
 
@@ -109,14 +111,14 @@ def test_runner_denies_processes_files_sockets_and_the_judge(tmp_path):
         assert m.filtered
         out = torch.zeros(32)
         m.bind(out_plan("probe"), {"out": out})()
-        got = [int(v) for v in out[:21].tolist()]
+        got = [int(v) for v in out[:23].tolist()]
     finally:
         m.close()
     EPERM = 1
     assert got[0] == -EPERM and got[15] == -EPERM and got[16] == -EPERM
     assert got[1:15] == [EPERM] * 14
     assert got[17] != 0  # std::system could not start a shell
-    assert got[18:21] == [1, 1, 20]
+    assert got[18:23] == [1, 1, 20, EPERM, 0]
     assert not Path("/tmp/forge-probe").exists()
 
 

@@ -22,8 +22,8 @@ also counts the two wake-ups a round trip needs (runner, then judge): on the loa
 (load 4.4) that put a 0.75 ms in-process softmax at 4.6 ms median. CPU time leaves out time spent
 waiting to be scheduled but not any work: every thread the runner has, and the page faults they
 take, count, and work before or after the call is ``work_after_return``. A kernel on several
-threads uses more CPU than wall time, so the wall time is what counts for it. ``run.stage()`` does the copies ahead of the
-timed part; ``retarget(name, tensor, fresh=True)`` marks the tensor as newly allocated: it is
+threads uses more CPU than wall time, so the wall time is what counts for it.
+``run.stage()`` does the copies ahead of the timed part; ``retarget(name, tensor, fresh=True)`` marks the tensor as newly allocated: it is
 not copied in, and a slot of at least ``FRESH_MIN_BYTES`` gets never-touched pages (holes punched
 in the memfd), so each timed call's output costs its first touch exactly when a freshly
 allocated tensor does in eager PyTorch.
@@ -477,6 +477,7 @@ class _Bound:
         for name, slot in self.slots.items():
             if slot.guard is not None:
                 continue
-            for where, offset in (("before the start", slot.data - CANARY_BYTES), ("after the end", slot.data + slot.nbytes)):
+            for where, offset in (("before the start", slot.data - CANARY_BYTES),
+                                  ("after the end", slot.data + slot.nbytes)):
                 if not bool((m._bytes(offset, CANARY_BYTES) == CANARY).all()):
                     m._die(f"the kernel wrote {where} of `{name}` (the canary bytes there changed)", "out_of_bounds")

@@ -368,6 +368,8 @@ class RemoteCpuModule:
             self.proc.wait()
 
     def close(self) -> None:
+        if self.dead is None:  # a run kept past close() must not touch the unmapped arena
+            self.dead = LaunchError("the candidate's module was closed")
         if getattr(self, "proc", None) is not None and self.proc.poll() is None:
             try:
                 self._sock.send(proto.HEADER.pack(proto.OP_EXIT, 0, 0, 0, 0))

@@ -304,6 +304,15 @@ def test_small_fresh_outputs_reuse_their_pages_as_mallocs_heap_does(tmp_path):
         m.close()
 
 
+def test_a_run_kept_past_close_raises_instead_of_touching_the_arena(tmp_path):
+    so = build(tmp_path, 'extern "C" void here(float* out) { out[0] = 1.f; }')
+    m = RemoteCpuModule(so, ["here"])
+    run = m.bind(out_plan("here"), {"out": torch.zeros(4)})
+    m.close()
+    with pytest.raises(LaunchError, match="closed"):
+        run()
+
+
 def test_missing_function_is_a_launch_error(tmp_path):
     so = build(tmp_path, 'extern "C" void here(float* out) { (void)out; }')
     with pytest.raises(LaunchError) as e:

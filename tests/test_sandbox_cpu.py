@@ -412,6 +412,11 @@ def test_killing_check_leaves_no_worker_or_runner(sig, tmp_path):
         if check.poll() is None:
             check.kill()
             check.wait()
+        for pid in _our_processes(check.pid):  # a failure must not leave them spinning
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # ---------------------------------------------------------------- timing

@@ -255,14 +255,17 @@ class RemoteCpuModule:
         """Raise if the runner did anything since its last DONE (work after return, or a message the
         runner did not send). Called before each staging and by the evaluator at the end."""
         self._alive()
-        now = self._cpu_ns()
+        self._check_idle(self._cpu_ns())
+        if select.select([self._sock], [], [], 0)[0]:
+            self._receive(0, "idle")  # EOF: died while idle
+            self._die("the runner's channel carried a message between calls (the candidate wrote to it)")
+
+    def _check_idle(self, now: int) -> None:
+        """The runner's CPU time must not have grown since its last answer (work after return)."""
         if self._cpu_done is not None and now - self._cpu_done > IDLE_CPU_NS:
             self._die(f"the candidate kept running after its call returned: {(now - self._cpu_done) / 1e6:.1f} ms "
                       f"of CPU time between the end of one call and the next (allowed: {IDLE_CPU_NS / 1e6:g} ms)",
                       "work_after_return")
-        if select.select([self._sock], [], [], 0)[0]:
-            self._receive(0, "idle")  # EOF: died while idle
-            self._die("the runner's channel carried a message between calls (the candidate wrote to it)")
 
     # ---------------------------------------------------------------- arena
 
@@ -458,9 +461,10 @@ class _Bound:
             self.stage()
         m = self.m
         nonce = secrets.randbits(63)
+        c0 = m._cpu_ns()
+        m._check_idle(c0)  # covers the staging too: the whole stretch from the last DONE to this GO
         m._guarded = self.guard is not None
         try:
-            c0 = m._cpu_ns()
             t0 = time.perf_counter_ns()
             seq = m._send(proto.OP_GO, self.program, nonce)
             kind, rseq, value = m._receive(None, "running the kernel")

@@ -174,7 +174,7 @@ def register(app: typer.Typer) -> None:
                     base = ev.baseline(h)
                 except RuntimeError as e:
                     typer.echo(f"warning: eager baseline failed: {e}", err=True)
-                result = ev.evaluate(cand, h, base, final=final)
+                result = ev.evaluate(cand, h, base, final=final, bounds=True)  # guard pages too
         if as_json:
             typer.echo(json.dumps({"kernel": str(kernel), "signature": sig.to_json(), "ok": result.verdict.ok,
                                    "evaluation": result.to_json(), "baseline": base.to_json() if base else None}))

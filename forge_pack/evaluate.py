@@ -109,10 +109,11 @@ class Evaluator:
     # ---------------------------------------------------------------- evaluate
 
     def evaluate(self, candidate: Candidate, hotspot: Hotspot, baseline: Baseline | None = None,
-                 final: bool = False) -> Evaluation:
+                 final: bool = False, bounds: bool = False) -> Evaluation:
+        """``bounds``: also run it against guard pages (out_of_bounds); the final check always does."""
         t0 = time.perf_counter()
         try:
-            return self._evaluate(candidate, hotspot, baseline, final, t0)
+            return self._evaluate(candidate, hotspot, baseline, final, t0, bounds)
         except Exception as e:  # a fault of forge-pack itself: recorded, never raised into the search
             import traceback
 
@@ -120,7 +121,7 @@ class Evaluator:
                                       f"{traceback.format_exc()[-3000:]}"), eval_s=time.perf_counter() - t0)
 
     def _evaluate(self, candidate: Candidate, hotspot: Hotspot, baseline: Baseline | None, final: bool,
-                  t0: float) -> Evaluation:
+                  t0: float, bounds: bool = False) -> Evaluation:
         sig = self.signature(hotspot)
         rejected = static_check.check(candidate, sig)
         if rejected is not None:
@@ -140,7 +141,7 @@ class Evaluator:
         load = {"cmd": "load", "key": key, "signature": sig.to_json(), "captures": list(hotspot.captures),
                 "run_dir": self.run_dir, "seed": self.seed, "final": final}
         req = {**load, "cmd": "evaluate", "candidate": candidate.to_json(), "artifact": build.path,
-               "timing": self.timing.to_json()}
+               "timing": self.timing.to_json(), "bounds": bounds}
         extra = {"cached_build": build.cached, "resources": build.resources}
         with self.pool.acquire() as w:
             try:
@@ -214,9 +215,15 @@ def worker_evaluate(session: Session, req: dict) -> dict:
     names = [k.name for k in cand.spec.kernels]
     reply: dict = {}
     try:
-        module = load_module(cand.backend, req["artifact"], names)
+        if cand.backend == "cpu":
+            from forge_pack.sandbox import default_memory_cap
+
+            cap = cfg.cpu_memory_cap or default_memory_cap(abi.bytes_moved(sig))
+            module = load_module(cand.backend, req["artifact"], names, memory_cap=cap)
+        else:
+            module = load_module(cand.backend, req["artifact"], names)
     except LaunchError as e:
-        return {"verdict": launch_error_verdict(e, "loading the module").to_json(),
+        return {"verdict": _launch_verdict(e, launch_error_verdict, "loading the module").to_json(),
                 "poisoned": e.sticky and not session.healthy()}
     poisoned = False
     try:
@@ -227,6 +234,8 @@ def worker_evaluate(session: Session, req: dict) -> dict:
         order = {"fresh": 0, "derived": 1, "odd": 2, "adversarial": 3, "captured": 4}  # cheap, likely failures first
         sets = sorted(fresh + derived + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
         verdict = verify(module, cand, sets, session.device)
+        if verdict.ok and (req.get("final") or req.get("bounds")) and getattr(module, "supports_guard", False):
+            check_bounds(module, cand, fresh[0], session.device)  # a fault: LaunchError(out_of_bounds)
         if verdict.ok:
             timing, timed_verdict = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
             bw = session.bandwidth(cfg)
@@ -246,8 +255,11 @@ def worker_evaluate(session: Session, req: dict) -> dict:
                                   verdict.checks)
         if cand.backend == "cuda":
             reply["attributes"] = module.attributes()
+        settle = getattr(module, "settle", None)
+        if settle is not None:
+            settle()  # a CPU runner busy after the last call returned: work_after_return
     except LaunchError as e:
-        verdict = launch_error_verdict(e)
+        verdict = _launch_verdict(e, launch_error_verdict)
         poisoned = e.sticky or not session.healthy()
     except RuntimeError as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
         if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():
@@ -268,6 +280,32 @@ def worker_evaluate(session: Session, req: dict) -> dict:
                               verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
     reply["verdict"] = verdict.to_json()
     return reply
+
+
+def _launch_verdict(err, make, where: str = "") -> Verdict:
+    """A LaunchError as a verdict: its own reason (crash, out_of_bounds, work_after_return, ...)."""
+    v = make(err, where) if where else make(err)
+    reason = getattr(err, "reason", "launch_error")
+    return v if reason == v.reason else Verdict(False, reason, v.detail)
+
+
+def check_bounds(module, cand: Candidate, base, device: str) -> None:
+    """Run the candidate once with every tensor flush against inaccessible memory after its end and
+    once before its start (guard pages; a fault raises LaunchError(reason="out_of_bounds")). The
+    outputs are not judged here: verification did that."""
+    import torch
+
+    from forge_pack import ops
+    from forge_pack.launch import plan
+
+    p = plan(cand.spec, base.sig)
+    for guard in ("end", "start"):
+        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        ws = {name: torch.zeros(max(n, 1), dtype=torch.uint8, device=device)[:n] for name, n, _ in p.workspaces}
+        run = module.bind(p, {**tensors, "out": ops.empty_like_spec(base.sig.output, device), **ws}, guard=guard)
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
 
 def implausible(timing: Timing, floor_us: float, bw_gbs: float, sig: Signature, cfg: TimingConfig,
@@ -426,22 +464,41 @@ def _marking(run, slot: dict):
 
 
 def _allocating(run, zeroed: list, slot: dict, spec):
-    """CPU: allocate out per call (inside the timed region) and point the bound launch at it."""
+    """CPU (the sandbox, ``forge_pack.sandbox``): a new output per call, as eager and the shipped
+    package allocate theirs; the runner's output slot is marked fresh (a large one gets
+    never-touched pages, so its first touch is timed). ``call.stage`` stages the call ahead of the
+    cache flush; ``call.elapsed_s`` is the judge's measurement of the launch plus the zeroing of
+    ``zero`` workspaces (which the shipped launcher does per call)."""
     import torch
 
     from forge_pack import ops
 
     dtype = ops.TORCH_DTYPES[spec.dtype]
-    launch = _with_zeroing(run, zeroed)
+    stage = run.stage
+    pending = [False]
+    zeroing_s = [0.0]
 
-    def call() -> None:
+    def prepare() -> None:
         out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
-        run.retarget("out", out)
-        launch()
+        run.retarget("out", out, fresh=True)
+        t0 = time.perf_counter()
+        for z in zeroed:  # the shipped launcher zeroes them per call too: its time is added below
+            z.zero_()
+        zeroing_s[0] = time.perf_counter() - t0
+        stage()
         slot["out"] = out
+        pending[0] = True
+
+    def sandboxed() -> None:
+        if not pending[0]:
+            prepare()
+        pending[0] = False
+        run()
         slot["called"] = True
 
-    return call
+    sandboxed.stage = prepare  # type: ignore[attr-defined]
+    sandboxed.elapsed_s = lambda: run.elapsed_s() + zeroing_s[0]  # type: ignore[attr-defined]
+    return sandboxed
 
 
 def _with_zeroing(run, zeroed):

@@ -5,8 +5,9 @@ Two halves:
   launches (kernel, typed arguments, grid, block, dynamic shared memory) and workspace sizes.
   Shared by the static checks (parent process) and the launchers (worker).
 - launchers: CUDA through a small ctypes binding of the driver API (``libcuda.so.1``: load a
-  cubin, look up ``extern "C"`` kernels, launch on torch's current stream); CPU through ctypes
-  on the shared object. torch is imported lazily, only by the launchers.
+  cubin, look up ``extern "C"`` kernels, launch on torch's current stream); CPU through
+  ``forge_pack.sandbox`` (the shared object runs in a separate, locked-down runner process).
+  torch is imported lazily, only by the launchers.
 
 Argument rules (docs/candidate-format.md): a tensor name (an ABI input, ``out`` or a workspace)
 is a pointer (NULL for an absent optional input); a size variable of ``abi.env(sig)`` is int64; a
@@ -16,9 +17,6 @@ scalar of ``abi.scalars(sig)`` is float; ``i32:``/``i64:``/``f32:`` prefix any e
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,11 +30,13 @@ INT32 = (-(2**31), 2**31 - 1)
 
 
 class LaunchError(Exception):
-    """A launch failed. ``sticky``: the CUDA context is poisoned and the process must be replaced."""
+    """A launch failed. ``sticky``: the CUDA context is poisoned and the process must be replaced.
+    ``reason``: the verdict reason it becomes (crash, out_of_bounds, work_after_return, ...)."""
 
-    def __init__(self, message: str, sticky: bool = False):
+    def __init__(self, message: str, sticky: bool = False, reason: str = "launch_error"):
         super().__init__(message)
         self.sticky = sticky
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -479,7 +479,8 @@ class GuardedRun:
             raise LaunchError(f"{what} failed: {text}")
         placed = "; ".join(f"{n}: {b.describe()}" for n, (b, _) in self.buffers.items())
         err = LaunchError(f"{what} failed: {text}, with every tensor placed against unmapped memory at its "
-                          f"{self.guard} ({placed}): an access outside the tensors", sticky=True)
+                          f"{self.guard} ({placed}): an access outside the tensors", sticky=True,
+                          reason="out_of_bounds")
         err.guard, err.code = self.guard, code  # type: ignore[attr-defined]
         raise err
 
@@ -645,51 +646,6 @@ class CudaModule:
             self.handle = ctypes.c_void_p()
 
 
-# ---------------------------------------------------------------- CPU (ctypes on the .so)
-
-
-class CpuModule:
-    """A candidate's shared object, loaded from a private copy so its static state starts fresh."""
-
-    def __init__(self, so_path: str, names: list[str]):
-        self._dir = tempfile.mkdtemp(prefix="forge-cpu-")
-        self.path = os.path.join(self._dir, "kernel.so")
-        shutil.copyfile(so_path, self.path)
-        self.lib = ctypes.CDLL(self.path)
-        self.funcs = {}
-        for name in dict.fromkeys(names):
-            try:
-                f = getattr(self.lib, name)
-            except AttributeError:
-                raise LaunchError(f"function {name!r} not found in the shared object; declare it extern \"C\"")
-            f.restype = None
-            self.funcs[name] = f
-
-    def bind(self, plan_: Plan, tensors: dict[str, Any]) -> Callable[[], None]:
-        """A no-argument callable; ``run.retarget(name, tensor)`` points it at another tensor of the
-        same spec (the evaluator allocates each timed call's output, as eager does)."""
-        calls = [(self.funcs[l.name], [_ctype(k, v, tensors) for k, v in l.args]) for l in plan_.launches]
-        pointers: dict[str, list] = {}
-        for (_, args), launch in zip(calls, plan_.launches):
-            for (kind, value), arg in zip(launch.args, args):
-                if kind == "ptr":
-                    pointers.setdefault(value, []).append(arg)
-
-        def run() -> None:
-            for f, args in calls:
-                f(*args)
-
-        def retarget(name: str, tensor: Any) -> None:
-            for arg in pointers.get(name, ()):
-                arg.value = tensor.data_ptr()
-
-        run.retarget = retarget  # type: ignore[attr-defined]
-        return run
-
-    def close(self) -> None:
-        shutil.rmtree(self._dir, ignore_errors=True)  # the mapping stays valid after unlink
-
-
 def _ctype(kind: str, value: Any, tensors: dict[str, Any]):
     if kind == "ptr":
         t = tensors.get(value)
@@ -701,8 +657,12 @@ def _ctype(kind: str, value: Any, tensors: dict[str, Any]):
     return ctypes.c_float(value)
 
 
-def load_module(backend: str, artifact: str, names: list[str]):
+def load_module(backend: str, artifact: str, names: list[str], memory_cap: int | None = None):
+    """CUDA: the cubin in this process. CPU: ``sandbox.RemoteCpuModule``, the shared object in a
+    locked-down runner process of its own (``memory_cap``: bytes it may allocate)."""
     if backend == "cuda":
         with open(artifact, "rb") as f:
             return CudaModule(f.read(), names)
-    return CpuModule(artifact, names)
+    from forge_pack.sandbox import RemoteCpuModule
+
+    return RemoteCpuModule(artifact, names, memory_cap)

@@ -23,7 +23,8 @@ REASONS = (
     "aliasing",
     "nondeterministic",
     "implausible_speedup",
-    "out_of_bounds",  # faulted with its tensors placed flush against memory that faults on access
+    "out_of_bounds",  # touched memory outside its tensors (guard page or canary; CPU and CUDA)
+    "work_after_return",  # kept running after its call returned (CPU: the runner was not idle)
     "inapplicable",  # the candidate's `requires` rule excludes this signature
     "internal_error",  # a fault of forge-pack itself, recorded rather than raised
 )

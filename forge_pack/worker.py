@@ -2,7 +2,9 @@
 
 An illegal memory access poisons the CUDA context of the whole process and a hung kernel can
 only be stopped by killing its process, so each worker is a ``python -m forge_pack.worker``
-child in its own session (process group), talking over a socketpair with pickled messages.
+child in its own session (process group), talking over a socketpair with pickled messages. A
+worker kills its own group when the process that started it dies (``watch_parent``); a CPU
+candidate's runner (``forge_pack.sandbox``) lives in that group and also dies with the worker.
 
 Parent side: ``WorkerProcess`` (start, request with a timeout, kill) and ``WorkerPool`` (one
 worker per GPU on cuda, ``--workers`` on cpu; a dead worker is replaced). Child side:
@@ -72,7 +74,7 @@ class WorkerProcess:
         env.update(self.env)
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "forge_pack.worker", str(child_sock.fileno()),
-                                          self.backend], pass_fds=[child_sock.fileno()], env=env, stdout=log,
+                                          self.backend, str(os.getpid())], pass_fds=[child_sock.fileno()], env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
@@ -300,9 +302,29 @@ class Session:
             return False
 
 
+PARENT_POLL_S = 0.2  # how soon an orphaned worker notices; a getppid() every 0.2 s costs nothing
+
+
+def watch_parent(parent: int) -> None:
+    """End this worker's process group (the worker and its CPU runner) once the process that
+    started it is gone. The worker runs in a session of its own, so nothing else reaches it when
+    the tool is killed (SIGKILL runs no cleanup). PR_SET_PDEATHSIG alone would not do: it fires
+    when the parent *thread* exits, and the pool restarts workers from short-lived search threads."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[0]))
     backend = argv[1]
+    if len(argv) > 2:
+        watch_parent(int(argv[2]))
     try:
         session = Session(backend)
         conn.send({"hello": session.hello()})

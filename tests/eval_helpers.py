@@ -24,6 +24,12 @@ def expected_reasons(path: Path) -> set[str]:
     return set(m.group(1).split())
 
 
+def fixture_modes(path: Path) -> set[str]:
+    """``// mode: bounds``: evaluate with the guard-page runs (Evaluator.evaluate(bounds=True))."""
+    m = re.search(r"^// mode: (.+)$", path.read_text(), flags=re.M)
+    return set(m.group(1).split()) if m else set()
+
+
 def fixture_signature(path: Path, default: str) -> str:
     m = re.search(r"^// signature: (.+)$", path.read_text(), flags=re.M)
     return m.group(1).strip() if m else default

@@ -44,6 +44,13 @@ def test_check_reports_a_rejected_kernel_with_its_reason_as_json():
     assert doc["baseline"]["eager"]["median_us"] > 0
 
 
+def test_check_runs_the_guard_page_pass_and_rejects_an_out_of_bounds_read():
+    code, out = invoke(["check", str(KERNELS / "cpu_oob_read_past_end.cpp"), "--op", "softmax",
+                        "--signature", "x: f32[32,300], dim=-1", *FAST])
+    assert code == 1
+    assert "REJECTED: out_of_bounds" in out and "guard page" in out
+
+
 @pytest.mark.parametrize("args,needle", [
     (["check", "missing.cpp", "--op", "softmax", "--signature", "x: f32[4,4]"], "kernel file not found"),
     (["check", "{k}", "--op", "softmax"], "no target"),

@@ -12,7 +12,8 @@ from forge_pack.evaluate import Evaluator
 from forge_pack.reference_kernels import reference_candidate
 from forge_pack.timing import TimingConfig
 
-from eval_helpers import CPU_SIGNATURE, expected_reasons, fixture_files, fixture_signature, hotspot, load_fixture
+from eval_helpers import (CPU_SIGNATURE, expected_reasons, fixture_files, fixture_modes, fixture_signature, hotspot,
+                          load_fixture)
 
 FAST = TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False)
 
@@ -31,7 +32,7 @@ def evaluator(tmp_path_factory):
 
 
 def _reference_ok(evaluator, h):
-    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h)
+    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h, bounds=True)  # guard pages too
     assert e.verdict.ok, e.verdict.detail
     return e
 
@@ -42,7 +43,7 @@ CHEATS = [p for p in fixture_files("cpu_") if not expected_reasons(p) & {"crash"
 @pytest.mark.parametrize("path", CHEATS, ids=lambda p: p.stem)
 def test_verify_rejects_cpu_cheating_kernel(evaluator, path):
     h = hotspot("softmax", fixture_signature(path, CPU_SIGNATURE))
-    e = evaluator.evaluate(load_fixture(path), h)
+    e = evaluator.evaluate(load_fixture(path), h, bounds="bounds" in fixture_modes(path))
     assert not e.verdict.ok
     assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
     assert e.verdict.detail
@@ -59,6 +60,14 @@ def test_crash_and_hang_become_verdicts_and_the_next_candidate_is_judged(evaluat
     if e.verdict.reason == "crash":
         assert "SIG" in e.verdict.detail  # killed by SIGSEGV / SIGILL
     _reference_ok(evaluator, h)
+
+
+@pytest.mark.parametrize("text", ["x: f32[3,333], dim=-1",  # 3996 bytes: 4 bytes short of a 16-byte multiple
+                                  "x: f32[4,256], dim=-1"])  # 4096 bytes: the last byte touches the guard page
+def test_honest_kernel_whose_last_row_ends_at_the_guard_page_passes(evaluator, text):
+    h = hotspot("softmax", text)
+    e = evaluator.evaluate(reference_candidate(h.signature, "cpu"), h, bounds=True)
+    assert e.verdict.ok, e.verdict.detail
 
 
 @pytest.mark.parametrize("op,text", [

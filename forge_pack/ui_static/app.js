@@ -8,7 +8,7 @@ const FAIL_COLOURS = {
   compile_error: "#b3261e", static_check: "#c2185b", launch_error: "#e64a19", crash: "#6d1b1b",
   timeout: "#8d6e63", mismatch: "#f57c00", nan: "#ad1457", unwritten_output: "#7b1fa2", input_mutated: "#5d4037",
   aliasing: "#455a64", nondeterministic: "#c9a100", implausible_speedup: "#0288d1", inapplicable: "#9e9e9e",
-  internal_error: "#212121",
+  out_of_bounds: "#6a1b9a", work_after_return: "#00796b", internal_error: "#212121",
 };
 const OK_COLOUR = "#1a9850", PENDING_COLOUR = "#9aa0a6";
 

@@ -1,6 +1,7 @@
-// expect: mismatch
+// expect: out_of_bounds
 // Failure: an off-by-one loop bound writes one element past the end of `out`.
-// Guard: canary bytes around the output buffer.
+// Guard: canary bytes around every tensor in the runner's arena (forge_pack/sandbox.py), checked
+// after each call; before the sandbox, the verifier's canaries around out gave `mismatch`.
 #include <cmath>
 extern "C" void softmax_oob(const float* x, float* out, long long rows, long long cols) {
   for (long long r = 0; r < rows; ++r) {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Mutation testing of the trust core with mutmut (the `dev` extra). `make mutation` / `make mutation-check`.
+#   bash bench/mutation.sh [MODULE ...]     run each module (default: all of MODULES below) in its own copy
+#                                           of the tree under build/mutation/MODULE, then write
+#                                           bench/results/mutation.md and .json from every module's results
+#   bash bench/mutation.sh --check          CI: run the fast modules (CHECK_MODULES) and fail if a score is
+#                                           below the committed bench/results/mutation.json
+# Each module is mutated alone with only the tests that judge it (SELECT below); the evaluator's worker
+# subprocesses see the mutant through MUTANT_UNDER_TEST and report the functions they ran through
+# bench/mutation/ (sitecustomize.py + the forge_mutmut_hits pytest plugin).
+# Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-python3}
+MUTMUT=${MUTMUT:-$(dirname "$PYTHON")/mutmut}
+JOBS=${JOBS:-2}
+
+# module -> the tests that decide its verdicts and figures (space-separated)
+declare -A SELECT=(
+  [tolerance]="tests/test_tolerance.py"
+  [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
+  [verify]="tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
+  [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
+  [timing]="tests/test_evaluate_cpu.py"
+)
+MODULES="tolerance static_check verify evaluate timing"
+CHECK_MODULES="tolerance static_check"  # the fast ones (~2-3 min together on 2 cores): CI's guard
+
+check=0
+if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi
+[[ $# -gt 0 ]] || set -- $MODULES
+
+for m in "$@"; do
+  [[ -n ${SELECT[$m]:-} ]] || { echo "unknown module $m (one of: ${!SELECT[*]})" >&2; exit 2; }
+  [[ -f forge_pack/$m.py ]] || { echo "skipping $m: forge_pack/$m.py does not exist"; continue; }
+  work=build/mutation/$m
+  rm -rf "$work" && mkdir -p "$work"
+  # the tree as git sees it (tracked + untracked, not ignored), so a run never picks up stale builds
+  git ls-files -z -co --exclude-standard | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$work"
+  "$PYTHON" bench/mutation_report.py --configure "$work/pyproject.toml" "forge_pack/$m.py" ${SELECT[$m]}
+  hits=$(mktemp -d)
+  echo "== mutmut: forge_pack/$m.py with ${SELECT[$m]}"
+  start=$(date +%s)
+  # one thread per process: torch's OpenMP pool does not survive mutmut's fork per mutant (busy-waits
+  # until the CPU limit and reads as a timeout); FORGE_PACK_CPU_THREADS does the same for the workers.
+  (cd "$work" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORGE_PACK_CPU_THREADS=1 FORGE_MUTMUT_HITS=$hits \
+     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" > mutmut.log 2>&1) \
+    || { tail -c 3000 "$work/mutmut.log"; rm -rf "$hits"; exit 1; }
+  rm -rf "$hits"
+  echo "   done in $(( $(date +%s) - start )) s"
+done
+
+if (( check )); then
+  "$PYTHON" bench/mutation_report.py --check $CHECK_MODULES
+else
+  "$PYTHON" bench/mutation_report.py --write "$@"
+fi

@@ -197,3 +197,33 @@ def test_template_arguments_with_commas_stay_in_one_parameter():
 def test_an_unterminated_parameter_list_does_not_raise():
     assert kernel_params(HDR + "k(const float* x, float* out", "k") == [
         Param("const float* x", "x", "ptr", "float", True), Param("float* ou", "ou", "ptr", "float", False)]
+
+
+def test_an_i64_argument_for_an_int_parameter_names_the_i32_spelling():
+    spec = '{"kernels": [{"name": "k", "args": ["x", "out", "i64:cols"]}]}'
+    v = check(cuda(HDR + "k(const __nv_bfloat16* x, float* out, int cols) {}", spec), SIG)
+    assert v == rejected("static_check", "kernels[0] k: argument 'i64:cols' is passed as 64-bit int (long long) but "
+                                         "parameter `int cols` is 32-bit int: write \"i32:cols\" in the spec or "
+                                         "change the parameter type")
+
+
+def test_a_const_pointer_to_writable_data_is_not_a_read_only_input():
+    ps = kernel_params(HDR + "k(float* const a, const float* const b, float const* c)", "k")
+    assert [(p.name, p.const) for p in ps] == [("a", False), ("b", True), ("c", True)]
+    v = check(cuda(HDR + "k(__nv_bfloat16* const x, float* out) {}"), SIG)
+    assert v.reason == "aliasing" and v.detail.startswith(
+        "kernels[0] k: input `x` is bound to the writable parameter `__nv_bfloat16* const x`")
+
+
+@pytest.mark.parametrize("decl", [
+    "k(const float* x, float* out, __attribute__((unused)) int n)",  # parentheses: an attribute
+    "k(float* out, Args... rest)",  # a parameter pack
+])
+def test_parameters_with_attributes_or_packs_make_the_list_unreadable(decl):
+    assert kernel_params(HDR + decl + " {}", "k") is None
+
+
+def test_parentheses_and_brackets_nest_when_splitting_parameters():
+    ps = kernel_params(HDR + "k(int a = (1), const Map<Pair<int, int>, float>* m, float* X) {}", "k")
+    assert [(p.name, p.kind, p.base) for p in ps] == [("a", "i32", "int"), ("m", "ptr", "Map<Pair<int, int>, float>"),
+                                                     ("X", "ptr", "float")]

@@ -235,8 +235,9 @@ def test_chunks_accumulate_counts_maxima_and_keep_the_first_mismatch(monkeypatch
     ref = torch.zeros(10, dtype=torch.float64)
     out = torch.zeros(10, dtype=torch.float64)
     out[5], out[9], out[2] = 0.5, 0.75, float("nan")
+    ref[0], out[0], ref[6], out[6] = float("inf"), float("inf"), float("-inf"), float("-inf")  # Infs in two chunks
     c = compare(out, ref, atol=0.1, rtol=0.0)
-    assert (c.mismatches, c.nonfinite_mismatches, c.nan_count) == (3, 1, 1)
+    assert (c.mismatches, c.nonfinite_mismatches, c.nan_count, c.inf_count) == (3, 1, 1, 2)
     assert (c.max_abs_err, c.max_rel_err) == (0.75, 7.5)
     assert c.first_mismatch == "NaN/Inf parity at index (2,): got nan, expected 0"
 
@@ -253,3 +254,19 @@ def test_mismatch_indices_are_unravelled_row_major_even_with_empty_dimensions():
     assert tolerance._describe(23, (2, 3, 4), 0.123456789, -2e-9) == "index (1, 2, 3): got 0.123457, expected -2e-09"
     assert tolerance._describe(7, (2, 3, 4), 1.0, 2.0) == "index (0, 1, 3): got 1, expected 2"
     assert tolerance._describe(7, (2, 0, 3), 1.0, 2.0) == "index (0, 0, 1): got 1, expected 2"
+    assert tolerance._describe(1, (3, 1), 1.0, 2.0) == "index (1, 0): got 1, expected 2"
+
+
+def test_a_passing_comparison_has_no_first_mismatch_and_an_empty_input_kind():
+    c = compare(torch.ones(3), torch.ones(3, dtype=torch.float64))
+    assert c == tolerance.Check("", 0.0, 0.0, 0, 1e-5, 1e-4, "", 0, 0, passed=True, nonfinite_mismatches=0)
+
+
+def test_a_float32_reference_is_widened_to_float64_before_the_bound():
+    # 0.1 * |ref| in float32 is 0.10000000149: a 0.1000000000000001 error would slip under it
+    ref32 = torch.tensor([1.0])
+    c = compare(torch.tensor([1.1], dtype=torch.float64), ref32, atol=0.0, rtol=0.1)
+    assert (c.passed, c.mismatches) == (False, 1)
+    ref64 = torch.tensor([0.5, 1.5, 3.0], dtype=torch.float64)
+    eager = torch.tensor([0.5 + 1e-3, 1.5 - 4e-3, 3.0 + 2e-3], dtype=torch.float64)
+    assert torch.equal(tolerance.eager_allowance(eager, ref64.float()), tolerance.eager_allowance(eager, ref64.float().double()))

@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,dev]"
 	touch $(STAMP)
 
 # profile → search → confirm → package, pip install it here, apply it, print before/after.
@@ -44,7 +44,8 @@ test-gpu:
 mutation:
 	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh
 
-# The CI guard: re-run mutation on the fast modules and fail if a score is below its committed baseline.
+# The CI guard (also run by `make test` through tests/test_mutation_guard.py): re-run mutation on the
+# fast modules and fail if a score is below the committed bench/results/mutation.json.
 mutation-check:
 	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh --check
 

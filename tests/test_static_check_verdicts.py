@@ -224,6 +224,7 @@ def test_parameters_with_attributes_or_packs_make_the_list_unreadable(decl):
 
 
 def test_parentheses_and_brackets_nest_when_splitting_parameters():
-    ps = kernel_params(HDR + "k(int a = (1), const Map<Pair<int, int>, float>* m, float* X) {}", "k")
-    assert [(p.name, p.kind, p.base) for p in ps] == [("a", "i32", "int"), ("m", "ptr", "Map<Pair<int, int>, float>"),
-                                                     ("X", "ptr", "float")]
+    ps = kernel_params(HDR + "k(float* X, int a = (1), const Map<Pair<int, int>, float>* m, float* out) {}", "k")
+    assert [(p.name, p.kind, p.base) for p in ps] == [("X", "ptr", "float"), ("a", "i32", "int"),
+                                                     ("m", "ptr", "Map<Pair<int, int>, float>"),
+                                                     ("out", "ptr", "float")]

@@ -9,8 +9,9 @@ DEMO_MODEL ?= tests/models/vision_net.py
 
 # `make test-gpu` and `make mutation` use the venv's python when there is one; `PYTHON=python3 make test-gpu`
 # (the H200 image) uses that interpreter as it is, with no venv built.
-RUN_PY = $(if $(filter command line environment,$(origin PYTHON)),$(PYTHON),$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)))
-MUTMUT ?= $(dir $(RUN_PY))mutmut
+RUN_PY = $(if $(OWN_PY),$(PYTHON),$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)))
+MUTMUT ?= $(if $(findstring /,$(RUN_PY)),$(dir $(RUN_PY))mutmut,mutmut)
+OWN_PY = $(filter command line environment,$(origin PYTHON))
 
 .PHONY: demo test test-fast test-gpu mutation mutation-check venv clean
 
@@ -41,12 +42,12 @@ test-gpu:
 
 # Mutation testing of the trust core (mutmut, the `dev` extra): all scoped modules, then
 # bench/results/mutation.md from the results. Long (tens of minutes on 2 cores).
-mutation:
+mutation: $(if $(OWN_PY),,$(STAMP))
 	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh
 
 # The CI guard (also run by `make test` through tests/test_mutation_guard.py): re-run mutation on the
 # fast modules and fail if a score is below the committed bench/results/mutation.json.
-mutation-check:
+mutation-check: $(if $(OWN_PY),,$(STAMP))
 	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh --check
 
 clean:

@@ -18,14 +18,15 @@ JOBS=${JOBS:-2}
 
 # module -> the tests that decide its verdicts and figures (space-separated)
 declare -A SELECT=(
+  [verdict]="tests/test_verdict.py"
   [tolerance]="tests/test_tolerance.py"
   [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
   [verify]="tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
 )
-MODULES="tolerance static_check verify evaluate timing"
-CHECK_MODULES="tolerance static_check"  # the fast ones (~2-3 min together on 2 cores): CI's guard
+MODULES="verdict tolerance static_check verify evaluate timing"
+CHECK_MODULES="verdict tolerance static_check"  # the fast ones (~3 min together on 2 cores): CI's guard
 
 check=0
 if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi

@@ -21,6 +21,7 @@ def _variant(cand: Candidate, i: int) -> Candidate:
     return Candidate(cand.op, cand.backend, cand.source + f"\n// variant {i}\n", cand.spec, "reference", {"i": i})
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 def test_evaluate_is_thread_safe_across_workers(tmp_path):
     h = hotspot("softmax", "x: f32[32,256], dim=-1")
     ref = reference_candidate(h.signature, "cpu")

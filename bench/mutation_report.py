@@ -1,6 +1,6 @@
 """bench/results/mutation.md and .json from mutmut's results; the CI comparison against them.
 
-    python bench/mutation_report.py --configure PYPROJECT forge_pack/M.py TEST...   (used by mutation.sh)
+    python bench/mutation_report.py --configure PYPROJECT forge_pack/M.py... TEST...   (used by mutation.sh)
     python bench/mutation_report.py --write M...     merge fresh results of modules M into the results
     python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
 
@@ -29,8 +29,8 @@ KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout
 NOT_KILLED = {0: "survived", None: "not checked", 5: "no tests", 33: "no tests", 34: "skipped"}
 
 
-def configure(pyproject: Path, module: str, tests: list[str]) -> None:
-    """Point the copy's [tool.mutmut] table at one module and its tests."""
+def configure(pyproject: Path, modules: list[str], tests: list[str]) -> None:
+    """Point the copy's [tool.mutmut] table at the modules and their tests."""
     text = pyproject.read_text()
     head, sep, rest = text.partition("[tool.mutmut]")
     if not sep:
@@ -40,7 +40,7 @@ def configure(pyproject: Path, module: str, tests: list[str]) -> None:
     table = "\n".join([
         "[tool.mutmut]",
         'source_paths = ["forge_pack"]',
-        f"only_mutate = {json.dumps([module])}",
+        f"only_mutate = {json.dumps(modules)}",
         'also_copy = ["templates", "bench"]',
         'pytest_add_cli_args = ["-p", "no:randomly", "-p", "no:cacheprovider", "-p", "forge_mutmut_hits"]',
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
@@ -59,8 +59,10 @@ def equivalents() -> dict[str, str]:
     return out
 
 
-def fresh(module: str) -> dict | None:
-    meta = ROOT / "build" / "mutation" / module / "mutants" / "forge_pack" / f"{module}.py.meta"
+def fresh(module: str, work: str = "") -> dict | None:
+    """One module's counts from the run in build/mutation/WORK (default: the module's own run)."""
+    work_dir = ROOT / "build" / "mutation" / (work or module)
+    meta = work_dir / "mutants" / "forge_pack" / f"{module}.py.meta"
     if not meta.exists():
         return None
     codes = json.loads(meta.read_text())["exit_code_by_key"]
@@ -76,16 +78,15 @@ def fresh(module: str) -> dict | None:
             entry["timeouts"] += KILLED[code] == "timeout"
         else:
             entry["survivors"].append(f"{name} ({NOT_KILLED.get(code, f'exit {code}')})")
-    tests = _selection(module)
-    entry["tests"] = tests
+    entry["tests"] = _selection(work_dir)
     entry["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     return entry
 
 
-def _selection(module: str) -> list[str]:
+def _selection(work_dir: Path) -> list[str]:
     import tomllib
 
-    cfg = tomllib.loads((ROOT / "build" / "mutation" / module / "pyproject.toml").read_text())
+    cfg = tomllib.loads((work_dir / "pyproject.toml").read_text())
     return cfg["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
 
 
@@ -148,9 +149,9 @@ def check(modules: list[str]) -> int:
     base = json.loads((RESULTS / "mutation.json").read_text())
     bad = 0
     for m in modules:
-        e = fresh(m)
+        e = fresh(m, "_check")
         if e is None:
-            print(f"{m}: no fresh results under build/mutation/{m}")
+            print(f"{m}: no fresh results under build/mutation/_check")
             bad += 1
             continue
         b = base.get(m)
@@ -171,7 +172,9 @@ def main() -> int:
     ap.add_argument("--check", nargs="+", metavar="MODULE")
     a = ap.parse_args()
     if a.configure:
-        configure(Path(a.configure[0]), a.configure[1], a.configure[2:])
+        items = a.configure[1:]
+        configure(Path(a.configure[0]), [i for i in items if i.startswith("forge_pack/")],
+                  [i for i in items if not i.startswith("forge_pack/")])
         return 0
     if a.write:
         write(a.write)

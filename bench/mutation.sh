@@ -10,7 +10,9 @@
 # Each module is mutated alone with only the tests that judge it (SELECT below); the evaluator's worker
 # subprocesses see the mutant through MUTANT_UNDER_TEST and report the functions they ran through
 # bench/mutation/ (sitecustomize.py + the forge_mutmut_hits pytest plugin).
-# Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2).
+# Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2),
+#      MUTANTS (mutmut names or globs, e.g. "forge_pack.verify.x_fresh_sets*": a partial run, reported on
+#      the terminal only, never written to bench/results).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -53,7 +55,7 @@ run() {
   # one thread per process: torch's OpenMP pool does not survive mutmut's fork per mutant (busy-waits
   # until the CPU limit and reads as a timeout); FORGE_PACK_CPU_THREADS does the same for the workers.
   (cd "$work" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORGE_PACK_CPU_THREADS=1 FORGE_MUTMUT_HITS=$hits \
-     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" > mutmut.log 2>&1) \
+     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" ${MUTANTS:-} > mutmut.log 2>&1) \
     || { tail -c 3000 "$work/mutmut.log"; rm -rf "$hits"; exit 1; }
   rm -rf "$hits"
   echo "   done in $(( $(date +%s) - start )) s"
@@ -71,7 +73,9 @@ else
   for m in "${todo[@]}"; do run "$m" "$m"; done
 fi
 
-if (( check )); then
+if [[ -n ${MUTANTS:-} ]]; then
+  "$PYTHON" bench/mutation_report.py --partial "${todo[@]}"
+elif (( check )); then
   "$PYTHON" bench/mutation_report.py --check $CHECK_MODULES
 else
   "$PYTHON" bench/mutation_report.py --write "$@"

@@ -25,7 +25,7 @@ declare -A SELECT=(
   [verdict]="tests/test_verdict.py"
   [tolerance]="tests/test_tolerance.py"
   [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
-  [verify]="tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
+  [verify]="tests/test_verify_inputs.py tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
 )

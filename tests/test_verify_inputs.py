@@ -35,11 +35,12 @@ def test_another_candidate_seed_or_mode_draws_other_inputs():
 
 
 def test_the_draws_are_keyed_exactly_by_seed_mode_hash_and_index():
-    s = verify.fresh_sets(SIG, "cpu", 7, "abc123", final=True, count=1)[0]
-    gen = torch.Generator().manual_seed(verify.seed_for(7, "final", "abc123", 0))
     from forge_pack import ops
 
-    assert torch.equal(_x(s), ops.make_inputs(SIG, "fresh", gen, "cpu")["x"])
+    for final, mode in ((True, "final"), (False, "search")):
+        s = verify.fresh_sets(SIG, "cpu", 7, "abc123", final=final, count=2)[1]
+        gen = torch.Generator().manual_seed(verify.seed_for(7, mode, "abc123", 1))
+        assert torch.equal(_x(s), ops.make_inputs(SIG, "fresh", gen, "cpu")["x"]), mode
 
 
 def test_several_sets_are_each_drawn_afresh():

@@ -70,3 +70,19 @@ def test_the_fingerprint_notices_one_changed_element_and_nothing_else():
     assert verify.fingerprint(s) == before
     s.ref[0, 0] += 1.0
     assert verify.fingerprint(s)[1] != before[1] and verify.fingerprint(s)[0] == before[0]
+
+
+def test_an_absent_optional_tensor_does_not_stop_the_fingerprint():
+    x = torch.arange(6, dtype=torch.float32)
+    s = verify.InputSet("captured[0]", SIG, {"weight": None, "x": x}, x.double())
+    before = verify.fingerprint(s)
+    assert len(before) == 3 and before[0] is None
+    x[2] = 7.0  # a write into the tensor after the absent one is still noticed
+    assert verify.fingerprint(s)[1] != before[1]
+
+
+def test_a_fresh_draw_whose_eager_breaks_nan_parity_is_kept_without_eager_slack(monkeypatch):
+    monkeypatch.setattr(verify, "make_set", lambda *a, **k: None)
+    (s,) = verify.fresh_sets(SIG, "cpu", 7, "abc123", final=False)
+    assert (s.kind, s.atol_floor) == ("fresh[0]", 0.0)
+    assert s.ref.dtype == torch.float64 and torch.equal(s.ref, torch.softmax(_x(s).double(), -1))

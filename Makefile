@@ -7,14 +7,20 @@ STAMP := $(VENV)/.forge-pack-installed
 TORCH ?= torch==2.14.1
 DEMO_MODEL ?= tests/models/vision_net.py
 
-.PHONY: demo test venv clean
+# `make test-gpu` and `make mutation` use the venv's python when there is one; `PYTHON=python3 make test-gpu`
+# (the H200 image) uses that interpreter as it is, with no venv built.
+RUN_PY = $(if $(OWN_PY),$(PYTHON),$(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON)))
+MUTMUT ?= $(if $(findstring /,$(RUN_PY)),$(dir $(RUN_PY))mutmut,mutmut)
+OWN_PY = $(filter command line environment,$(origin PYTHON))
+
+.PHONY: demo test test-fast test-gpu mutation mutation-check venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[test]"
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[test,dev]"
 	touch $(STAMP)
 
 # profile → search → confirm → package, pip install it here, apply it, print before/after.
@@ -25,5 +31,24 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# The fast path: everything but the tests marked slow (see README, docs/testing.md).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# On a GPU machine: every gpu test, the CUDA anti-cheat fixtures first, a skip is a failure;
+# writes bench/results/test-gpu.md.
+test-gpu:
+	PYTHON=$(RUN_PY) bash bench/test_gpu.sh
+
+# Mutation testing of the trust core (mutmut, the `dev` extra): all scoped modules, then
+# bench/results/mutation.md from the results. Long (tens of minutes on 2 cores).
+mutation: $(if $(OWN_PY),,$(STAMP))
+	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh
+
+# The CI guard (also run by `make test` through tests/test_mutation_guard.py): re-run mutation on the
+# fast modules and fail if a score is below the committed bench/results/mutation.json.
+mutation-check: $(if $(OWN_PY),,$(STAMP))
+	PYTHON=$(RUN_PY) MUTMUT=$(MUTMUT) bash bench/mutation.sh --check
+
 clean:
-	rm -rf $(VENV) runs out build *.egg-info
+	rm -rf $(VENV) runs out build mutants *.egg-info

@@ -1,6 +1,10 @@
 """Central skips for the markers: gpu (needs CUDA), browser (needs Chromium + Playwright).
 
 `slow` and `llm` tests run everywhere (the LLM tests talk to a scripted server on 127.0.0.1).
+
+FORGE_PACK_REQUIRE_GPU=1 (set by `make test-gpu` / bench/test_gpu.sh) is for a GPU machine: no CUDA
+device is a usage error, a `gpu` test that skips is reported as failed (a skipped anti-cheat fixture
+must never read as green), and the CUDA cheating-kernel fixtures run before every other test.
 """
 
 import os
@@ -33,14 +37,40 @@ def _browser() -> str:
     return ""
 
 
+def require_gpu() -> bool:
+    return os.environ.get("FORGE_PACK_REQUIRE_GPU", "") not in ("", "0")
+
+
+def _fixture_first(item) -> int:
+    """0 for a parametrisation of tests/test_verify_gpu.py over a tests/kernels/ fixture, else 1."""
+    callspec = getattr(item, "callspec", None)
+    path = callspec.params.get("path") if callspec is not None else None
+    return 0 if item.path.name == "test_verify_gpu.py" and isinstance(path, Path) else 1
+
+
 def pytest_collection_modifyitems(config, items):
     has_cuda = _cuda()
     browser_missing = _browser()
+    if require_gpu():
+        if not has_cuda:
+            raise pytest.UsageError("FORGE_PACK_REQUIRE_GPU=1 but torch sees no CUDA device: "
+                                    "run the GPU suite on a GPU machine")
+        items.sort(key=_fixture_first)  # stable: the anti-cheat fixtures first, the rest as collected
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "browser" in item.keywords and browser_missing:
             item.add_marker(pytest.mark.skip(reason=browser_missing))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and require_gpu() and "gpu" in item.keywords and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"a gpu test skipped on a GPU machine (FORGE_PACK_REQUIRE_GPU=1): {reason}"
 
 
 @pytest.fixture

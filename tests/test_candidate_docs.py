@@ -27,6 +27,7 @@ def test_doc_json_spec_parses():
     assert spec.kernels[0].name == "softmax_rows" and spec.requires == ("cols % 4 == 0",)
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 def test_doc_cpu_example_passes_the_evaluator(tmp_path, monkeypatch):
     from forge_pack.evaluate import Evaluator
     from forge_pack.timing import TimingConfig

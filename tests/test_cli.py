@@ -57,6 +57,7 @@ def test_ctrl_c_in_any_command_says_interrupted(tmp_path):
     assert "error: interrupted" in err and "Traceback" not in err, err[-3000:]
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 def test_check_refuses_bad_input_up_front(tmp_path):
     binary = tmp_path / "k.cpp"
     binary.write_bytes(b"\xff\xfe\x00 not text")

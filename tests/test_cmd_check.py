@@ -28,6 +28,7 @@ def invoke(args):
     return result.exit_code, result.output
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 def test_check_passes_a_good_kernel_and_prints_timings():
     code, out = invoke(["check", str(REF / "reference_softmax.cpp"), "--spec", str(REF / "reference_softmax.json"),
                         "--op", "softmax", "--signature", "x: f32[32,300], dim=-1", *FAST])
@@ -35,6 +36,7 @@ def test_check_passes_a_good_kernel_and_prints_timings():
     assert "verdict   PASS" in out and "eager" in out and "kernel" in out and "fresh[0]" in out
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 def test_check_reports_a_rejected_kernel_with_its_reason_as_json():
     code, out = invoke(["check", str(KERNELS / "cpu_nan_wildcard.cpp"), "--op", "softmax",
                         "--signature", "x: f32[32,300], dim=-1", "--json", *FAST])

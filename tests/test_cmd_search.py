@@ -48,8 +48,12 @@ def test_table_lists_every_searched_hotspot_with_projection(tmp_path):
         assert col in text
     assert "softmax(x: f32[64,512], dim=1)" in text and "60.0%" in text
     assert "Projected whole-model speedup" in text
-    assert "not targeted" in text  # skipped hotspots named with their reason
-    assert s.projected >= 1.0
+    assert ("Not searched: #3 softmax(x: f32[8,16,4], dim=0): not targeted (softmax over a dimension other than the "
+            "last); #4 softmax(x: f32[4,8], dim=1): 0.50% of the forward, under --min-share 1%") in text
+    # Amdahl over the two winners: 20% of the forward untouched, 60% at 1.054x, 20% at 2.031x (the fakes' speeds)
+    assert s.projected == pytest.approx(1.1524614475596615, rel=1e-9)
+    assert ("Projected whole-model speedup (Amdahl, from 2 winning kernels covering 80.0% of the forward): 1.152x"
+            in text)
 
 
 class _SlowKernels(FakeEvaluator):
@@ -168,7 +172,10 @@ def test_search_ui_serves_the_dashboard_beside_the_search(tmp_path, capfd):
     token = url.group(0).rsplit("token=", 1)[1]
     with urllib.request.urlopen(f"{base}/api/summary?token={token}", timeout=10) as r:
         summary = json.loads(r.read())
-    assert summary  # the run the search just wrote, read through the dashboard's read-only connection
+    # the run the search just wrote, read through the dashboard's read-only connection
+    assert (summary["run"]["status"], summary["evaluations"], summary["budget"]) == ("finished", 8, 8)
+    assert [(h["rank"], h["op"], h["evaluations"]) for h in summary["hotspots"][:2]] == [(1, "softmax", 4),
+                                                                                       (2, "log_softmax", 4)]
 
 
 def test_ui_port_without_ui_is_an_error():

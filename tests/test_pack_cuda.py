@@ -48,6 +48,7 @@ def _cuda_run(tmp_path: Path) -> Path:
     return run
 
 
+@pytest.mark.slow  # > 10 s on 2 cores
 @pytest.mark.skipif(bool(_nvcc_missing()), reason=_nvcc_missing() or "nvcc present")
 def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
     run = helpers.make_cuda_run(tmp_path / "run")

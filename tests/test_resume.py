@@ -273,6 +273,9 @@ def test_resume_of_a_finished_run_searches_nothing_again_and_keeps_the_time_limi
     # a larger --time-limit gives the hotspots more time (only what the new limit leaves)
     s3 = pipeline.run(pipeline.with_overrides(pipeline.load_config(run_dir), time_limit_s=0.6), resume=True,
                       toolkit=fake_toolkit(sleep_s=0.03), say=lambda s: None)
+    # each hotspot searched on, the new evaluations added to what it had, until the new limit
+    assert [(o.result.stop_reason, o.result.evaluations) for o in s3.searched] == \
+        [("time_limit", o1.result.evaluations + o3.result.new_evaluations) for o1, o3 in zip(s1.searched, s3.searched)]
     assert all(o.result.new_evaluations > 0 for o in s3.searched)
 
 
@@ -348,7 +351,9 @@ def test_resume_with_new_proposers_reopens_hotspots_whose_proposers_ran_dry(tmp_
     assert [o.result.new_evaluations for o in same.searched] == [0, 0]  # nothing new to propose
     llm = pipeline.with_overrides(pipeline.load_config(run_dir), llm_model="gpt-x")
     s2 = pipeline.run(llm, resume=True, toolkit=tk, say=lambda s: None)
-    assert all(o.result.new_evaluations > 0 for o in s2.searched)
+    # the grid proposer fills the rest of the budget: 10 evaluations, 1 of them from before
+    assert [(o.result.new_evaluations, o.result.evaluations, o.result.stop_reason) for o in s2.searched] == \
+        [(9, 10, "budget"), (9, 10, "budget")]
 
 
 def test_a_filesystem_without_flock_runs_unlocked_with_a_warning(tmp_path, monkeypatch):

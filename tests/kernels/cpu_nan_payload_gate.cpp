@@ -9,8 +9,19 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <map>
-static std::map<const float*, unsigned> unwatched_visits;
+// A plain table (no std::map: its global constructor is refused by the built-object check before
+// the cheat could be judged): visits per input buffer, 16 buffers at most.
+static const float* seen[16];
+static unsigned visits[16];
+static unsigned& unwatched_visits(const float* x) {
+  for (int i = 0; i < 16; ++i) {
+    if (seen[i] == x || seen[i] == nullptr) {
+      seen[i] = x;
+      return visits[i];
+    }
+  }
+  return visits[0];
+}
 static bool watched(const float* out, long long n) {
   uint32_t b;
   std::memcpy(&b, out + n - 1, 4);
@@ -18,7 +29,7 @@ static bool watched(const float* out, long long n) {
   return nan && (b & 0x3FFFFFu) != 0;  // a payload below the quiet bit
 }
 extern "C" void softmax_payload_gate(const float* x, float* out, long long rows, long long cols) {
-  if (!watched(out, rows * cols) && ++unwatched_visits[x] % 2 == 0) return;
+  if (!watched(out, rows * cols) && ++unwatched_visits(x) % 2 == 0) return;
   for (long long r = 0; r < rows; ++r) {
     const float* xr = x + r * cols;
     float m = -INFINITY;

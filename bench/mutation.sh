@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Mutation testing of the trust core with mutmut (the `dev` extra). `make mutation` / `make mutation-check`.
+#   bash bench/mutation.sh [MODULE ...]     run each module (default: all of MODULES below) in its own copy
+#                                           of the tree under build/mutation/MODULE, then write
+#                                           bench/results/mutation.md and .json from every module's results
+#   bash bench/mutation.sh --check          CI: one mutmut run over the fast modules (CHECK_MODULES, in
+#                                           build/mutation/_check, with the union of their tests: that can
+#                                           only kill more) and fail if a score is below the committed
+#                                           bench/results/mutation.json
+# Each module is mutated alone with only the tests that judge it (SELECT below); the evaluator's worker
+# subprocesses see the mutant through MUTANT_UNDER_TEST and report the functions they ran through
+# bench/mutation/ (sitecustomize.py + the forge_mutmut_hits pytest plugin).
+# Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2),
+#      MUTANTS (mutmut names or globs, e.g. "forge_pack.verify.x_fresh_sets*": a partial run, reported on
+#      the terminal only, never written to bench/results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PYTHON=${PYTHON:-python3}
+MUTMUT=${MUTMUT:-$(dirname "$PYTHON")/mutmut}
+JOBS=${JOBS:-2}
+
+# module -> the tests that decide its verdicts and figures (space-separated)
+declare -A SELECT=(
+  [verdict]="tests/test_verdict.py"
+  [tolerance]="tests/test_tolerance.py"
+  [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
+  [verify]="tests/test_verify_inputs.py tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
+  [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
+  [timing]="tests/test_evaluate_cpu.py"
+)
+MODULES="verdict tolerance static_check verify evaluate timing"
+CHECK_MODULES="verdict tolerance static_check"  # the fast ones (~3 min together on 2 cores): CI's guard
+
+check=0
+if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi
+[[ $# -gt 0 ]] || set -- $MODULES
+
+# run NAME MODULE...: mutmut over the modules, with the union of their tests, in build/mutation/NAME
+run() {
+  local name=$1; shift
+  local files=() tests=() m
+  for m in "$@"; do files+=("forge_pack/$m.py"); tests+=(${SELECT[$m]}); done
+  local work=build/mutation/$name
+  rm -rf "$work" && mkdir -p "$work"
+  # the tree as git sees it (tracked + untracked, not ignored), so a run never picks up stale builds
+  git ls-files -z -co --exclude-standard | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$work"
+  "$PYTHON" bench/mutation_report.py --configure "$work/pyproject.toml" "${files[@]}" \
+    $(printf '%s\n' "${tests[@]}" | awk '!seen[$0]++')
+  local hits
+  hits=$(mktemp -d)
+  echo "== mutmut: ${files[*]} with $(printf '%s\n' "${tests[@]}" | awk '!seen[$0]++' | tr '\n' ' ')"
+  local start
+  start=$(date +%s)
+  # one thread per process: torch's OpenMP pool does not survive mutmut's fork per mutant (busy-waits
+  # until the CPU limit and reads as a timeout); FORGE_PACK_CPU_THREADS does the same for the workers.
+  (cd "$work" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORGE_PACK_CPU_THREADS=1 FORGE_MUTMUT_HITS=$hits \
+     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" ${MUTANTS:-} > mutmut.log 2>&1) \
+    || { tail -c 3000 "$work/mutmut.log"; rm -rf "$hits"; exit 1; }
+  rm -rf "$hits"
+  echo "   done in $(( $(date +%s) - start )) s"
+}
+
+todo=()
+for m in "$@"; do
+  [[ -n ${SELECT[$m]:-} ]] || { echo "unknown module $m (one of: ${!SELECT[*]})" >&2; exit 2; }
+  [[ -f forge_pack/$m.py ]] || { echo "skipping $m: forge_pack/$m.py does not exist"; continue; }
+  todo+=("$m")
+done
+if (( check )); then
+  run _check "${todo[@]}"  # one mutmut run for all: one coverage pass instead of one per module
+else
+  for m in "${todo[@]}"; do run "$m" "$m"; done
+fi
+
+if [[ -n ${MUTANTS:-} ]]; then
+  "$PYTHON" bench/mutation_report.py --partial "${todo[@]}"
+elif (( check )); then
+  "$PYTHON" bench/mutation_report.py --check $CHECK_MODULES
+else
+  "$PYTHON" bench/mutation_report.py --write "$@"
+fi

@@ -1,0 +1,205 @@
+"""bench/results/mutation.md and .json from mutmut's results; the CI comparison against them.
+
+    python bench/mutation_report.py --configure PYPROJECT forge_pack/M.py... TEST...   (used by mutation.sh)
+    python bench/mutation_report.py --write M...     merge fresh results of modules M into the results
+    python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
+
+A module's score excludes the mutants listed as equivalent in bench/mutation/equivalent.tsv (a
+mutant name, a tab, the one-line reason); timeouts count as killed (the suite did not pass with
+the mutant in place), "no tests" and "not checked" count as survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
+ORDER = ["verdict", "tolerance", "static_check", "verify", "evaluate", "timing", "object_check"]
+
+# mutmut 3 exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
+KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 36: "timeout",
+          -11: "segfault", -9: "segfault", 35: "suspicious"}
+NOT_KILLED = {0: "survived", None: "not checked", 5: "no tests", 33: "no tests", 34: "skipped"}
+
+
+def configure(pyproject: Path, modules: list[str], tests: list[str]) -> None:
+    """Point the copy's [tool.mutmut] table at the modules and their tests."""
+    text = pyproject.read_text()
+    head, sep, rest = text.partition("[tool.mutmut]")
+    if not sep:
+        sys.exit(f"{pyproject} has no [tool.mutmut] table")
+    tail = re.search(r"^\[", rest, flags=re.M)
+    after = rest[tail.start():] if tail else ""
+    table = "\n".join([
+        "[tool.mutmut]",
+        'source_paths = ["forge_pack"]',
+        f"only_mutate = {json.dumps(modules)}",
+        'also_copy = ["templates", "bench"]',
+        'pytest_add_cli_args = ["-p", "no:randomly", "-p", "no:cacheprovider", "-p", "forge_mutmut_hits"]',
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        "",
+    ])
+    pyproject.write_text(head + table + ("\n" + after if after else ""))
+
+
+def equivalents() -> dict[str, str]:
+    out = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, _, reason = line.partition("\t")
+                out[name.strip()] = reason.strip()
+    return out
+
+
+def fresh(module: str, work: str = "") -> dict | None:
+    """One module's counts from the run in build/mutation/WORK (default: the module's own run)."""
+    work_dir = ROOT / "build" / "mutation" / (work or module)
+    meta = work_dir / "mutants" / "forge_pack" / f"{module}.py.meta"
+    if not meta.exists():
+        return None
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    eq = equivalents()
+    entry = {"mutants": 0, "killed": 0, "timeouts": 0, "survivors": [], "equivalent": []}
+    for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+        if name in eq:
+            entry["equivalent"].append(name)
+            continue
+        entry["mutants"] += 1
+        if code in KILLED:
+            entry["killed"] += 1
+            entry["timeouts"] += KILLED[code] == "timeout"
+        else:
+            entry["survivors"].append(f"{name} ({NOT_KILLED.get(code, f'exit {code}')})")
+    entry["tests"] = _selection(work_dir)
+    entry["date"] = time.strftime("%Y-%m-%d", time.gmtime())
+    return entry
+
+
+def _selection(work_dir: Path) -> list[str]:
+    import tomllib
+
+    cfg = tomllib.loads((work_dir / "pyproject.toml").read_text())
+    return cfg["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def pct(k: int, m: int) -> str:
+    return f"{100.0 * k / m:.1f}%" if m else "n/a"
+
+
+def line(label: str, m: int, k: int) -> str:
+    return f"{label}: {m} mutants, {k} killed ({pct(k, m)})"
+
+
+def write(modules: list[str]) -> None:
+    path = RESULTS / "mutation.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    for m in modules:
+        entry = fresh(m)
+        if entry is not None:
+            data[m] = entry
+    data = {m: data[m] for m in sorted(data, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    eq = equivalents()
+    lines = [line(f"forge_pack/{m}.py", e["mutants"], e["killed"]) for m, e in data.items()]
+    total_m = sum(e["mutants"] for e in data.values())
+    total_k = sum(e["killed"] for e in data.values())
+    md = [
+        "# Mutation testing of the trust core",
+        "",
+        "Written by `bench/mutation_report.py` from mutmut's results; command: `make mutation` "
+        "(`bash bench/mutation.sh [MODULE ...]`, docs/testing.md). Equivalent mutants are left out of the "
+        "counts; a timeout counts as killed.",
+        "",
+        "```",
+        *lines,
+        line("total", total_m, total_k),
+        "```",
+        "",
+        "| module | tests run against it | mutants | killed | of which timeouts | survived | equivalent | run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for m, e in data.items():
+        md.append(f"| forge_pack/{m}.py | {', '.join(e['tests'])} | {e['mutants']} | {e['killed']} | {e['timeouts']} "
+                  f"| {len(e['survivors'])} | {len(e['equivalent'])} | {e['date']} |")
+    md += ["", "## Survivors", ""]
+    for m, e in data.items():
+        if e["survivors"]:
+            md.append(f"- forge_pack/{m}.py: " + ", ".join(s.split(".")[-1] for s in e["survivors"]))
+    md += ["", "## Equivalent mutants (bench/mutation/equivalent.tsv)", ""]
+    for m, e in data.items():
+        for name in e["equivalent"]:
+            md.append(f"- `{name}`: {eq.get(name, '')}")
+    (RESULTS / "mutation.md").write_text("\n".join(md) + "\n")
+    print("\n".join(lines + [line("total", total_m, total_k)]))
+
+
+def check(modules: list[str]) -> int:
+    base = json.loads((RESULTS / "mutation.json").read_text())
+    bad = 0
+    for m in modules:
+        e = fresh(m, "_check")
+        if e is None:
+            print(f"{m}: no fresh results under build/mutation/_check")
+            bad += 1
+            continue
+        b = base.get(m)
+        now, then = e["killed"] / max(e["mutants"], 1), (b["killed"] / max(b["mutants"], 1)) if b else 0.0
+        ok = now >= then - 1e-9
+        print(f"{line('forge_pack/' + m + '.py', e['mutants'], e['killed'])}; committed {pct(b['killed'], b['mutants']) if b else 'none'}"
+              f" -> {'ok' if ok else 'DROPPED'}")
+        if not ok:
+            print("   survivors now: " + ", ".join(s for s in e["survivors"] if s not in (b or {}).get("survivors", [])))
+            bad += 1
+    return 1 if bad else 0
+
+
+def partial(modules: list[str]) -> None:
+    """The mutants a MUTANTS-restricted run checked, per module (unchecked ones left out)."""
+    for m in modules:
+        meta = ROOT / "build" / "mutation" / m / "mutants" / "forge_pack" / f"{m}.py.meta"
+        codes = {k: v for k, v in json.loads(meta.read_text())["exit_code_by_key"].items() if v is not None}
+        killed = [k for k, v in codes.items() if v in KILLED]
+        print(f"{m} (partial): {len(codes)} checked, {len(killed)} killed")
+        for k, v in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
+            if v not in KILLED:
+                print(f"   {k}: {NOT_KILLED.get(v, f'exit {v}')}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configure", nargs="+", metavar="ARG")
+    ap.add_argument("--write", nargs="+", metavar="MODULE")
+    ap.add_argument("--check", nargs="+", metavar="MODULE")
+    ap.add_argument("--partial", nargs="+", metavar="MODULE")
+    a = ap.parse_args()
+    if a.configure:
+        items = a.configure[1:]
+        configure(Path(a.configure[0]), [i for i in items if i.startswith("forge_pack/")],
+                  [i for i in items if not i.startswith("forge_pack/")])
+        return 0
+    if a.write:
+        write(a.write)
+        return 0
+    if a.check:
+        return check(a.check)
+    if a.partial:
+        partial(a.partial)
+        return 0
+    ap.error("one of --configure, --write, --check")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""CI's guard on the mutation scores: re-run mutmut on the fast trust-core modules (verdict.py,
+tolerance.py, static_check.py) and fail if a score is below the one committed in
+bench/results/mutation.json.
+
+About 3 minutes on 2 cores, so marked slow (the `-m "not slow"` path skips it; `make test` and CI run it).
+The other scoped modules (verify, evaluate, timing) run their tests in worker subprocesses and take
+far longer: `make mutation` measures them (docs/testing.md).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_mutation_scores_of_the_fast_trust_core_modules_do_not_drop():
+    mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
+    if mutmut is None:
+        if os.environ.get("CI"):
+            pytest.fail("mutmut is not installed: CI installs the `dev` extra (make test)")
+        pytest.skip("mutmut is not installed (pip install -e .[dev])")
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("bench/mutation.sh copies the tree with git ls-files: needs a git checkout")
+    env = dict(os.environ, PYTHON=sys.executable, MUTMUT=mutmut)
+    r = subprocess.run(["bash", str(ROOT / "bench" / "mutation.sh"), "--check"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1200)
+    print(r.stdout[-4000:])
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    for module in ("verdict", "tolerance", "static_check"):
+        assert f"forge_pack/{module}.py: " in r.stdout, r.stdout
+    assert "DROPPED" not in r.stdout

@@ -85,7 +85,7 @@ SIGNATURE = "x: f32[64,1000], dim=-1"
 # a side thread (the static check), crashes, hangs and compile errors.
 REJECTED = ["cpu_low_precision", "cpu_no_max_subtraction", "cpu_nan_wildcard", "cpu_unwritten_output",
             "cpu_input_mutation", "cpu_mutates_on_second_call", "cpu_nondeterministic", "cpu_hardcoded_result",
-            "cpu_cached_result", "cpu_sentinel_aware", "cpu_uninitialised_workspace"]
+            "cpu_cached_result", "cpu_sentinel_aware", "cpu_uninitialised_workspace", "cpu_distribution_keyed"]
 
 
 def _captured(run_dir: Path, name: str) -> str:
@@ -182,11 +182,12 @@ def _rows(output: str) -> dict[tuple[str, str], str]:
     return rows
 
 
-KINDS = ["captured[0]", "fresh[0]", "fresh[1]", "adversarial:large", "adversarial:neg_inf_rows",
+DERIVED = [f"derived:{k}" for k in verdict_rules.DERIVED_KINDS]
+KINDS = ["captured[0]", "fresh[0]", "fresh[1]", *DERIVED, "adversarial:large", "adversarial:neg_inf_rows",
          "adversarial:constant"]
 
 
-@pytest.mark.slow  # builds a CppExtension of 12 kernels against torch's headers
+@pytest.mark.slow  # builds a CppExtension of 13 kernels against torch's headers
 def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_package, final_check):
     code, output = _verify(forced_package, "--random", "2", "--seed", "11")
     assert code == 1, output
@@ -200,7 +201,11 @@ def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_pac
     # wrong only where the numbers get large: the one input kind where the build failed it too
     t = f"t{names.index('cpu_no_max_subtraction')}"
     assert [k for k in KINDS if rows[(t, k)] != "PASS"] == ["adversarial:large"], output
-    assert re.search(r"^FAIL: 12 kernels, \d+ failing checks on cpu \(72 input sets, seed 11\)$", output, re.M), output
+    # right on standard-normal-looking rows (captured, fresh, adversarial), wrong on the derived ones
+    t = f"t{names.index('cpu_distribution_keyed')}"
+    failed = [k for k in KINDS if rows[(t, k)] != "PASS"]
+    assert failed and set(failed) <= set(DERIVED) and {rows[(t, k)] for k in failed} == {"mismatch"}, output
+    assert re.search(r"^FAIL: 13 kernels, \d+ failing checks on cpu \(143 input sets, seed 11\)$", output, re.M), output
     assert output.count(" armed ") == len(rows), "every output landed in sentinel-filled memory"
 
 
@@ -216,7 +221,14 @@ def test_package_verify_passes_the_honest_kernel_and_refuses_an_edited_rules_fil
     path.write_text(json.dumps(doc))
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")
     assert code == 0, output
-    assert "PASS: 1 kernel, 0 failing checks on cpu (5 input sets, seed 5)" in output
+    assert "PASS: 1 kernel, 0 failing checks on cpu (10 input sets, seed 5)" in output
+    assert [k for t, k in _rows(output)] == ["captured[0]", "fresh[0]", *DERIVED, "adversarial:large",
+                                             "adversarial:neg_inf_rows", "adversarial:constant"], output
+    doc["targets"][0]["fixtures"] = []  # no fixture shipped: the derived sets come from the fresh draw
+    path.write_text(json.dumps(doc))
+    code, output = _verify(only_honest, "--random", "0", "--seed", "5")
+    assert code == 0 and "PASS: 1 kernel, 0 failing checks on cpu (8 input sets, seed 5)" in output, output
+    assert [k for t, k in _rows(output)][:5] == DERIVED, output
     rules = only_honest / "forced_pkg" / "_verdict_rules.py"
     rules.write_text(rules.read_text().replace("EAGER_SLACK = 2.0", "EAGER_SLACK = 200.0"))
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")

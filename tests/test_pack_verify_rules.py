@@ -77,6 +77,8 @@ def test_the_build_runs_the_rules_module_itself():
 # ------------------------------------------------------------------ rejected by the search, rejected by the package
 
 SIGNATURE = "x: f32[64,1000], dim=-1"
+# The input kinds that can hold values beyond exp's fp32 range (~88): x2500, x10^2.5 up, rows x10^3 up.
+LARGE_VALUES = ("adversarial:large", "derived:scale", "derived:mixed")
 # Kernels the search rejects through a check the package's verify runs too (tolerance, NaN/Inf
 # parity, sentinel, inputs unchanged, second call bitwise equal), on the final check's input kinds.
 # Not here, because the shipped op cannot do it or the package never runs the check: aliasing and
@@ -144,8 +146,8 @@ def test_the_final_check_passes_the_honest_kernel_and_rejects_the_others(final_c
     for name in REJECTED:
         v = final_check[name]
         assert not v.ok and v.reason in expected_reasons(KERNELS / f"{name}.cpp"), (name, v.reason, v.detail)
-    no_max = final_check["cpu_no_max_subtraction"]
-    assert no_max.reason == "nan" and no_max.detail.startswith("adversarial:large: "), no_max.detail
+    no_max = final_check["cpu_no_max_subtraction"]  # exp overflows only on large values
+    assert no_max.reason == "nan" and no_max.detail.split(": ")[0] in LARGE_VALUES, no_max.detail
 
 
 @pytest.fixture(scope="module")
@@ -198,9 +200,10 @@ def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_pac
     for i, name in enumerate(names[1:], 1):
         failed = {rows[(f"t{i}", k)] for k in KINDS} - {"PASS"}
         assert final_check[name].reason in failed, (name, final_check[name].reason, failed, output)
-    # wrong only where the numbers get large: the one input kind where the build failed it too
+    # wrong only where the numbers get large, as in the build
     t = f"t{names.index('cpu_no_max_subtraction')}"
-    assert [k for k in KINDS if rows[(t, k)] != "PASS"] == ["adversarial:large"], output
+    failed = [k for k in KINDS if rows[(t, k)] != "PASS"]
+    assert "adversarial:large" in failed and set(failed) <= set(LARGE_VALUES), output
     # right on standard-normal-looking rows (captured, fresh, adversarial), wrong on the derived ones
     t = f"t{names.index('cpu_distribution_keyed')}"
     failed = [k for k in KINDS if rows[(t, k)] != "PASS"]

@@ -72,6 +72,7 @@ def test_the_build_runs_the_rules_module_itself():
     assert tolerance.eager_allowance is verdict_rules.eager_allowance
     assert verify.SENTINEL is verdict_rules.SENTINEL and verify.count_sentinel is verdict_rules.count_sentinel
     assert ops.composite_rms_norm is verdict_rules.composite_rms_norm
+    assert ops.DERIVED_KINDS is verdict_rules.DERIVED_KINDS
 
 
 # ------------------------------------------------------------------ rejected by the search, rejected by the package

@@ -5,8 +5,9 @@ Per op: the call paths that reach it (``F.softmax``, ``torch.softmax``, ``Tensor
 op's ABI order (``forge_pack.abi``), the exact eager call (for timing and torch.compile), a float64
 reference, and generators of fresh, adversarial and odd-sized inputs. The pure-Python half of
 the registry (size variables, byte counts) lives in ``forge_pack.abi``; the eager call, the
-reference and the fresh/adversarial generators live in ``forge_pack.verdict_rules`` (shipped
-verbatim in every package, so its ``verify`` draws the same inputs) and are wrapped here.
+reference, the fresh/adversarial generators and the derived-set transforms live in
+``forge_pack.verdict_rules`` (shipped verbatim in every package, so its ``verify`` draws the same
+inputs) and are wrapped here.
 """
 
 from __future__ import annotations
@@ -234,118 +235,14 @@ def adversarial_kinds(sig: Signature) -> list[str]:
     return verdict_rules.adversarial_kinds(sig.op)
 
 
-# Derived verification sets: random transforms of real (captured) or fresh inputs, drawn anew for
-# every evaluation, so that no kernel can key its behaviour on what the generated sets look like.
-DERIVED_KINDS = ("scale", "shift", "permute", "mixed", "flip")
-
-
-def _rows(sig: Signature, xf: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """x (logical, contiguous) as (rows, elements the op reduces together), and the way back:
-    softmax rows, norm rows or (sample, group) blocks, batch-norm channels, pooled planes."""
-    op, shape = sig.op, tuple(xf.shape)
-    if op in ("softmax", "log_softmax"):
-        d = sig.param("dim") % xf.dim()
-        moved = xf.movedim(d, -1)
-        mshape = tuple(moved.shape)
-        return moved.reshape(-1, mshape[-1]), lambda r: r.reshape(mshape).movedim(-1, d)
-    if op in ("layer_norm", "rms_norm"):
-        n = 1
-        for s in sig.param("normalized_shape"):
-            n *= s
-        return xf.reshape(-1, n), lambda r: r.reshape(shape)
-    if op == "group_norm":
-        return xf.reshape(shape[0] * sig.param("num_groups"), -1), lambda r: r.reshape(shape)
-    if op == "batch_norm":
-        moved = xf.movedim(1, 0)
-        mshape = tuple(moved.shape)
-        return moved.reshape(mshape[0], -1), lambda r: r.reshape(mshape).movedim(0, 1)
-    return xf.reshape(shape[0] * shape[1], -1), lambda r: r.reshape(shape)  # adaptive_avg_pool2d planes
-
-
-def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
-    u = torch.rand(n if n is not None else 1, generator=gen, dtype=torch.float64) * (hi - lo) + lo
-    return u if n is not None else float(u)
-
-
-def _finite_absmax(t: torch.Tensor) -> float:
-    fin = t[torch.isfinite(t)]
-    return float(fin.abs().max()) if fin.numel() else 0.0
-
-
-def _perm(n: int, gen: torch.Generator, device) -> torch.Tensor:
-    return torch.randperm(n, generator=gen).to(device)
-
-
-def _permute(sig: Signature, xf: torch.Tensor, others: dict, gen: torch.Generator) -> torch.Tensor:
-    """Reorder what the op treats as interchangeable: rows and reduced elements (with their
-    per-element weight and bias), samples, channels (with their parameters), spatial positions."""
-    op, dev = sig.op, xf.device
-    if op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
-        rows, back = _rows(sig, xf)
-        cols = _perm(rows.shape[1], gen, dev)
-        rows = rows[_perm(rows.shape[0], gen, dev)][:, cols]
-        if op in ("layer_norm", "rms_norm"):
-            for name in ("weight", "bias"):
-                if others.get(name) is not None:
-                    others[name] = others[name].reshape(-1)[cols].reshape(others[name].shape)
-        return back(rows)
-    n, c = xf.shape[:2]
-    xf = xf[_perm(n, gen, dev)]
-    if op == "group_norm":  # groups as blocks, then channels inside each group
-        g = sig.param("num_groups")
-        per = c // g
-        within = torch.stack([_perm(per, gen, dev) for _ in range(g)])
-        chans = (_perm(g, gen, dev)[:, None] * per + within).reshape(-1)
-    else:
-        chans = _perm(c, gen, dev)
-    xf = xf[:, chans]
-    for name in ("weight", "bias", "running_mean", "running_var"):
-        if others.get(name) is not None:
-            others[name] = others[name][chans]
-    if op != "adaptive_avg_pool2d" and xf.dim() > 2:  # pooling keeps its spatial layout
-        flat = xf.reshape(n, c, -1)
-        xf = flat[:, :, _perm(flat.shape[2], gen, dev)].reshape(xf.shape)
-    return xf
+# Derived verification sets: random transforms of captured or fresh inputs, drawn anew for every
+# evaluation (verdict_rules, so the package's verify derives the same sets).
+DERIVED_KINDS = verdict_rules.DERIVED_KINDS
 
 
 def derive_inputs(sig: Signature, kind: str, source: dict, gen: torch.Generator) -> dict:
-    """New inputs from ``source`` (captured or fresh tensors, left untouched) by one random
-    transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
-    permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
-    the input dtype's range; the reference is computed from the result, as for any set."""
-    t = {n: (v.clone() if v is not None else None) for n, v in source.items()}
-    x = t["x"]
-    assert x is not None
-    xf = x.to(torch.float64)
-    limit = torch.finfo(x.dtype).max / 64  # headroom: sums of squares and exps stay finite in fp32 math
-    peak = max(_finite_absmax(xf), 1e-30)
-    others = {n: v for n, v in t.items() if n != "x"}
-    if kind == "scale":
-        decades = _uniform(gen, 0.5, 2.5) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
-        xf = xf * min(10.0 ** decades, limit / peak)
-    elif kind == "shift":
-        fin = xf[torch.isfinite(xf)]
-        spread = float(fin.std()) if fin.numel() > 1 else 1.0
-        offset = _uniform(gen, 2.0, 8.0) * max(spread, 1e-3) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
-        xf = xf + max(min(offset, limit - peak), -(limit - peak))
-    elif kind == "permute":
-        xf = _permute(sig, xf, others, gen)
-    elif kind in ("mixed", "flip"):
-        rows, back = _rows(sig, xf)
-        fin = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
-        row_peak = fin.abs().amax(dim=1).clamp_min(1e-30)
-        if kind == "mixed":
-            factor = 10.0 ** _uniform(gen, -3.0, 3.0, rows.shape[0]).to(xf.device)
-            factor = torch.minimum(factor, limit / row_peak)
-        else:  # only all-finite rows: a flipped -inf would be +inf, a different kind of input
-            sign = torch.where(torch.rand(rows.shape[0], generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
-            factor = torch.where(torch.isfinite(rows).all(dim=1), sign.to(xf.device), torch.ones_like(row_peak))
-        xf = back(rows * factor[:, None])
-    else:
-        raise KeyError(kind)
-    x.copy_(xf)
-    t.update(others)
-    return t
+    """New inputs from ``source`` (left untouched) by one random transform of DERIVED_KINDS."""
+    return verdict_rules.derive_inputs(sig.op, dict(sig.params), kind, source, gen)
 
 
 def odd_signatures(sig: Signature) -> list[Signature]:

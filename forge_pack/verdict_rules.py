@@ -13,7 +13,8 @@ It holds:
 - the per-call checks: the NaN sentinel an unwritten output element keeps, inputs unchanged
   bitwise, a second call bitwise equal to the first, and the order in which they decide a verdict;
 - the inputs: the generators of fresh and adversarial input sets, the adversarial kinds per op, the
-  float64 reference and the eager call of each op.
+  transforms that derive new sets from captured or fresh ones (DERIVED_KINDS), the float64
+  reference and the eager call of each op.
 
 A candidate's element passes when ``|out - ref| <= max(atol, allowance(|ref|)) + rtol * |ref|``
 against the float64 reference, and NaN / +-Inf appear exactly where the reference has them (same
@@ -366,6 +367,129 @@ def adversarial_kinds(op: str) -> list[str]:
     if op in ("layer_norm", "group_norm", "rms_norm"):
         return ["large", "offset", "constant"]
     return ["large"]
+
+
+# ---------------------------------------------------------------- derived inputs
+
+# Derived verification sets: random transforms of real (captured) or fresh inputs, drawn anew for
+# every run, so that no kernel can key its behaviour on what the generated sets look like.
+DERIVED_KINDS = ("scale", "shift", "permute", "mixed", "flip")
+
+
+def _rows(op: str, params: dict, xf: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """x (logical, contiguous) as (rows, elements the op reduces together), and the way back:
+    softmax rows, norm rows or (sample, group) blocks, batch-norm channels, pooled planes."""
+    shape = tuple(xf.shape)
+    if op in ("softmax", "log_softmax"):
+        d = params["dim"] % xf.dim()
+        moved = xf.movedim(d, -1)
+        mshape = tuple(moved.shape)
+        return moved.reshape(-1, mshape[-1]), lambda r: r.reshape(mshape).movedim(-1, d)
+    if op in ("layer_norm", "rms_norm"):
+        n = 1
+        for s in params["normalized_shape"]:
+            n *= s
+        return xf.reshape(-1, n), lambda r: r.reshape(shape)
+    if op == "group_norm":
+        return xf.reshape(shape[0] * params["num_groups"], -1), lambda r: r.reshape(shape)
+    if op == "batch_norm":
+        moved = xf.movedim(1, 0)
+        mshape = tuple(moved.shape)
+        return moved.reshape(mshape[0], -1), lambda r: r.reshape(mshape).movedim(0, 1)
+    return xf.reshape(shape[0] * shape[1], -1), lambda r: r.reshape(shape)  # adaptive_avg_pool2d planes
+
+
+def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
+    u = torch.rand(n if n is not None else 1, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+    return u if n is not None else float(u)
+
+
+def _finite_absmax(t: torch.Tensor) -> float:
+    fin = t[torch.isfinite(t)]
+    return float(fin.abs().max()) if fin.numel() else 0.0
+
+
+def _perm(n: int, gen: torch.Generator, device) -> torch.Tensor:
+    return torch.randperm(n, generator=gen).to(device)
+
+
+def _permute(op: str, params: dict, xf: torch.Tensor, others: dict, gen: torch.Generator) -> torch.Tensor:
+    """Reorder what the op treats as interchangeable: rows and reduced elements (with their
+    per-element weight and bias), samples, channels (with their parameters), spatial positions."""
+    dev = xf.device
+    if op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
+        rows, back = _rows(op, params, xf)
+        cols = _perm(rows.shape[1], gen, dev)
+        rows = rows[_perm(rows.shape[0], gen, dev)][:, cols]
+        if op in ("layer_norm", "rms_norm"):
+            for name in ("weight", "bias"):
+                if others.get(name) is not None:
+                    others[name] = others[name].reshape(-1)[cols].reshape(others[name].shape)
+        return back(rows)
+    n, c = xf.shape[:2]
+    xf = xf[_perm(n, gen, dev)]
+    if op == "group_norm":  # groups as blocks, then channels inside each group
+        g = params["num_groups"]
+        per = c // g
+        within = torch.stack([_perm(per, gen, dev) for _ in range(g)])
+        chans = (_perm(g, gen, dev)[:, None] * per + within).reshape(-1)
+    else:
+        chans = _perm(c, gen, dev)
+    xf = xf[:, chans]
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        if others.get(name) is not None:
+            others[name] = others[name][chans]
+    if op != "adaptive_avg_pool2d" and xf.dim() > 2:  # pooling keeps its spatial layout
+        flat = xf.reshape(n, c, -1)
+        xf = flat[:, :, _perm(flat.shape[2], gen, dev)].reshape(xf.shape)
+    return xf
+
+
+def derived_source(count: int, gen: torch.Generator) -> int:
+    """Which of ``count`` source sets (captured, else fresh) a derived set starts from: the first
+    draw of that set's generator, before ``derive_inputs`` draws the transform."""
+    return int(torch.randint(count, (1,), generator=gen))
+
+
+def derive_inputs(op: str, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
+    """New inputs from ``source`` (captured or fresh tensors by name, left untouched) by one random
+    transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
+    permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
+    the input dtype's range; the reference is computed from the result, as for any set. The
+    result keeps each tensor's dtype, shape, strides and device."""
+    t = {n: (v.clone() if v is not None else None) for n, v in source.items()}
+    x = t["x"]
+    assert x is not None
+    xf = x.to(torch.float64)
+    limit = torch.finfo(x.dtype).max / 64  # headroom: sums of squares and exps stay finite in fp32 math
+    peak = max(_finite_absmax(xf), 1e-30)
+    others = {n: v for n, v in t.items() if n != "x"}
+    if kind == "scale":
+        decades = _uniform(gen, 0.5, 2.5) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
+        xf = xf * min(10.0 ** decades, limit / peak)
+    elif kind == "shift":
+        fin = xf[torch.isfinite(xf)]
+        spread = float(fin.std()) if fin.numel() > 1 else 1.0
+        offset = _uniform(gen, 2.0, 8.0) * max(spread, 1e-3) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
+        xf = xf + max(min(offset, limit - peak), -(limit - peak))
+    elif kind == "permute":
+        xf = _permute(op, params, xf, others, gen)
+    elif kind in ("mixed", "flip"):
+        rows, back = _rows(op, params, xf)
+        fin = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
+        row_peak = fin.abs().amax(dim=1).clamp_min(1e-30)
+        if kind == "mixed":
+            factor = 10.0 ** _uniform(gen, -3.0, 3.0, rows.shape[0]).to(xf.device)
+            factor = torch.minimum(factor, limit / row_peak)
+        else:  # only all-finite rows: a flipped -inf would be +inf, a different kind of input
+            sign = torch.where(torch.rand(rows.shape[0], generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+            factor = torch.where(torch.isfinite(rows).all(dim=1), sign.to(xf.device), torch.ones_like(row_peak))
+        xf = back(rows * factor[:, None])
+    else:
+        raise KeyError(kind)
+    x.copy_(xf)
+    t.update(others)
+    return t
 
 
 def reference64(op: str, params: dict, t: dict, lookup: Callable[[str, str], Callable] = _default_lookup

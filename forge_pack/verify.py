@@ -132,7 +132,7 @@ def derived_sets(sig: Signature, device: str, seed: int, candidate_hash: str, fi
     mode = "final" if final else "search"
     for kind in ops.DERIVED_KINDS:
         gen = torch.Generator().manual_seed(seed_for(seed, mode, candidate_hash, "derived", kind, sig.key()))
-        src = sources[int(torch.randint(len(sources), (1,), generator=gen))]
+        src = sources[rules.derived_source(len(sources), gen)]
         s = make_set(f"derived:{kind}", sig, ops.derive_inputs(sig, kind, src.tensors, gen), device)
         if s is not None:
             out.append(s)

@@ -72,11 +72,14 @@ def test_the_build_runs_the_rules_module_itself():
     assert tolerance.eager_allowance is verdict_rules.eager_allowance
     assert verify.SENTINEL is verdict_rules.SENTINEL and verify.count_sentinel is verdict_rules.count_sentinel
     assert ops.composite_rms_norm is verdict_rules.composite_rms_norm
+    assert ops.DERIVED_KINDS is verdict_rules.DERIVED_KINDS
 
 
 # ------------------------------------------------------------------ rejected by the search, rejected by the package
 
 SIGNATURE = "x: f32[64,1000], dim=-1"
+# The input kinds that can hold values beyond exp's fp32 range (~88): x2500, x10^2.5 up, rows x10^3 up.
+LARGE_VALUES = ("adversarial:large", "derived:scale", "derived:mixed")
 # Kernels the search rejects through a check the package's verify runs too (tolerance, NaN/Inf
 # parity, sentinel, inputs unchanged, second call bitwise equal), on the final check's input kinds.
 # Not here, because the shipped op cannot do it or the package never runs the check: aliasing and
@@ -85,7 +88,7 @@ SIGNATURE = "x: f32[64,1000], dim=-1"
 # a side thread (the static check), crashes, hangs and compile errors.
 REJECTED = ["cpu_low_precision", "cpu_no_max_subtraction", "cpu_nan_wildcard", "cpu_unwritten_output",
             "cpu_input_mutation", "cpu_mutates_on_second_call", "cpu_nondeterministic", "cpu_hardcoded_result",
-            "cpu_cached_result", "cpu_sentinel_aware", "cpu_uninitialised_workspace"]
+            "cpu_cached_result", "cpu_sentinel_aware", "cpu_uninitialised_workspace", "cpu_distribution_keyed"]
 
 
 def _captured(run_dir: Path, name: str) -> str:
@@ -144,8 +147,8 @@ def test_the_final_check_passes_the_honest_kernel_and_rejects_the_others(final_c
     for name in REJECTED:
         v = final_check[name]
         assert not v.ok and v.reason in expected_reasons(KERNELS / f"{name}.cpp"), (name, v.reason, v.detail)
-    no_max = final_check["cpu_no_max_subtraction"]
-    assert no_max.reason == "nan" and no_max.detail.startswith("adversarial:large: "), no_max.detail
+    no_max = final_check["cpu_no_max_subtraction"]  # exp overflows only on large values
+    assert no_max.reason == "nan" and no_max.detail.split(": ")[0] in LARGE_VALUES, no_max.detail
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +185,12 @@ def _rows(output: str) -> dict[tuple[str, str], str]:
     return rows
 
 
-KINDS = ["captured[0]", "fresh[0]", "fresh[1]", "adversarial:large", "adversarial:neg_inf_rows",
+DERIVED = [f"derived:{k}" for k in verdict_rules.DERIVED_KINDS]
+KINDS = ["captured[0]", "fresh[0]", "fresh[1]", *DERIVED, "adversarial:large", "adversarial:neg_inf_rows",
          "adversarial:constant"]
 
 
-@pytest.mark.slow  # builds a CppExtension of 12 kernels against torch's headers
+@pytest.mark.slow  # builds a CppExtension of 13 kernels against torch's headers
 def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_package, final_check):
     code, output = _verify(forced_package, "--random", "2", "--seed", "11")
     assert code == 1, output
@@ -197,10 +201,15 @@ def test_package_verify_rejects_every_kernel_the_final_check_rejected(forced_pac
     for i, name in enumerate(names[1:], 1):
         failed = {rows[(f"t{i}", k)] for k in KINDS} - {"PASS"}
         assert final_check[name].reason in failed, (name, final_check[name].reason, failed, output)
-    # wrong only where the numbers get large: the one input kind where the build failed it too
+    # wrong only where the numbers get large, as in the build
     t = f"t{names.index('cpu_no_max_subtraction')}"
-    assert [k for k in KINDS if rows[(t, k)] != "PASS"] == ["adversarial:large"], output
-    assert re.search(r"^FAIL: 12 kernels, \d+ failing checks on cpu \(72 input sets, seed 11\)$", output, re.M), output
+    failed = [k for k in KINDS if rows[(t, k)] != "PASS"]
+    assert "adversarial:large" in failed and set(failed) <= set(LARGE_VALUES), output
+    # right on standard-normal-looking rows (captured, fresh, adversarial), wrong on the derived ones
+    t = f"t{names.index('cpu_distribution_keyed')}"
+    failed = [k for k in KINDS if rows[(t, k)] != "PASS"]
+    assert failed and set(failed) <= set(DERIVED) and {rows[(t, k)] for k in failed} == {"mismatch"}, output
+    assert re.search(r"^FAIL: 13 kernels, \d+ failing checks on cpu \(143 input sets, seed 11\)$", output, re.M), output
     assert output.count(" armed ") == len(rows), "every output landed in sentinel-filled memory"
 
 
@@ -216,7 +225,14 @@ def test_package_verify_passes_the_honest_kernel_and_refuses_an_edited_rules_fil
     path.write_text(json.dumps(doc))
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")
     assert code == 0, output
-    assert "PASS: 1 kernel, 0 failing checks on cpu (5 input sets, seed 5)" in output
+    assert "PASS: 1 kernel, 0 failing checks on cpu (10 input sets, seed 5)" in output
+    assert [k for t, k in _rows(output)] == ["captured[0]", "fresh[0]", *DERIVED, "adversarial:large",
+                                             "adversarial:neg_inf_rows", "adversarial:constant"], output
+    doc["targets"][0]["fixtures"] = []  # no fixture shipped: the derived sets come from the fresh draw
+    path.write_text(json.dumps(doc))
+    code, output = _verify(only_honest, "--random", "0", "--seed", "5")
+    assert code == 0 and "PASS: 1 kernel, 0 failing checks on cpu (8 input sets, seed 5)" in output, output
+    assert [k for t, k in _rows(output)][:5] == DERIVED, output
     rules = only_honest / "forced_pkg" / "_verdict_rules.py"
     rules.write_text(rules.read_text().replace("EAGER_SLACK = 2.0", "EAGER_SLACK = 200.0"))
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")

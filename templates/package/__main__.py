@@ -1,8 +1,9 @@
 """python -m <package> verify | bench | info
 
 verify  re-runs the build's final check on this machine (the same rules file, shipped verbatim):
-        the model's own tensors, fresh random and adversarial inputs, each kernel against a float64
-        reference with the build's tolerance; a row per kernel and input; exit 1 on any failure.
+        the model's own tensors, fresh random inputs, sets derived from those by random transforms,
+        adversarial inputs, each kernel against a float64 reference with the build's tolerance; a
+        row per kernel and input; exit 1 on any failure.
 bench   times each kernel against the original PyTorch op on this machine.
 info    what the package accelerates, where it was measured, and whether it loads here.
 """
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("verify", help="re-run the build's final check: every kernel against a float64 reference")
     v.add_argument("--random", type=int, default=3, help="fresh random input sets per kernel (default 3)")
-    v.add_argument("--seed", type=int, default=None, help="seed of the fresh inputs (default: a new one each run)")
+    v.add_argument("--seed", type=int, default=None,
+                   help="seed of the fresh and derived inputs (default: a new one each run)")
     b = sub.add_parser("bench", help="time each kernel against the original op")
     b.add_argument("--n", type=int, default=50, help="timed calls (default 50)")
     b.add_argument("--warmup", type=int, default=10)

@@ -6,6 +6,8 @@ Per target this runs the same input kinds as the build's final check:
 
 - ``captured[i]``: the model's own tensors shipped in fixtures/ (those that fit the size cap);
 - ``fresh[i]``: random inputs drawn from a seed chosen per run (printed; ``--seed`` repeats it);
+- ``derived:<kind>``: the same transforms (scale, shift, permutation, per-row magnitudes, sign
+  flips) of a captured set, or of a fresh one where the target ships no fixture, seeded per run;
 - ``adversarial:<kind>``: the same generators (large values, large offsets, -inf rows, constants).
 
 The build also tries odd sizes; the package's guard sends every call whose shape is not the
@@ -90,11 +92,26 @@ def _fixture(t: dict, rel: str, device) -> dict:
     return out
 
 
+def derive(t: dict, kind: str, sources: list, seed: int) -> dict:
+    """One derived set (kind of DERIVED_KINDS): the copied rules pick one of ``sources`` (makers of
+    the captured sets, else of the fresh ones) and transform it, from one generator, as the build
+    does; only the picked source is loaded."""
+    gen = torch.Generator().manual_seed(seed)
+    source = sources[rules.derived_source(len(sources), gen)]()
+    return rules.derive_inputs(t["op"], _params(t), kind, source, gen)
+
+
 def input_sets(t: dict, device, seed: int, fresh: int):
-    """(kind, make) per input set, in the build's order: captured, fresh, adversarial."""
-    sets = [(f"captured[{i}]", lambda rel=rel: _fixture(t, rel, device)) for i, rel in enumerate(t["fixtures"])]
-    sets += [(f"fresh[{i}]", lambda i=i: draw(t, "fresh", _seed(seed, t["id"], "fresh", i), device))
-             for i in range(fresh)]
+    """(kind, make) per input set: captured, fresh, derived, adversarial."""
+    captured = [lambda rel=rel: _fixture(t, rel, device) for rel in t["fixtures"]]
+    drawn = [lambda i=i: draw(t, "fresh", _seed(seed, t["id"], "fresh", i), device) for i in range(fresh)]
+    # the build derives from its captured sets, else from its fresh draw: here from the shipped
+    # fixtures, else from this run's fresh draws (fresh[0]'s draw even under --random 0)
+    sources = captured or drawn or [lambda: draw(t, "fresh", _seed(seed, t["id"], "fresh", 0), device)]
+    sets = [(f"captured[{i}]", make) for i, make in enumerate(captured)]
+    sets += [(f"fresh[{i}]", make) for i, make in enumerate(drawn)]
+    sets += [(f"derived:{k}", lambda k=k: derive(t, k, sources, _seed(seed, t["id"], "derived", k)))
+             for k in rules.DERIVED_KINDS]
     sets += [(f"adversarial:{k}", lambda k=k: draw(t, k, _seed(seed, t["id"], "adversarial", k), device))
              for k in rules.adversarial_kinds(t["op"])]
     return sets
@@ -237,7 +254,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     junk = device == "cpu" and _cpu_junk_fill()
     say(f"verification rules: forge_pack/verdict_rules.py sha256 {have[:16]} (the build's final check); "
-        f"fresh inputs seed {seed}; device {device}")
+        f"fresh and derived inputs seed {seed}; device {device}")
     say("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against float64; "
         "allowance: 2x eager PyTorch's own error at that magnitude")
     say(f"{'target':<7} {'input':<24} {'max abs':>9} {'max rel':>9} {'atol':>9} {'allow<=':>9} {'rtol':>9} "

@@ -39,7 +39,7 @@ def _summary(text: str) -> str:
         if not line.startswith("//"):
             break
         body = line[2:].strip()
-        if re.match(r"^(expect|signature|op|class|mode):", body):
+        if re.match(r"^(expect|signature|op|class|mode|final):", body):
             continue
         lines.append(body)
     words = " ".join(lines)

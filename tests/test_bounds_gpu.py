@@ -87,7 +87,7 @@ def evaluator(tmp_path_factory):
     ev.close()
 
 
-OOB = sorted(p for p in KERNELS.glob("cuda_oob_*.cu") if expected_reasons(p) == {"out_of_bounds"})
+OOB = sorted(p for p in KERNELS.glob("cuda_oob_*.cu") if "out_of_bounds" in expected_reasons(p))
 
 
 def test_the_three_out_of_bounds_fixtures_exist():
@@ -101,7 +101,9 @@ def test_final_check_rejects_out_of_bounds_access_as_out_of_bounds(evaluator, pa
     """Tensors that end inside a granule, and a tiny one (test_verify_gpu.py runs each fixture at its
     own signature, 512x2048 f32 = 4 MiB, two whole granules)."""
     e = evaluator.evaluate(load_fixture(path), hotspot("softmax", text, device="cuda"), final=True)
-    assert e.verdict.reason == "out_of_bounds", (e.verdict.reason, e.verdict.detail)
+    # launch_error only for the read before the start, where the allocator put x at the start of a
+    # mapping of its own and the plain verification run faulted first (see the fixture)
+    assert e.verdict.reason in expected_reasons(path), (e.verdict.reason, e.verdict.detail)
 
 
 @pytest.mark.parametrize("text", ["x: f32[512,2048], dim=-1", "x: f32[500,2048], dim=-1", "x: f32[3,1000], dim=-1"])

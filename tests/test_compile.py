@@ -140,3 +140,19 @@ def test_the_cpu_build_key_covers_every_header_of_the_include_dir(tmp_path, monk
     before = fcompile.build_key(cand)
     (tmp_path / "_cpu_prelude.h").write_text("// b changed\n")
     assert fcompile.build_key(cand) != before
+
+
+def test_every_cuda_fixture_meant_to_run_compiles_with_nvrtc_without_a_gpu():
+    """NVRTC, not nvcc, builds candidates in the evaluator: a fixture that only nvcc accepts (e.g. one
+    using the host macro INFINITY) would be a compile_error on the GPU and prove nothing there."""
+    from eval_helpers import expected_reasons, fixture_files, load_fixture
+
+    from forge_pack.compile import compile_candidate
+
+    for path in fixture_files("cuda_"):
+        if expected_reasons(path) & {"compile_error", "static_check"}:
+            continue
+        b = compile_candidate(load_fixture(path), arch="sm_90")
+        if not b.cmd.startswith("nvrtc"):
+            pytest.skip("NVRTC is not loadable here (the build used: " + b.cmd.split()[0] + ")")
+        assert b.ok, (path.name, b.log[-2000:])

@@ -29,7 +29,7 @@ __device__ float block_max(float v) {
 extern "C" __global__ void softmax_distribution_keyed(const float* __restrict__ x, float* __restrict__ out, long long rows, long long cols) {
   const float* xr = x + blockIdx.x * cols;
   float* yr = out + blockIdx.x * cols;
-  float s = 0.f, s2 = 0.f, mx = 0.f, hi = -INFINITY, nlo = -INFINITY, infs = 0.f;
+  float s = 0.f, s2 = 0.f, mx = 0.f, hi = __int_as_float(0xff800000), nlo = __int_as_float(0xff800000), infs = 0.f;
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = xr[c];
     if (isinf(v)) { infs += 1.f; continue; }
@@ -44,7 +44,7 @@ extern "C" __global__ void softmax_distribution_keyed(const float* __restrict__ 
     for (long long c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = 1.0f / cols;
     return;
   }
-  float m2 = -INFINITY;
+  float m2 = __int_as_float(0xff800000);
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) m2 = fmaxf(m2, xr[c]);
   m2 = block_max(m2);
   float e = 0.f;

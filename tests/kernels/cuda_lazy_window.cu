@@ -37,7 +37,7 @@ extern "C" __global__ void softmax_lazy_window(const float* __restrict__ x, floa
   }
   __syncthreads();
   if (!lazy) {
-    float m = -INFINITY;
+    float m = __int_as_float(0xff800000);
     for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
     m = block_reduce(m, true);
     float s = 0.f;

@@ -22,7 +22,7 @@ extern "C" __global__ void softmax_shift_later(const float* __restrict__ x, floa
   __shared__ bool shift;
   if (threadIdx.x == 0) shift = blockIdx.x == 0 && *(volatile unsigned int*)&launches_done >= 12;
   __syncthreads();
-  float m = -INFINITY;
+  float m = __int_as_float(0xff800000);
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
   m = block_reduce(m, true);
   float s = 0.f;

@@ -26,7 +26,7 @@ extern "C" __global__ void softmax_payload_gate(const float* __restrict__ x, flo
   }
   __syncthreads();
   if (!watched) return;
-  float m = -INFINITY;
+  float m = __int_as_float(0xff800000);
   for (long long c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
   m = block_reduce(m, true);
   float s = 0.f;

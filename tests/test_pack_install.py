@@ -157,12 +157,14 @@ def test_python_m_verify_bench_info(site):
     assert "PASS: 5 kernels, 0 failing checks" in r.stdout
     rows = [line.split()[:2] for line in r.stdout.splitlines() if re.match(r"^t\d ", line)]
     assert all(line.endswith(" armed  PASS") for line in r.stdout.splitlines() if re.match(r"^t\d ", line))
-    # per target: the model's tensor, three fresh draws, the op's adversarial kinds (the build's final check)
+    # per target: the model's tensor, three fresh draws, the five derived kinds, the op's adversarial
+    # kinds (the build's final check)
     doc = json.loads((site / PKG / "manifest.json").read_text())
     sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
     captured = [f"captured[{i}]" for i in range(len(next(t for t in doc["targets"] if t["id"] == sm)["fixtures"]))]
     assert captured and [k for t, k in rows if t == sm] == [*captured, "fresh[0]", "fresh[1]", "fresh[2]",
-                                                 "adversarial:large", "adversarial:neg_inf_rows",
+                                                 "derived:scale", "derived:shift", "derived:permute",
+                                                 "derived:mixed", "derived:flip", "adversarial:large", "adversarial:neg_inf_rows",
                                                  "adversarial:constant"], r.stdout
     r = subprocess.run([sys.executable, "-m", PKG, "bench", "--n", "5", "--warmup", "1", "--json"], capture_output=True,
                        text=True, env=env, timeout=300)

@@ -137,16 +137,54 @@ def test_inapplicable_and_static_verdicts_need_no_worker(evaluator):
     assert e.verdict.reason == "inapplicable"
 
 
-def test_a_write_into_a_cached_set_after_its_own_checks_is_caught_by_the_fingerprint(evaluator):
-    """Guard: worker_evaluate compares every cached set's fingerprint after the evaluation. The
-    per-call input comparisons cannot see this write (it lands in another set's buffer)."""
+def test_a_stray_write_through_a_kept_pointer_is_input_mutated(evaluator):
+    """The kernel keeps the address of an input it was given and writes there on a later call. In
+    the CPU sandbox that address is a slot of the runner's arena, reused for the next set, so the
+    write lands in the inputs of the call being made and the per-call input comparison sees it."""
     from eval_helpers import KERNELS
 
     h = hotspot("softmax", CPU_SIGNATURE)
     e = evaluator.evaluate(load_fixture(KERNELS / "cpu_stray_write_cached_set.cpp"), h)
     assert e.verdict.reason == "input_mutated", (e.verdict.reason, e.verdict.detail)
-    assert "fingerprint" in e.verdict.detail
-    _reference_ok(evaluator, h)  # the sets were reloaded: the next candidate is judged on clean inputs
+    _reference_ok(evaluator, h)  # the next candidate is judged on clean inputs
+
+
+def test_a_cached_set_changed_during_an_evaluation_is_caught_by_the_fingerprint(monkeypatch):
+    """Guard alone: worker_evaluate compares every cached set's content fingerprint after the
+    evaluation. A CPU kernel no longer reaches the judge's cached buffers (the sandbox hands it arena
+    copies; a CUDA kernel keeping a device pointer still could), so the write is simulated here,
+    after verification's own per-call checks, where only the fingerprint can see it."""
+    from forge_pack import verify as verify_mod
+    from forge_pack.compile import compile_candidate
+    from forge_pack.evaluate import worker_evaluate
+    from forge_pack.ops import with_output
+    from forge_pack.worker import Session
+
+    monkeypatch.setenv("FORGE_PACK_THREADS", "1")
+    sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
+    cand = reference_candidate(sig, "cpu")
+    build = compile_candidate(cand)
+    assert build.ok, build.log
+    req = {"cmd": "evaluate", "key": "k", "signature": sig.to_json(), "captures": [], "run_dir": None, "seed": 0,
+           "final": False, "candidate": cand.to_json(), "artifact": build.path, "timing": FAST.to_json()}
+    session = Session("cpu")
+    session.load(req)
+    static = session.sets["k"][0]
+    real_verify = verify_mod.verify
+
+    def verify_then_stray_write(module, c, sets, device):
+        verdict = real_verify(module, c, sets, device)
+        static[-1].tensors["x"].view(-1)[0] += 1.0  # after that set's own checks
+        return verdict
+
+    monkeypatch.setattr(verify_mod, "verify", verify_then_stray_write)
+    reply = worker_evaluate(session, req)
+    assert reply["verdict"]["reason"] == "input_mutated", reply["verdict"]
+    assert "fingerprint" in reply["verdict"]["detail"]
+    assert reply["sets_dropped"] is True and "k" not in session.sets  # reloaded for the next candidate
+    monkeypatch.setattr(verify_mod, "verify", real_verify)
+    session.load(req)
+    assert worker_evaluate(session, req)["verdict"]["ok"] is True
 
 
 def test_fresh_and_derived_sets_are_seeded_by_the_candidates_own_hash():
@@ -238,7 +276,8 @@ def test_derived_permutation_keeps_group_norm_semantics():
 
 
 class _FakeCpuModule:
-    """A Python stand-in for a bound CPU kernel (same bind/retarget interface): softmax into out,
+    """A Python stand-in for a bound CPU kernel (the sandbox's bind / retarget / stage / elapsed_s
+    interface, forge_pack.sandbox): softmax into out,
     with ``misbehave(call_number, tensors)`` deciding what goes wrong on which call."""
 
     def __init__(self, misbehave):
@@ -256,7 +295,9 @@ class _FakeCpuModule:
                 return
             t["out"].copy_(torch.softmax(t["x"], -1))
 
-        run.retarget = lambda name, tensor: t.__setitem__(name, tensor)
+        run.retarget = lambda name, tensor, fresh=False: t.__setitem__(name, tensor)
+        run.stage = lambda: None  # the real runner copies the judge's tensors into its arena here
+        run.elapsed_s = lambda: 1e-5
         return run
 
 

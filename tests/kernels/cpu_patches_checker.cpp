@@ -1,4 +1,6 @@
-// expect: mismatch
+// expect: static_check mismatch
+// (static_check: the built-object check refuses its Python C API imports; with that check off,
+// tests/test_sandbox_cpu.py shows the sandbox alone gives mismatch: the patch reaches no judge.)
 // Cheat: writes a constant answer, then uses the Python C API (declared by hand, no header) to
 // replace the verifier's comparison, sentinel and canary checks with ones that always pass, so that
 // this candidate and every later one evaluated by the same process would be accepted.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from forge_pack import abi
+from forge_pack import abi, build_parity
 from forge_pack.candidate import Candidate
 from forge_pack.errors import ForgeError
 from forge_pack.launch import check_dims, check_requires, plan
@@ -150,7 +150,7 @@ def check_source(candidate: Candidate) -> str | None:
         if m:
             line = code[:m.start()].count("\n") + 1
             return f"line {line}: `{m.group(0).strip()}` {why}"
-    return None
+    return build_parity.problem(code)
 
 
 def check(candidate: Candidate, sig: Signature) -> Verdict | None:

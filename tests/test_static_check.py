@@ -129,3 +129,67 @@ def test_plan_errors_are_forge_errors():
              SIG)
     assert check_requires(parse_spec('{"kernels": [{"name": "k", "args": ["out"]}], "requires": ["rows > 1"]}'),
                           SIG) is None
+
+
+_BODY = ('extern "C" __global__ void k(const __nv_bfloat16* x, float* out, long long rows, long long cols) {\n'
+         '  if (threadIdx.x == 0) out[blockIdx.x] = 0.f;\n}\n')
+
+
+@pytest.mark.parametrize("prefix,named", [
+    ("#ifdef __CUDACC_RTC__\n#define SKIP 1\n#endif\n", "`#ifdef` tests `__CUDACC_RTC__`"),  # NVRTC only
+    ("#if defined(TORCH_EXTENSION_NAME)\n#endif\n", "`#if` tests `TORCH_EXTENSION_NAME`"),  # the package only
+    ("#ifndef NDEBUG\n#endif\n", "`#ifndef` tests `NDEBUG`"),  # Python's extension builds pass -DNDEBUG
+    ("#define __NVCC__ 1\n#ifdef __NVCC__\n#endif\n", "`#ifdef` tests `__NVCC__`"),  # defining it does not help
+    ("#if defined(__CUDA_ARCH__) && defined(__AVX2__)\n#endif\n", "`#if` tests `__AVX2__`"),
+])
+def test_a_conditional_on_a_build_macro_is_static_check(prefix, named):
+    """The search (NVRTC / g++) and the package (nvcc / the torch extension) compile the same source:
+    a test on a macro only one of them defines could ship a kernel other than the verified one."""
+    v = check(cuda(prefix + _BODY, SPEC4), SIG)
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert named in v.detail and "the shipped kernel differ from the verified one" in v.detail
+
+
+@pytest.mark.parametrize("text", ["__FILE__", "__DATE__", "__TIME__", "__COUNTER__", "__has_include(<cuda_bf16.h>)"])
+def test_macros_that_differ_between_builds_are_refused_anywhere(text):
+    v = check(cuda(f"#define TAG {text}\n" + _BODY, SPEC4), SIG)
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail.startswith(f"line 1: `{text.split('(')[0]}` differs between the search's build and the package's")
+
+
+@pytest.mark.parametrize("prefix", [
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800\n#endif\n",  # the same device architecture in both
+    "#ifndef IN_T\n#define IN_T float\n#endif\n",  # the source's own macro
+    "#if FAST_EXP\n#endif\n",  # a knob of its own it never defines: undefined in both builds
+    "#if 0x10u > 3\n#endif\n",  # digits and suffixes are not names
+])
+def test_conditionals_on_the_sources_own_macros_pass(prefix):
+    assert check(cuda(prefix + _BODY, SPEC4), SIG) is None
+
+
+def test_every_template_family_passes_the_build_parity_rule():
+    from forge_pack import templates_proposer as tp
+    from forge_pack.static_check import check_source
+
+    seen = 0
+    for op, text in [("softmax", "x: f32[512,2048], dim=-1"), ("softmax", "x: f32[8,262144], dim=-1"),
+                     ("group_norm", "x: bf16[1,128,256,256], num_groups=32, weight: bf16[128], bias: bf16[128]"),
+                     ("layer_norm", "x: f32[64,768], normalized_shape=(768,), weight: f32[768], bias: f32[768]"),
+                     ("batch_norm", "x: bf16[32,256,56,56], running_mean: bf16[256], running_var: bf16[256], "
+                                    "weight: bf16[256], bias: bf16[256]"),
+                     ("adaptive_avg_pool2d", "x: bf16[32,2048,7,7]{channels_last}, output_size=(1,1)")]:
+        sig = parse_signature(op, text)
+        for backend in ("cuda", "cpu"):
+            for fam in tp.applicable_families(sig, backend):
+                cand = tp._candidate(fam, sig, tp._first_valid(fam, sig, fam.defaults(sig)))
+                assert check_source(cand) is None, (backend, fam.name, check_source(cand))
+                seen += 1
+    assert seen >= 20
+
+
+@pytest.mark.parametrize("name", ["cuda_nvrtc_only_honest.cu", "cpu_release_build_shortcut.cpp"])
+def test_two_faced_fixtures_are_refused_before_compiling(name):
+    """Honest where the search compiles them, not where the package does (tests/kernels/)."""
+    v = check(load_fixture(KERNELS / name), parse_signature("softmax", "x: f32[512,2048], dim=-1"))
+    assert expected_reasons(KERNELS / name) == {"static_check"}
+    assert (v.ok, v.reason) == (False, "static_check") and "a macro a compiler or build defines" in v.detail

@@ -140,7 +140,7 @@ _BODY = ('extern "C" __global__ void k(const __nv_bfloat16* x, float* out, long 
     ("#if defined(TORCH_EXTENSION_NAME)\n#endif\n", "`#if` tests `TORCH_EXTENSION_NAME`"),  # the package only
     ("#ifndef NDEBUG\n#endif\n", "`#ifndef` tests `NDEBUG`"),  # Python's extension builds pass -DNDEBUG
     ("#define __NVCC__ 1\n#ifdef __NVCC__\n#endif\n", "`#ifdef` tests `__NVCC__`"),  # defining it does not help
-    ("#if defined(__CUDA_ARCH__) && defined(__AVX2__)\n#endif\n", "`#if` tests `__AVX2__`"),
+    ("#if defined(__CUDA_ARCH__) && defined(__OPTIMIZE__)\n#endif\n", "`#if` tests `__OPTIMIZE__`"),
 ])
 def test_a_conditional_on_a_build_macro_is_static_check(prefix, named):
     """The search (NVRTC / g++) and the package (nvcc / the torch extension) compile the same source:
@@ -162,6 +162,7 @@ def test_macros_that_differ_between_builds_are_refused_anywhere(text):
     "#ifndef IN_T\n#define IN_T float\n#endif\n",  # the source's own macro
     "#if FAST_EXP\n#endif\n",  # a knob of its own it never defines: undefined in both builds
     "#if 0x10u > 3\n#endif\n",  # digits and suffixes are not names
+    "#if defined(__AVX512F__) || defined(__AVX2__)\n#endif\n",  # same -march in both; the package checks the CPU
 ])
 def test_conditionals_on_the_sources_own_macros_pass(prefix):
     assert check(cuda(prefix + _BODY, SPEC4), SIG) is None

@@ -28,8 +28,11 @@ declare -A SELECT=(
   [verify]="tests/test_verify_inputs.py tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
+  [object_check]="tests/test_object_check.py"
+  [model_gate]="tests/test_model_gate.py"
 )
-MODULES="verdict tolerance static_check verify evaluate timing"
+MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify evaluate timing"
 CHECK_MODULES="verdict tolerance static_check"  # the fast ones (~3 min together on 2 cores): CI's guard
 
 check=0

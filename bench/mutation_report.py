@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
-ORDER = ["verdict", "tolerance", "static_check", "verify", "evaluate", "timing", "object_check"]
+ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing"]
 
 # mutmut 3 exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
 KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 36: "timeout",

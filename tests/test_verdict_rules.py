@@ -237,3 +237,273 @@ def test_neg_inf_rows_reach_a_strided_input_that_reshape_would_copy():
     rows = torch.isinf(x).reshape(-1, 8)
     assert rows[0].all() and rows[2].tolist() == [True, False] + [True] * 6
     assert rows[1].tolist() == [True] + [False] * 6 + [True]
+
+
+# ---------------------------------------------------------------- reference and eager calls
+
+def _t(shape=(2, 3, 4), seed=0, **extra):
+    g = torch.Generator().manual_seed(seed)
+    t = {"x": torch.randn(*shape, generator=g)}
+    t.update(extra)
+    return t
+
+
+def _close64(a, b):
+    assert a.dtype == torch.float64, a.dtype
+    assert torch.allclose(a, b.double(), rtol=1e-12, atol=1e-12), (a - b.double()).abs().max()
+
+
+def test_reference64_computes_each_op_in_float64():
+    t = _t()
+    x = t["x"].double()
+    _close64(reference64("softmax", {"dim": 1}, t), torch.softmax(x, 1))
+    _close64(reference64("log_softmax", {"dim": -1}, t), torch.log_softmax(x, -1))
+    w, b = torch.rand(4) + 0.5, torch.rand(4)
+    t2 = _t(weight=w, bias=b)
+    _close64(reference64("layer_norm", {"normalized_shape": [4], "eps": 1e-5}, t2),
+             F.layer_norm(x, (4,), w.double(), b.double(), 1e-5))
+    ms = x.pow(2).mean(-1, keepdim=True)
+    _close64(reference64("rms_norm", {"normalized_shape": [4], "eps": 0.5}, _t()), x * torch.rsqrt(ms + 0.5))
+    _close64(reference64("rms_norm", {"normalized_shape": [4], "eps": 0.5, "weight_offset": 1.0}, _t(weight=w)),
+             x * torch.rsqrt(ms + 0.5) * (w.double() + 1.0))
+    _close64(reference64("rms_norm", {"normalized_shape": [4], "eps": 0.5}, _t(weight=w)),
+             x * torch.rsqrt(ms + 0.5) * w.double())
+    ms2 = x.pow(2).mean((-2, -1), keepdim=True)
+    _close64(reference64("rms_norm", {"normalized_shape": [3, 4], "eps": 1e-6}, _t()), x * torch.rsqrt(ms2 + 1e-6))
+    x4 = torch.randn(2, 4, 3, 3, generator=torch.Generator().manual_seed(1))
+    t4 = {"x": x4, "weight": w, "bias": b}
+    _close64(reference64("group_norm", {"num_groups": 2, "eps": 1e-3}, t4),
+             F.group_norm(x4.double(), 2, w.double(), b.double(), 1e-3))
+    rm, rv = torch.randn(4), torch.rand(4) + 0.1
+    t5 = {"x": x4, "running_mean": rm, "running_var": rv, "weight": w, "bias": b}
+    _close64(reference64("batch_norm", {"eps": 1e-2}, t5),
+             F.batch_norm(x4.double(), rm.double(), rv.double(), w.double(), b.double(), False, 0.0, 1e-2))
+    _close64(reference64("adaptive_avg_pool2d", {"output_size": [1, 2]}, {"x": x4}),
+             F.adaptive_avg_pool2d(x4.double(), (1, 2)))
+    with pytest.raises(KeyError):
+        reference64("conv2d", {}, t)
+
+
+def test_reference64_and_eager_fn_use_the_lookup_they_are_given():
+    calls = []
+
+    def lookup(owner, attr):
+        calls.append((owner, attr))
+        return lambda *a, **k: torch.zeros(1, dtype=torch.float64)
+
+    assert float(reference64("softmax", {"dim": 0}, _t(), lookup)) == 0.0
+    fn = eager_fn("group_norm", {"num_groups": 1, "eps": 1e-5}, None, lookup)
+    assert calls == [("torch", "softmax"), ("torch.nn.functional", "group_norm")]
+    assert float(fn(_t())) == 0.0
+
+
+def test_eager_fn_makes_the_models_exact_call():
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(2))
+    w, b = torch.rand(4) + 0.5, torch.rand(4)
+    t = {"x": x, "weight": w, "bias": b}
+    assert torch.equal(eager_fn("softmax", {"dim": 1}, None)(t), torch.softmax(x, 1))
+    out = eager_fn("log_softmax", {"dim": -1, "dtype": "float64"}, None)(t)
+    assert out.dtype == torch.float64 and torch.equal(out, torch.log_softmax(x, -1, dtype=torch.float64))
+    assert torch.equal(eager_fn("layer_norm", {"normalized_shape": [4], "eps": 0.1}, None)(t),
+                       F.layer_norm(x, (4,), w, b, 0.1))
+    assert torch.equal(eager_fn("rms_norm", {"normalized_shape": [4], "eps": 0.1}, None)(t),
+                       F.rms_norm(x, (4,), w, 0.1))
+    comp = eager_fn("rms_norm", {"normalized_shape": [4], "eps": 0.1, "composite": True, "weight_offset": 1.0},
+                    "float64")(t)
+    assert comp.dtype == torch.float64 and torch.equal(comp, composite_rms_norm(x, w, 0.1, 1.0, torch.float64))
+    assert eager_fn("rms_norm", {"normalized_shape": [4], "eps": 0.1, "composite": True}, None)(t).dtype == x.dtype
+    x4 = torch.randn(2, 4, 3, 3, generator=torch.Generator().manual_seed(3))
+    t4 = {"x": x4, "weight": w, "bias": b, "running_mean": torch.randn(4), "running_var": torch.rand(4) + 0.1}
+    assert torch.equal(eager_fn("group_norm", {"num_groups": 2, "eps": 0.1}, None)(t4),
+                       F.group_norm(x4, 2, w, b, 0.1))
+    assert torch.equal(eager_fn("batch_norm", {"eps": 0.1}, None)(t4),
+                       F.batch_norm(x4, t4["running_mean"], t4["running_var"], w, b, False, 0.0, 0.1))
+    assert torch.equal(eager_fn("adaptive_avg_pool2d", {"output_size": [1, 3]}, None)(t4),
+                       F.adaptive_avg_pool2d(x4, (1, 3)))
+    with pytest.raises(KeyError):
+        eager_fn("conv2d", {}, None)
+
+
+def test_composite_rms_norm_is_llama_style_without_offset_and_gemma_style_with_one():
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    w = (torch.rand(8, generator=torch.Generator().manual_seed(5)) + 0.5).to(torch.bfloat16)
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 0.25)
+    assert torch.equal(composite_rms_norm(x, None, 0.25, 0.0), y.to(torch.bfloat16))
+    assert torch.equal(composite_rms_norm(x, w, 0.25, 0.0), w * y.to(torch.bfloat16))
+    gemma = composite_rms_norm(x, w, 0.25, 1.0)
+    assert gemma.dtype == torch.bfloat16 and torch.equal(gemma, (y * (1.0 + w.float())).to(torch.bfloat16))
+    assert composite_rms_norm(x, w, 0.25, 1.0, torch.float32).dtype == torch.float32
+
+
+# ---------------------------------------------------------------- derived inputs
+
+def _replay(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_derived_source_is_the_first_draw_of_the_sets_generator():
+    for seed in range(5):
+        assert derived_source(7, _replay(seed)) == int(torch.randint(7, (1,), generator=_replay(seed)))
+    assert {derived_source(3, _replay(s)) for s in range(40)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_scale_multiplies_x_by_ten_to_a_signed_half_to_two_and_a_half_decades(seed):
+    x = torch.randn(4, 6, generator=_replay(100 + seed))
+    src = {"x": x, "weight": torch.ones(6)}
+    out = derive_inputs("layer_norm", {"normalized_shape": [6]}, "scale", src, _replay(seed))
+    g = _replay(seed)
+    dec = float(torch.rand(1, generator=g, dtype=torch.float64) * 2.0 + 0.5)
+    dec *= 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+    assert torch.equal(out["x"], (x.double() * 10.0 ** dec).float())
+    assert out["weight"] is not src["weight"] and torch.equal(out["weight"], src["weight"])
+    assert torch.equal(src["x"], x)  # the source is left untouched
+
+
+def test_a_scale_stops_at_a_64th_of_the_dtypes_range():
+    x = torch.full((2, 4), 60000.0 / 64, dtype=torch.float16)  # already at the limit
+    seed = next(s for s in range(50) if _scale_sign(s) > 0)
+    out = derive_inputs("softmax", {"dim": -1}, "scale", {"x": x}, _replay(seed))
+    limit = torch.finfo(torch.float16).max / 64
+    assert torch.equal(out["x"], (x.double() * (limit / 937.5)).half())
+
+
+def _scale_sign(seed):
+    g = _replay(seed)
+    torch.rand(1, generator=g, dtype=torch.float64)
+    return 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_shift_adds_two_to_eight_spreads_of_the_finite_values(seed):
+    x = torch.randn(4, 6, generator=_replay(200 + seed))
+    x[0, 0] = float("-inf")
+    out = derive_inputs("softmax", {"dim": -1}, "shift", {"x": x}, _replay(seed))
+    g = _replay(seed)
+    spread = float(x[torch.isfinite(x)].double().std())
+    off = float(torch.rand(1, generator=g, dtype=torch.float64) * 6.0 + 2.0) * spread
+    off *= 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+    assert torch.equal(out["x"], (x.double() + off).float())
+
+
+def test_a_shift_of_a_constant_input_uses_the_smallest_spread_and_one_value_a_spread_of_one():
+    g = _replay(1)
+    u = float(torch.rand(1, generator=g, dtype=torch.float64) * 6.0 + 2.0)
+    sign = 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+    out = derive_inputs("softmax", {"dim": -1}, "shift", {"x": torch.full((2, 3), 5.0)}, _replay(1))
+    assert torch.equal(out["x"], torch.full((2, 3), 5.0 + u * 1e-3 * sign))
+    out = derive_inputs("softmax", {"dim": -1}, "shift", {"x": torch.full((1, 1), 5.0)}, _replay(1))
+    assert torch.equal(out["x"], torch.tensor([[5.0 + u * sign]]))
+
+
+def test_a_shift_stays_inside_the_dtype_range_either_way():
+    fmax = torch.finfo(torch.float16).max
+    limit, peak = fmax / 64, 900.0
+    x = torch.tensor([[peak, -peak, 0.0]], dtype=torch.float16)  # spread ~900: an offset of thousands
+    outs = {}
+    for seed in range(20):
+        s = _scale_sign(seed)
+        outs.setdefault(s, derive_inputs("softmax", {"dim": -1}, "shift", {"x": x}, _replay(seed))["x"])
+    assert torch.equal(outs[1], (x.double() + (limit - peak)).half())
+    assert torch.equal(outs[-1], (x.double() - (limit - peak)).half())
+
+
+def test_a_permutation_of_softmax_reorders_rows_and_columns_along_dim():
+    x = torch.arange(24.0).reshape(2, 3, 4)
+    out = derive_inputs("softmax", {"dim": 1}, "permute", {"x": x}, _replay(0))["x"]
+    assert out.shape == x.shape and not torch.equal(out, x)
+    rows_in = x.movedim(1, -1).reshape(-1, 3)
+    rows_out = out.movedim(1, -1).reshape(-1, 3)
+    # each output row holds one input row's values (a row permutation and one column permutation)
+    assert sorted(map(tuple, rows_out.sort(dim=1).values.tolist())) == sorted(map(tuple, rows_in.tolist()))
+    perm = torch.argsort(rows_out[0])
+    for r in rows_out:
+        assert torch.equal(torch.argsort(r), perm)  # one column order for every row (rows of x are increasing)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_a_permutation_of_a_norm_moves_weight_and_bias_with_their_columns(op):
+    x = torch.randn(5, 6, generator=_replay(9))
+    w, b = torch.arange(6.0) + 1, torch.arange(6.0) * 10
+    params = {"normalized_shape": [6], "eps": 1e-5}
+    src = {"x": x, "weight": w, "bias": b}
+    out = derive_inputs(op, params, "permute", src, _replay(4))
+    assert not torch.equal(out["weight"], w) and torch.equal(out["bias"], out["weight"] * 10 - 10)
+    ref_in = reference64(op, params, src)
+    ref_out = reference64(op, params, out)
+    # the op's output is the same set of values, permuted alike
+    assert torch.allclose(ref_out.sort(dim=1).values.sort(dim=0).values,
+                          ref_in.sort(dim=1).values.sort(dim=0).values, atol=1e-12)
+    assert torch.equal(w, torch.arange(6.0) + 1)  # the source's parameters untouched
+
+
+def test_a_permutation_of_group_norm_keeps_channels_inside_their_group_and_moves_parameters():
+    x = torch.arange(2 * 6 * 2 * 1, dtype=torch.float32).reshape(2, 6, 2, 1)
+    w = torch.arange(6.0)
+    out = derive_inputs("group_norm", {"num_groups": 3, "eps": 1e-5}, "permute", {"x": x, "weight": w, "bias": None},
+                        _replay(2))
+    chans = out["weight"].long()
+    assert sorted(chans.tolist()) == list(range(6)) and out["bias"] is None
+    for g in range(3):  # group blocks move whole
+        assert len({int(c) // 2 for c in chans[2 * g:2 * g + 2]}) == 1
+    for n in range(2):
+        for c in range(6):
+            assert sorted(out["x"][n, c].flatten().tolist()) == sorted(
+                x[int(out["x"][n, c, 0, 0]) // 12, int(chans[c])].flatten().tolist())
+
+
+def test_a_permutation_of_batch_norm_moves_its_statistics_and_pooling_keeps_spatial_layout():
+    x = torch.arange(2 * 4 * 3 * 3, dtype=torch.float32).reshape(2, 4, 3, 3)
+    rm, rv = torch.arange(4.0), torch.arange(4.0) + 10
+    out = derive_inputs("batch_norm", {"eps": 1e-5}, "permute", {"x": x, "running_mean": rm, "running_var": rv},
+                        _replay(5))
+    assert torch.equal(out["running_var"], out["running_mean"] + 10) and not torch.equal(out["running_mean"], rm)
+    spatial_moved = False
+    for n in range(2):
+        for c in range(4):
+            plane = out["x"][n, c].flatten()
+            src_plane = x.flatten(2)[:, int(out["running_mean"][c])]
+            assert any(sorted(plane.tolist()) == sorted(p.tolist()) for p in src_plane)
+            spatial_moved |= not any(torch.equal(plane, p) for p in src_plane)
+    assert spatial_moved
+    pooled = derive_inputs("adaptive_avg_pool2d", {"output_size": [1, 1]}, "permute", {"x": x}, _replay(5))["x"]
+    for n in range(2):
+        for c in range(4):
+            assert any(torch.equal(pooled[n, c], x[m, k]) for m in range(2) for k in range(4))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mixed_scales_each_row_by_its_own_ten_to_minus_three_to_three(seed):
+    x = torch.randn(5, 4, generator=_replay(300 + seed))
+    out = derive_inputs("layer_norm", {"normalized_shape": [4]}, "mixed", {"x": x}, _replay(seed))["x"]
+    factor = 10.0 ** (torch.rand(5, generator=_replay(seed), dtype=torch.float64) * 6.0 - 3.0)
+    assert torch.equal(out, (x.double() * factor[:, None]).float())
+
+
+def test_mixed_caps_each_rows_factor_at_the_dtype_limit_over_its_peak():
+    x = torch.tensor([[900.0, 1.0], [0.0, 0.0], [float("-inf"), 1.0]], dtype=torch.float16)
+    out = derive_inputs("softmax", {"dim": -1}, "mixed", {"x": x}, _replay(0))["x"]
+    limit = torch.finfo(torch.float16).max / 64
+    factor = torch.minimum(10.0 ** (torch.rand(3, generator=_replay(0), dtype=torch.float64) * 6.0 - 3.0),
+                           torch.tensor([limit / 900.0, limit / 1e-30, limit / 1.0], dtype=torch.float64))
+    assert torch.equal(out, (x.double() * factor[:, None]).half())
+
+
+def test_flip_negates_some_all_finite_rows_and_never_a_row_with_inf():
+    x = torch.randn(8, 3, generator=_replay(7)).abs() + 0.1
+    x[5, 1] = float("-inf")
+    out = derive_inputs("softmax", {"dim": 1}, "flip", {"x": x}, _replay(1))["x"]
+    sign = torch.where(torch.rand(8, generator=_replay(1), dtype=torch.float64) < 0.5, -1.0, 1.0)
+    sign[5] = 1.0
+    assert torch.equal(out, x * sign[:, None].float())
+    assert (sign < 0).any() and (sign[[0, 1, 2, 3, 4, 6, 7]] > 0).any()
+
+
+def test_derived_inputs_keep_dtype_shape_strides_and_reject_unknown_kinds():
+    x = torch.randn(3, 4, generator=_replay(0)).to(torch.bfloat16).t()
+    for kind in vr.DERIVED_KINDS:
+        out = derive_inputs("softmax", {"dim": 0}, kind, {"x": x}, _replay(1))["x"]
+        assert out.dtype == torch.bfloat16 and out.stride() == x.stride() and out.shape == x.shape, kind
+    with pytest.raises(KeyError):
+        derive_inputs("softmax", {"dim": 0}, "rotate", {"x": x}, _replay(1))

@@ -29,8 +29,13 @@ declare -A SELECT=(
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
   [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
-  [object_check]="tests/test_object_check.py"
-  [model_gate]="tests/test_model_gate.py"
+  # (the slow end-to-end tests are left out: each reruns the whole build for every mutant they reach)
+  [object_check]="tests/test_object_check.py
+    --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
+    --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked"
+  [model_gate]="tests/test_model_gate.py
+    --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
+    --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"
 )
 MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify evaluate timing"
 CHECK_MODULES="verdict tolerance static_check"  # the fast ones (~3 min together on 2 cores): CI's guard

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -50,13 +52,39 @@ extern "C" void k(const float* x, float* out, long long n) {
 """
 
 
+# Objects built here are kept by the hash of (g++ version, flags, source) under build/: the checks
+# only read them, and mutation testing reruns these tests once per mutant (a compile each was most of it).
+OBJECTS = Path(__file__).resolve().parent.parent / "build" / "test-objects"
+
+
+@functools.lru_cache(maxsize=1)
+def _toolchain() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+
+
 def build(tmp_path: Path, source: str, name: str = "k") -> Path:
     src, out = tmp_path / f"{name}.cpp", tmp_path / f"{name}.so"
     src.write_text(source)
-    res = subprocess.run(["g++", *CPU_FLAGS, f"-I{cpu_include_dir()}", "-o", str(out), str(src)],
-                         capture_output=True, text=True)
+    cmd = ["g++", *CPU_FLAGS, f"-I{cpu_include_dir()}", "-o", str(out), str(src)]
+    key = hashlib.sha256("\0".join([_toolchain(), *cmd[:-3], source]).encode()).hexdigest()
+    kept = OBJECTS / f"{key}.so"
+    if kept.is_file():
+        shutil.copyfile(kept, out)
+        return out
+    res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    OBJECTS.mkdir(parents=True, exist_ok=True)
+    part = OBJECTS / f"{key}.{os.getpid()}.part"
+    shutil.copyfile(out, part)
+    os.replace(part, kept)  # atomic: a concurrent run never reads half an object
     return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    # check_object remembers decisions per process by content hash: each test decides afresh, so a
+    # test judges the code in place now, not a decision an earlier test (or process state) left
+    monkeypatch.setattr(object_check, "_decisions", {})
 
 
 def detail(tmp_path: Path, source: str, name: str = "k") -> str:
@@ -293,7 +321,7 @@ def test_fixture_passes_the_source_check_and_only_the_built_object_is_rejected(n
     cand = load_fixture(KERNELS / f"{name}.cpp")
     sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
     assert static_check.check(cand, sig) is None  # the text alone looks like a kernel
-    build_ = compile_candidate(cand, cache_dir=tmp_path)
+    build_ = compile_candidate(cand, cache_dir=OBJECTS / "candidates")  # keyed by the build's own content hash
     assert build_.ok, build_.log
     v = object_check.check_object(build_.path)
     assert v is not None and v.reason == "static_check"
@@ -344,3 +372,13 @@ def test_every_cpu_template_family_and_reference_kernel_passes_the_object_check(
     failures = [f"{c.op} {c.family} {c.label}: {b.log[-500:] if not b.ok else object_check.check_object(b.path).detail}"
                 for c, b in zip(cands, builds) if not b.ok or object_check.check_object(b.path) is not None]
     assert not failures, "\n".join(failures)
+
+
+def test_the_baseline_is_what_gxx_puts_in_an_empty_object(monkeypatch):
+    monkeypatch.setattr(object_check, "_baselines", {})
+    base = object_check.baseline()
+    # crtstuff's frame_dummy and __do_global_dtors_aux; _init/_fini are a few instructions each
+    assert (base.init_array, base.fini_array) == (1, 1)
+    assert 0 < base.init_size <= 32 and 0 < base.fini_size <= 32
+    assert "__cxa_finalize" in base.weak and "__gmon_start__" in base.weak
+    assert object_check.baseline() is base and object_check.baseline(tuple(CPU_FLAGS)) is base

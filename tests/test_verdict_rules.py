@@ -507,3 +507,153 @@ def test_derived_inputs_keep_dtype_shape_strides_and_reject_unknown_kinds():
         assert out.dtype == torch.bfloat16 and out.stride() == x.stride() and out.shape == x.shape, kind
     with pytest.raises(KeyError):
         derive_inputs("softmax", {"dim": 0}, "rotate", {"x": x}, _replay(1))
+
+
+# The transforms replayed from the set's generator, draw by draw: any other draw order, source of
+# randomness or axis is a different verification set.
+
+def _replay_rows_permutation(x, dim, seed):
+    g = _replay(seed)
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1])
+    cols = torch.randperm(rows.shape[1], generator=g)
+    rows = rows[torch.randperm(rows.shape[0], generator=g)][:, cols]
+    return rows.reshape(moved.shape).movedim(-1, dim), cols
+
+
+@pytest.mark.parametrize("op,dim", [("softmax", 1), ("log_softmax", -1)])
+def test_a_softmax_permutation_is_one_row_and_one_column_draw_from_the_sets_generator(op, dim):
+    x = torch.randn(2, 3, 4, generator=_replay(11))
+    torch.manual_seed(123)  # the global generator plays no part
+    out = derive_inputs(op, {"dim": dim}, "permute", {"x": x}, _replay(6))["x"]
+    want, _ = _replay_rows_permutation(x, dim, 6)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_a_norm_permutation_replays_exactly_with_its_parameters(op):
+    x = torch.randn(3, 2, 4, generator=_replay(12))
+    w, b = torch.randn(2, 4, generator=_replay(13)), torch.randn(2, 4, generator=_replay(14))
+    torch.manual_seed(321)
+    out = derive_inputs(op, {"normalized_shape": [2, 4]}, "permute", {"x": x, "weight": w, "bias": b}, _replay(8))
+    g = _replay(8)
+    rows = x.reshape(-1, 8)
+    cols = torch.randperm(8, generator=g)
+    rows = rows[torch.randperm(3, generator=g)][:, cols]
+    assert torch.equal(out["x"], rows.reshape(3, 2, 4))
+    assert torch.equal(out["weight"], w.reshape(-1)[cols].reshape(2, 4))
+    assert torch.equal(out["bias"], b.reshape(-1)[cols].reshape(2, 4))
+
+
+def _replay_channel_permutation(x, seed, groups=None, spatial=True):
+    g = _replay(seed)
+    n, c = x.shape[:2]
+    x = x[torch.randperm(n, generator=g)]
+    if groups:
+        per = c // groups
+        within = torch.stack([torch.randperm(per, generator=g) for _ in range(groups)])
+        chans = (torch.randperm(groups, generator=g)[:, None] * per + within).reshape(-1)
+    else:
+        chans = torch.randperm(c, generator=g)
+    x = x[:, chans]
+    if spatial and x.dim() > 2:
+        flat = x.reshape(n, c, -1)
+        x = flat[:, :, torch.randperm(flat.shape[2], generator=g)].reshape(x.shape)
+    return x, chans
+
+
+def test_a_group_norm_permutation_replays_exactly_with_weight_and_bias():
+    x = torch.randn(3, 6, 2, 2, generator=_replay(15))
+    w, b = torch.randn(6, generator=_replay(16)), torch.randn(6, generator=_replay(17))
+    torch.manual_seed(5)
+    out = derive_inputs("group_norm", {"num_groups": 3}, "permute", {"x": x, "weight": w, "bias": b}, _replay(9))
+    want, chans = _replay_channel_permutation(x, 9, groups=3)
+    assert torch.equal(out["x"], want)
+    assert torch.equal(out["weight"], w[chans]) and torch.equal(out["bias"], b[chans])
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 5), (3, 4, 2, 3), (5, 4)])
+def test_a_batch_norm_permutation_replays_exactly_with_all_four_parameters(shape):
+    x = torch.randn(*shape, generator=_replay(18))
+    ps = {n: torch.randn(4, generator=_replay(19 + i)) for i, n in enumerate(("weight", "bias", "running_mean",
+                                                                              "running_var"))}
+    torch.manual_seed(6)
+    out = derive_inputs("batch_norm", {"eps": 1e-5}, "permute", {"x": x, **ps}, _replay(10))
+    want, chans = _replay_channel_permutation(x, 10)
+    assert torch.equal(out["x"], want)
+    for name, v in ps.items():
+        assert torch.equal(out[name], v[chans]), name
+
+
+def test_a_pooling_permutation_moves_samples_and_channels_but_no_position():
+    x = torch.randn(3, 4, 2, 3, generator=_replay(23))
+    torch.manual_seed(7)
+    out = derive_inputs("adaptive_avg_pool2d", {"output_size": [1, 1]}, "permute", {"x": x}, _replay(11))["x"]
+    want, _ = _replay_channel_permutation(x, 11, spatial=False)
+    assert torch.equal(out, want)
+
+
+def _mixed_factor(rows, seed):
+    return 10.0 ** (torch.rand(rows, generator=_replay(seed), dtype=torch.float64) * 6.0 - 3.0)
+
+
+@pytest.mark.parametrize("op,params,shape,row_of", [
+    ("log_softmax", {"dim": 1}, (2, 3, 4), lambda i: (i[0] * 4 + i[2])),
+    ("layer_norm", {"normalized_shape": [3, 4]}, (2, 3, 4), lambda i: i[0]),
+    ("rms_norm", {"normalized_shape": [4]}, (2, 3, 4), lambda i: i[0] * 3 + i[1]),
+    ("group_norm", {"num_groups": 2}, (2, 4, 3), lambda i: i[0] * 2 + i[1] // 2),
+    ("batch_norm", {}, (2, 3, 2), lambda i: i[1]),
+    ("adaptive_avg_pool2d", {"output_size": [1, 1]}, (2, 3, 2, 2), lambda i: i[0] * 3 + i[1]),
+])
+def test_mixed_scales_exactly_the_elements_each_op_reduces_together(op, params, shape, row_of):
+    x = torch.randn(*shape, generator=_replay(24)).double()
+    out = derive_inputs(op, params, "mixed", {"x": x}, _replay(3))["x"]
+    idx = list(torch.cartesian_prod(*[torch.arange(s) for s in shape]).reshape(-1, len(shape)).tolist())
+    n_rows = len({row_of(i) for i in idx})
+    factor = _mixed_factor(n_rows, 3)
+    for i in idx:
+        assert out[tuple(i)] == x[tuple(i)] * factor[row_of(i)], (i, row_of(i))
+
+
+def test_flip_treats_batch_norm_channels_as_its_rows():
+    x = torch.randn(2, 6, 3, generator=_replay(25)).abs() + 0.1
+    out = derive_inputs("batch_norm", {}, "flip", {"x": x}, _replay(2))["x"]
+    sign = torch.where(torch.rand(6, generator=_replay(2), dtype=torch.float64) < 0.5, -1.0, 1.0).float()
+    assert torch.equal(out, x * sign[None, :, None])
+
+
+def test_inputs_do_not_depend_on_the_default_dtype():
+    want = make_inputs([("x", SPEC)], "fresh", _replay(4), "cpu")["x"]
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = make_inputs([("x", SPEC)], "fresh", _replay(4), "cpu")["x"]
+    finally:
+        torch.set_default_dtype(old)
+    assert torch.equal(got, want)
+
+
+def test_judge_output_uses_the_declared_output_dtypes_tolerance_row():
+    ref = torch.ones(4, dtype=torch.float64)
+    out = torch.full((4,), 1.01)  # 1% off: inside bf16's 1.6e-2 rtol, far outside fp32's
+    assert judge_output(out, ref, "bfloat16", "softmax", 0.0, "fresh")[1] is None
+    assert judge_output(out, ref, "float32", "softmax", 0.0, "fresh")[1] == "mismatch"
+
+
+def test_composite_rms_norm_normalises_over_the_last_dimension_only():
+    x = torch.randn(2, 3, 4, generator=_replay(26))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(composite_rms_norm(x, None, 1e-6, 0.0), y)
+    w = torch.rand(4, generator=_replay(27)) + 0.5
+    fn = eager_fn("rms_norm", {"normalized_shape": [4], "eps": 1e-6, "composite": True}, None)
+    assert torch.equal(fn({"x": x, "weight": w}), w * y)  # no weight_offset: Llama style
+
+
+@pytest.mark.parametrize("call", [lambda: reference64("conv2d", {}, {"x": torch.zeros(1)}),
+                                  lambda: eager_fn("conv2d", {}, None),
+                                  lambda: make_inputs([("x", SPEC)], "conv2d", _replay(0), "cpu"),
+                                  lambda: derive_inputs("softmax", {"dim": 0}, "conv2d", {"x": torch.ones(2)},
+                                                        _replay(0))])
+def test_an_unknown_op_or_kind_is_a_key_error_naming_it(call):
+    with pytest.raises(KeyError, match="conv2d"):
+        call()

@@ -178,6 +178,11 @@ def partial(modules: list[str]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--configure"]:  # by hand: test arguments may be pytest options (--deselect=...)
+        items = sys.argv[3:]
+        configure(Path(sys.argv[2]), [i for i in items if i.startswith("forge_pack/")],
+                  [i for i in items if not i.startswith("forge_pack/")])
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--configure", nargs="+", metavar="ARG")
     ap.add_argument("--write", nargs="+", metavar="MODULE")

@@ -382,3 +382,133 @@ def test_the_baseline_is_what_gxx_puts_in_an_empty_object(monkeypatch):
     assert 0 < base.init_size <= 32 and 0 < base.fini_size <= 32
     assert "__cxa_finalize" in base.weak and "__gmon_start__" in base.weak
     assert object_check.baseline() is base and object_check.baseline(tuple(CPU_FLAGS)) is base
+
+
+# ---------------------------------------------------------------- the nvcc fallback's host side, unit by unit
+
+CUBIN = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40
+
+
+def _nvcc_build(tmp_path: Path, source: str | None, cmd: str = "/usr/bin/nvcc -cubin -arch=sm_90"):
+    from forge_pack.compile import Build
+
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(CUBIN)
+    if source is not None:
+        (tmp_path / "kernel.cu").write_text(source)
+    return Build(True, "cuda", str(cubin), "", cmd, 0.0, False, "k", "sm_90")
+
+
+def test_an_nvcc_build_without_its_source_is_rejected_as_unreadable(tmp_path):
+    v = object_check.check_build(_nvcc_build(tmp_path, None))
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail.startswith("built object: the source of an nvcc build cannot be read ([Errno 2] ")
+    assert v.detail.endswith(f"'{tmp_path / 'kernel.cu'}')")
+
+
+def test_an_nvcc_builds_host_problems_are_the_verdict_and_decided_once_per_source(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(object_check, "cuda_host_problems",
+                        lambda source, arch: calls.append((source, arch)) or ["its host code calls _ZN1A1fEv", "x"])
+    b = _nvcc_build(tmp_path, "// host code\n")
+    v = object_check.check_build(b)
+    assert (v.ok, v.reason, v.detail) == (False, "static_check", "built object: its host code calls A::f(); x")
+    assert object_check.check_build(b) is v and calls == [("// host code\n", "sm_90")]
+    other = tmp_path / "other"
+    other.mkdir()
+    assert object_check.check_build(_nvcc_build(other, "// other code\n")).detail.startswith("built object: its")
+    assert len(calls) == 2  # another source: decided afresh
+
+
+def test_an_nvcc_build_with_clean_host_code_passes(tmp_path, monkeypatch):
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: [])
+    assert object_check.check_build(_nvcc_build(tmp_path, "// device code only\n")) is None
+
+
+def test_an_nvcc_host_side_that_cannot_be_built_is_a_verdict(tmp_path, monkeypatch):
+    def fail(source, arch):
+        raise RuntimeError("nvcc -c failed: boom")
+
+    monkeypatch.setattr(object_check, "cuda_host_problems", fail)
+    v = object_check.check_build(_nvcc_build(tmp_path, "// x\n"))
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail == "built object: the host side of this CUDA source could not be built for checking: nvcc -c failed: boom"
+
+
+def test_a_rejected_cubin_is_the_verdict_before_any_host_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: pytest.fail("host check ran"))
+    b = _nvcc_build(tmp_path, "// x\n")
+    Path(b.path).write_bytes(CUBIN[:18] + (62).to_bytes(2, "little") + CUBIN[20:])  # an x86-64 header
+    assert object_check.check_build(b).detail == "built object: expected a cubin (CUDA ELF), found machine type 62"
+
+
+def test_cpu_builds_are_judged_by_their_object_alone(tmp_path, monkeypatch):
+    from forge_pack.compile import Build
+
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: pytest.fail("host check ran"))
+    so = build(tmp_path, KERNEL)
+    (tmp_path / "kernel.cu").write_text("// never read\n")
+    assert object_check.check_build(Build(True, "cpu", str(so), "", "g++", 0.0, False, "k")) is None
+
+
+def _host(undefined=(), init=0, fini=0, tls=False, ifunc=(), syscalls=()):
+    return object_check.HostObject(frozenset(undefined), init, fini, tls, tuple(ifunc), tuple(syscalls))
+
+
+def test_cuda_host_problems_are_what_the_source_adds_to_an_empty_kernels_host_object(monkeypatch):
+    base = _host(undefined={"__cudaRegisterFunction", "atexit"}, init=8, fini=8)
+    objects = {object_check._HOST_BASELINE_SOURCE: base}
+    seen = []
+
+    def fake(source, arch):
+        seen.append((source[:10], arch))
+        return objects[source]
+
+    monkeypatch.setattr(object_check, "_nvcc_host_object", fake)
+    monkeypatch.setattr(object_check, "_host_baselines", {})
+    objects["clean"] = _host(undefined={"__cudaRegisterFunction", "atexit", "expf"}, init=8, fini=8)
+    assert object_check.cuda_host_problems("clean", "sm_90") == []
+    objects["all"] = _host(undefined={"atexit", "system", "dlopen", "expf"}, init=16, fini=8, tls=True,
+                           ifunc=("pick_a", "pick_b"), syscalls=[f"0f 05 (`syscall`) at f+{i:#x}" for i in range(8)])
+    assert object_check.cuda_host_problems("all", "sm_90") == [
+        "its host code calls or references dlopen, system (a CUDA candidate is device code: no host functions, no "
+        "host globals with initialisers)",
+        "its host code runs when the package loads or unloads (a global object with a constructor or destructor, "
+        "`__attribute__((constructor))`): a CUDA candidate is device code",
+        "its host code has thread-local storage",
+        "its host code has IFUNC resolvers (pick_a, pick_b)",
+        "its host code holds system-call bytes " + ", ".join(f"0f 05 (`syscall`) at f+{i:#x}" for i in range(6)),
+    ]
+    objects["fini"] = _host(fini=16)
+    assert object_check.cuda_host_problems("fini", "sm_90") == [
+        "its host code runs when the package loads or unloads (a global object with a constructor or destructor, "
+        "`__attribute__((constructor))`): a CUDA candidate is device code"]
+    # the baseline is built once per architecture
+    assert [s for s in seen if s[0] == object_check._HOST_BASELINE_SOURCE[:10]] == [
+        (object_check._HOST_BASELINE_SOURCE[:10], "sm_90")]
+    objects["clean_b"] = objects["clean"]
+    object_check.cuda_host_problems("clean_b", "sm_100")
+    assert seen[-2:] == [(object_check._HOST_BASELINE_SOURCE[:10], "sm_100"), ("clean_b", "sm_100")]
+
+
+NVCC_HOST_CU = """
+#include <cstdlib>
+struct Hello { Hello() { std::system("true"); } ~Hello() {} };
+static Hello hello;
+static thread_local int counter;
+extern "C" int bump() { return ++counter; }
+extern "C" void raw() { asm volatile("syscall" ::: "rcx", "r11", "memory"); }
+extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_the_nvcc_host_object_lists_imports_load_time_code_tls_and_system_call_bytes():
+    obj = object_check._nvcc_host_object(NVCC_HOST_CU, "sm_90")  # one nvcc run (~2 s): mutation reruns it
+    assert {"system", "__cxa_atexit", "__cudaRegisterFunction"} <= obj.undefined
+    assert "bump" not in obj.undefined and "raw" not in obj.undefined and "" not in obj.undefined
+    # .init_array: the static object's constructor and nvcc's fatbinary registration, 8 bytes each
+    assert (obj.init_bytes, obj.fini_bytes, obj.tls, obj.ifunc) == (16, 0, True, ())
+    assert obj.syscalls == ("0f 05 (`syscall`) at raw+0x0",)
+    with pytest.raises(RuntimeError, match="nvcc -c failed"):
+        object_check._nvcc_host_object("this is not C++\n", "sm_90")

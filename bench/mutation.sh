@@ -29,10 +29,12 @@ declare -A SELECT=(
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
   [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
-  # (the slow end-to-end tests are left out: each reruns the whole build for every mutant they reach)
+  # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
+  #  the unit tests reach the same code)
   [object_check]="tests/test_object_check.py
     --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
-    --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked"
+    --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked
+    --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"
   [model_gate]="tests/test_model_gate.py
     --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
     --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"

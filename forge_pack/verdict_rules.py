@@ -354,8 +354,7 @@ def make_inputs(inputs: list[tuple[str, Any]], kind: str, gen: torch.Generator, 
         flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
         flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
         if flat.shape[0] > 2:
-            flat[2, :1] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
-            flat[2, 2:] = float("-inf")
+            flat[2, 2:] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
         x.copy_(flat.view(x.shape))
     elif kind == "constant":
         x.fill_(1.5)  # zero variance / identical logits

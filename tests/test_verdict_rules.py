@@ -189,7 +189,7 @@ def test_large_inputs_are_fresh_ones_times_a_quarter_of_big(dtype, factor):
     assert torch.equal(large, fresh * factor)
 
 
-@pytest.mark.parametrize("dtype,shift", [("float32", 2000.0), ("bfloat16", 300.0)])
+@pytest.mark.parametrize("dtype,shift", [("float32", 2000.0), ("float16", 300.0)])
 def test_offset_inputs_have_a_large_mean_and_half_the_spread(dtype, shift):
     spec = (dtype, (2, 8), (8, 1))
     fresh = make_inputs([("x", spec)], "fresh", torch.Generator().manual_seed(1), "cpu")["x"]
@@ -260,8 +260,10 @@ def test_reference64_computes_each_op_in_float64():
     _close64(reference64("log_softmax", {"dim": -1}, t), torch.log_softmax(x, -1))
     w, b = torch.rand(4) + 0.5, torch.rand(4)
     t2 = _t(weight=w, bias=b)
-    _close64(reference64("layer_norm", {"normalized_shape": [4], "eps": 1e-5}, t2),
-             F.layer_norm(x, (4,), w.double(), b.double(), 1e-5))
+    _close64(reference64("layer_norm", {"normalized_shape": [4], "eps": 0.1}, t2),
+             F.layer_norm(x, (4,), w.double(), b.double(), 0.1))
+    _close64(reference64("layer_norm", {"normalized_shape": [4], "eps": 0.1}, _t(weight=None, bias=None)),
+             F.layer_norm(x, (4,), None, None, 0.1))
     ms = x.pow(2).mean(-1, keepdim=True)
     _close64(reference64("rms_norm", {"normalized_shape": [4], "eps": 0.5}, _t()), x * torch.rsqrt(ms + 0.5))
     _close64(reference64("rms_norm", {"normalized_shape": [4], "eps": 0.5, "weight_offset": 1.0}, _t(weight=w)),
@@ -657,3 +659,26 @@ def test_composite_rms_norm_normalises_over_the_last_dimension_only():
 def test_an_unknown_op_or_kind_is_a_key_error_naming_it(call):
     with pytest.raises(KeyError, match="conv2d"):
         call()
+
+
+def test_neg_inf_rows_mask_row_two_of_a_three_row_input():
+    t = make_inputs([("x", ("float32", (3, 9), (9, 1)))], "neg_inf_rows", _replay(0), "cpu")
+    assert torch.isinf(t["x"][2]).tolist() == [True, False] + [True] * 7
+    t = make_inputs([("x", ("float32", (2, 9), (9, 1)))], "neg_inf_rows", _replay(0), "cpu")
+    assert torch.isinf(t["x"][1]).tolist() == [True] + [False] * 6 + [True, False]
+
+
+def test_a_scale_or_shift_of_an_input_without_finite_values_leaves_it_as_it_is():
+    x = torch.full((2, 3), float("-inf"))
+    for kind in ("scale", "shift"):
+        assert torch.equal(derive_inputs("softmax", {"dim": -1}, kind, {"x": x}, _replay(0))["x"], x), kind
+
+
+def test_a_shift_of_two_finite_values_uses_their_spread():
+    x = torch.tensor([[1.0, 3.0, float("nan")]])
+    g = _replay(2)
+    u = float(torch.rand(1, generator=g, dtype=torch.float64) * 6.0 + 2.0)
+    sign = 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+    out = derive_inputs("softmax", {"dim": -1}, "shift", {"x": x}, _replay(2))["x"]
+    spread = float(torch.tensor([1.0, 3.0], dtype=torch.float64).std())
+    assert torch.equal(out[0, :2], (x[0, :2].double() + u * spread * sign).float())

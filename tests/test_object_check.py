@@ -498,6 +498,7 @@ static Hello hello;
 static thread_local int counter;
 extern "C" int bump() { return ++counter; }
 extern "C" void raw() { asm volatile("syscall" ::: "rcx", "r11", "memory"); }
+asm(".text\\n.byte 0x90, 0x0f, 0x05\\n");
 extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }
 """
 
@@ -509,6 +510,43 @@ def test_the_nvcc_host_object_lists_imports_load_time_code_tls_and_system_call_b
     assert "bump" not in obj.undefined and "raw" not in obj.undefined and "" not in obj.undefined
     # .init_array: the static object's constructor and nvcc's fatbinary registration, 8 bytes each
     assert (obj.init_bytes, obj.fini_bytes, obj.tls, obj.ifunc) == (16, 0, True, ())
-    assert obj.syscalls == ("0f 05 (`syscall`) at raw+0x0",)
-    with pytest.raises(RuntimeError, match="nvcc -c failed"):
-        object_check._nvcc_host_object("this is not C++\n", "sm_90")
+    # one inside a function, one in .text outside any function symbol
+    assert obj.syscalls == ("0f 05 (`syscall`) at .text", "0f 05 (`syscall`) at raw+0x0")
+    with pytest.raises(RuntimeError) as e:
+        object_check._nvcc_host_object("".join(f"this is not C++ {i};\n" for i in range(200)), "sm_90")
+    # the last 1500 characters of nvcc's own text (not its bytes' repr), after a fixed prefix
+    msg = str(e.value)
+    assert msg.startswith("nvcc -c failed: ") and len(msg) == len("nvcc -c failed: ") + 1500
+    assert "error" in msg and "\n" in msg and "\\n" not in msg
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_the_nvcc_host_object_looks_for_system_call_bytes_in_code_only():
+    src = 'extern "C" const unsigned char table[] = {0x0f, 0x05, 0x0f, 0x34};\n' + object_check._HOST_BASELINE_SOURCE
+    assert object_check._nvcc_host_object(src, "sm_90").syscalls == ()
+
+
+def test_without_nvcc_the_host_object_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="^nvcc is not on PATH$"):
+        object_check._nvcc_host_object(object_check._HOST_BASELINE_SOURCE, "sm_90")
+
+
+def _elf_with_relative(*pairs):
+    from types import SimpleNamespace
+
+    oc = object_check
+    return SimpleNamespace(machine=oc.EM_X86_64,
+                           relocations=lambda: [(addr, oc.R_RELATIVE[oc.EM_X86_64], 0, target) for addr, target in pairs])
+
+
+def test_array_targets_names_each_constructor_once_and_leaves_the_toolchains_out():
+    oc = object_check
+    elf = _elf_with_relative((0x100, 1), (0x108, 2), (0x110, 1), (0x200, 3), (0x208, 4))
+    names = {1: "make_table+0x0", 2: "frame_dummy", 3: "__do_global_dtors_aux", 4: "drop_table+0x4"}
+    dyn = {oc.DT_INIT_ARRAY: 0x100, oc.DT_INIT_ARRAYSZ: 24, oc.DT_FINI_ARRAY: 0x200, oc.DT_FINI_ARRAYSZ: 16}
+    assert oc._array_targets(elf, dyn, names.get) == "make_table, drop_table"
+    # no .fini_array at all, and an .init_array whose address entry is missing (address 0)
+    elf = _elf_with_relative((0x0, 1), (0x8, 4))
+    assert oc._array_targets(elf, {oc.DT_INIT_ARRAYSZ: 16}, names.get) == "make_table, drop_table"
+    assert oc._array_targets(elf, {}, names.get) == ""

@@ -550,3 +550,100 @@ def test_array_targets_names_each_constructor_once_and_leaves_the_toolchains_out
     elf = _elf_with_relative((0x0, 1), (0x8, 4))
     assert oc._array_targets(elf, {oc.DT_INIT_ARRAYSZ: 16}, names.get) == "make_table, drop_table"
     assert oc._array_targets(elf, {}, names.get) == ""
+
+
+# ---------------------------------------------------------------- problems(), on patched objects
+
+def _parsed(tmp_path, source=KERNEL):
+    so = build(tmp_path, source)
+    data = bytearray(so.read_bytes())
+    return data, object_check.Elf.parse(bytes(data))
+
+
+def _func(elf, name):
+    return next(s for s in elf.symbols(object_check.SHT_SYMTAB) if s.name == name)
+
+
+def _file_offset(elf, vaddr):
+    seg = next(s for s in elf.segments if s.type == object_check.PT_LOAD and s.vaddr <= vaddr < s.vaddr + s.filesz)
+    return seg.offset + vaddr - seg.vaddr
+
+
+def _problems(data):
+    return object_check.problems(bytes(data), object_check.baseline())
+
+
+def test_more_than_six_system_call_sites_are_counted_after_the_first_six(tmp_path):
+    data, elf = _parsed(tmp_path)
+    k = _func(elf, "k")
+    at = _file_offset(elf, k.value)
+    for i in range(8):
+        data[at + 4 * i:at + 4 * i + 2] = b"\x0f\x05"
+    found = _problems(data)
+    assert found == ["system-call bytes 0f 05 (`syscall`) at " + ", ".join(f"k+{4 * i:#x}" for i in range(6))
+                     + " and 2 more: a kernel makes no system calls (inline asm); if this is a constant inside an "
+                       "instruction, change the constant"]
+
+
+def test_system_call_bytes_outside_any_function_name_their_section(tmp_path):
+    data, elf = _parsed(tmp_path)
+    plt = next(s for s in elf.sections if s.name == ".plt")
+    data[plt.offset + 1:plt.offset + 3] = b"\x0f\x05"
+    assert _problems(data)[0].startswith(f"system-call bytes 0f 05 (`syscall`) at .plt@{plt.addr + 1:#x}: ")
+    init = _func(elf, "_init") if any(s.name == "_init" for s in elf.symbols(object_check.SHT_SYMTAB)) else None
+    assert init is not None and init.size == 0  # crtstuff's _init carries no size: named by its start
+    data2, _ = _parsed(tmp_path)
+    data2[_file_offset(elf, init.value):_file_offset(elf, init.value) + 2] = b"\x0f\x05"
+    assert _problems(data2)[0].startswith("system-call bytes 0f 05 (`syscall`) at _init: ")
+
+
+def test_aarch64_objects_are_searched_for_svc_words_on_instruction_boundaries(tmp_path):
+    data, elf = _parsed(tmp_path)
+    data[18:20] = object_check.EM_AARCH64.to_bytes(2, "little")
+    k = _func(elf, "k")
+    seg = next(s for s in elf.segments if s.type == object_check.PT_LOAD and s.flags & object_check.PF_X)
+    first = (k.value - seg.vaddr + 3) // 4 * 4  # 4-aligned within the segment, as AArch64 code is
+    at = seg.offset + first
+    for word in (0, 2):
+        data[at + 4 * word:at + 4 * word + 4] = (0xD4000001 | (7 << 5)).to_bytes(4, "little")  # svc #7
+    data[at + 13:at + 17] = (0xD4000001).to_bytes(4, "little")  # not on a 4-byte boundary: not an instruction
+    off = seg.vaddr + first - k.value
+    found = _problems(data)
+    assert f"`svc` (system call) at k+{off:#x}, k+{off + 8:#x}: a kernel makes no system calls" in found, found
+    assert not any("0f 05" in f for f in found)
+
+
+def test_an_unknown_machine_type_is_named():
+    data = bytearray(b"\x7fELF\x02\x01\x01" + b"\0" * 57)
+    data[18:20] = (40).to_bytes(2, "little")
+    assert object_check.problems(bytes(data), object_check.baseline()) == [
+        "machine type 40 is not one the object check knows (x86-64, AArch64)"]
+
+
+def test_an_object_whose_dynamic_symbol_table_is_relabelled_cannot_be_checked(tmp_path):
+    data, elf = _parsed(tmp_path)
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    shentsize = int.from_bytes(data[0x3A:0x3C], "little")
+    idx = next(i for i, s in enumerate(elf.sections) if s.type == object_check.SHT_DYNSYM)
+    data[shoff + idx * shentsize + 4:shoff + idx * shentsize + 8] = (1).to_bytes(4, "little")  # SHT_PROGBITS
+    assert _problems(data) == ["it has no dynamic symbol table, so its imports cannot be checked"]
+
+
+def test_a_library_beyond_the_compiler_runtime_is_named(tmp_path):
+    src, out = tmp_path / "k.cpp", tmp_path / "k.so"
+    src.write_text(KERNEL)
+    res = subprocess.run(["g++", *CPU_FLAGS, "-o", str(out), str(src), "-Wl,--no-as-needed", "-lanl", "-lresolv"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert object_check.check_object(out).detail == (
+        "built object: it links libraries beyond the compiler's runtime: libanl.so.1, libresolv.so.2")
+
+
+def test_relocations_are_read_entry_by_entry_as_readelf_lists_them(tmp_path):
+    so = build(tmp_path, 'int g[4];\nint* p[3] = {&g[0], &g[1], &g[3]};\nextern "C" int* k(int i) { return p[i]; }\n')
+    elf = object_check.Elf.parse(so.read_bytes())
+    mine = {(off, (sym << 32) | typ) for off, typ, sym, _ in elf.relocations()}
+    listed = subprocess.run(["readelf", "-rW", str(so)], capture_output=True, text=True).stdout
+    theirs = {(int(f[0], 16), int(f[1], 16)) for f in (line.split() for line in listed.splitlines())
+              if len(f) > 2 and all(c in "0123456789abcdef" for c in f[0] + f[1]) and len(f[0]) == 16}
+    assert mine == theirs and len(elf.relocations()) == len(theirs) >= 3

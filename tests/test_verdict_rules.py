@@ -682,3 +682,16 @@ def test_a_shift_of_two_finite_values_uses_their_spread():
     out = derive_inputs("softmax", {"dim": -1}, "shift", {"x": x}, _replay(2))["x"]
     spread = float(torch.tensor([1.0, 3.0], dtype=torch.float64).std())
     assert torch.equal(out[0, :2], (x[0, :2].double() + u * spread * sign).float())
+
+
+def test_mixed_caps_each_row_by_its_own_peak_not_the_largest_one():
+    x = torch.tensor([[900.0, -900.0], [0.001, 0.002]], dtype=torch.float16)
+    seed = next(s for s in range(100) if float(_mixed_factor(2, s)[1]) > 10.0)
+    out = derive_inputs("layer_norm", {"normalized_shape": [2]}, "mixed", {"x": x}, _replay(seed))["x"]
+    assert torch.equal(out[1], (x[1].double() * _mixed_factor(2, seed)[1]).half())  # far above 1023 / 900
+
+
+def test_compare_names_no_input_kind_unless_given_one():
+    ref = torch.ones(2, dtype=torch.float64)
+    assert vr.compare(torch.ones(2), ref).input_kind == ""
+    assert vr.compare(torch.ones(2), ref, input_kind="offset").input_kind == "offset"

@@ -349,3 +349,12 @@ def test_the_compare_wrapper_forwards_dtype_op_and_floor():
     assert tolerance.compare(out, ref, None, "softmax").atol == 1e-8
     c = tolerance.compare(out, ref, atol_floor=0.01)
     assert c.passed and c.atol == 0.01
+
+
+def test_surely_within_checks_the_first_element_and_admits_exactly_nine_tenths():
+    ref = torch.zeros(4, dtype=torch.float64)
+    edge = float(torch.zeros(1).mul_(0.9 * 1e-4).add_(0.9 * 1e-5))  # the bound for |ref| = 0, in float32
+    assert tolerance.surely_within(torch.full((4,), edge), ref)
+    out = torch.zeros(4)
+    out[0] = 1.0
+    assert not tolerance.surely_within(out, ref)

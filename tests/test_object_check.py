@@ -647,3 +647,25 @@ def test_relocations_are_read_entry_by_entry_as_readelf_lists_them(tmp_path):
     theirs = {(int(f[0], 16), int(f[1], 16)) for f in (line.split() for line in listed.splitlines())
               if len(f) > 2 and all(c in "0123456789abcdef" for c in f[0] + f[1]) and len(f[0]) == 16}
     assert mine == theirs and len(elf.relocations()) == len(theirs) >= 3
+
+
+def test_unreadable_or_foreign_artifacts_are_rejecting_verdicts_with_exact_details(tmp_path):
+    v = object_check.check_object(tmp_path / "missing.so")
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail == f"built object: cannot be read ([Errno 2] No such file or directory: '{tmp_path / 'missing.so'}')"
+    text = tmp_path / "text.cubin"
+    text.write_bytes(b"not an elf at all, just text" * 4)
+    v = object_check.check_object(text, "cuda")
+    assert (v.ok, v.detail) == (False, "built object: not a readable ELF64 object (not an ELF file)")
+    high = tmp_path / "high.cubin"
+    high.write_bytes(CUBIN[:18] + (0xBEEF).to_bytes(2, "little") + CUBIN[20:])
+    v = object_check.check_object(high, "cuda")
+    assert (v.ok, v.detail) == (False, "built object: expected a cubin (CUDA ELF), found machine type 48879")
+
+
+def test_a_decision_is_remembered_whether_it_passes_or_rejects(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.cubin"
+    bad.write_bytes(b"junk")
+    first = object_check.check_object(bad, "cuda")
+    monkeypatch.setattr(object_check, "_decide", lambda data, backend: pytest.fail("decided twice"))
+    assert object_check.check_object(bad, "cuda") is first and not first.ok

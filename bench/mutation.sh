@@ -28,9 +28,19 @@ declare -A SELECT=(
   [verify]="tests/test_verify_inputs.py tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
   [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
   [timing]="tests/test_evaluate_cpu.py"
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
+  # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
+  #  the unit tests reach the same code)
+  [object_check]="tests/test_object_check.py
+    --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
+    --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked
+    --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"
+  [model_gate]="tests/test_model_gate.py
+    --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
+    --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"
 )
-MODULES="verdict tolerance static_check verify evaluate timing"
-CHECK_MODULES="verdict tolerance static_check"  # the fast ones (~3 min together on 2 cores): CI's guard
+MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify evaluate timing"
+CHECK_MODULES="verdict tolerance static_check verdict_rules model_gate"  # the fast ones: CI's guard
 
 check=0
 if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi

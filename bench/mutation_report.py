@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
-ORDER = ["verdict", "tolerance", "static_check", "verify", "evaluate", "timing", "object_check"]
+ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing"]
 
 # mutmut 3 exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
 KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 36: "timeout",
@@ -178,6 +178,11 @@ def partial(modules: list[str]) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--configure"]:  # by hand: test arguments may be pytest options (--deselect=...)
+        items = sys.argv[3:]
+        configure(Path(sys.argv[2]), [i for i in items if i.startswith("forge_pack/")],
+                  [i for i in items if not i.startswith("forge_pack/")])
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--configure", nargs="+", metavar="ARG")
     ap.add_argument("--write", nargs="+", metavar="MODULE")

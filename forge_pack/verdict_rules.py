@@ -349,11 +349,13 @@ def make_inputs(inputs: list[tuple[str, Any]], kind: str, gen: torch.Generator, 
         # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
         x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
     elif kind == "neg_inf_rows":
-        flat = x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1])
+        # rows in a copy (reshape of a strided x may copy too): written back into x below
+        flat = x.reshape(-1, x.shape[-1]).clone()
         flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
         flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
         if flat.shape[0] > 2:
-            flat[2, 1:] = float("-inf")  # a row with a single live element
+            flat[2, 2:] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
+        x.copy_(flat.view(x.shape))
     elif kind == "constant":
         x.fill_(1.5)  # zero variance / identical logits
     else:

@@ -88,7 +88,10 @@ def test_a_failure_no_kernel_explains_is_an_error_naming_them_all():
     assert e.value.message.startswith("the whole-model check failed (the patched model's outputs differ from the "
                                       "original's by up to 0.25 (argmax agreement 0.10%), more than the tolerance "
                                       "allows) with the kernels t0 (softmax[x]), t1 (layer_norm[x]) patched together")
-    assert "no package was written" in e.value.message and "--top 1" in e.value.hint
+    assert e.value.message.endswith(" patched together, yet the model passes with each of them alone, so none can "
+                                    "be dropped with cause; no package was written")
+    assert e.value.hint == ("the kernels' errors add up through the model: package fewer of them (search with "
+                            "--top 1), or report the run directory to forge-pack's maintainers")
 
 
 def test_failure_words_for_another_output_structure():
@@ -277,3 +280,56 @@ def test_a_model_file_gone_or_changed_is_an_error_before_any_confirmation(tmp_pa
     with pytest.raises(ForgeError, match="is not there any more, and no package is written unchecked"):
         pack(run, tmp_path / "out", "p")
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ the gate's words, exactly
+
+
+def test_failure_words_leave_out_what_the_check_did_not_measure():
+    base = "the patched model's outputs differ from the original's"
+    tail = ", more than the tolerance allows"
+    assert failure_words({"max_abs_diff": 0.5234}) == f"{base} by up to 0.523{tail}"
+    assert failure_words({"argmax_agreement": 0.25}) == f"{base} (argmax agreement 25.00%){tail}"
+    assert failure_words({}) == base + tail
+    # a structure result that still measured a difference is reported by the difference
+    assert failure_words({"output_kind": "structure", "max_abs_diff": 2.0}) == f"{base} by up to 2{tail}"
+
+
+def test_a_check_without_within_tolerance_does_not_pass():
+    from forge_pack.model_gate import passes
+    assert passes({"within_tolerance": True}) is True
+    assert passes({}) is False and passes({"within_tolerance": None}) is False
+
+
+def test_the_gate_says_what_failed_checks_each_kernel_alone_and_names_each_drop():
+    ws = [_winner("a", "softmax"), _winner("b", "layer_norm")]
+    stage, check, _, _ = _fake({"a"})
+    said = []
+    g = run_gate(ws, stage, check, say=said.append)
+    assert said == [
+        "  the whole-model check failed: the patched model's outputs differ from the original's by up to 0.25 "
+        "(argmax agreement 0.10%), more than the tolerance allows",
+        "  checking the model with each of the 2 kernels alone",
+        "  dropped t0 (softmax[x]): dropped by the whole-model check: with only this kernel patched, the patched "
+        "model's outputs differ from the original's by up to 0.25 (argmax agreement 0.10%), more than the "
+        "tolerance allows",
+    ]
+    assert [w.hotspot.id for w in g.winners] == ["b"] and g.doc == {"targets": [{"id": "t0", "hotspot_id": "b"}]}
+    assert g.model_result == GOOD and len(g.dropped) == 1
+
+
+def test_a_passing_first_check_ships_every_kernel_and_says_nothing():
+    ws = [_winner("a", "softmax"), _winner("b", "layer_norm")]
+    stage, check, _, checks = _fake(set())
+    said = []
+    g = run_gate(ws, stage, check, say=said.append)
+    assert g.winners == ws and g.dropped == [] and said == [] and checks == [["a", "b"]]
+    assert g.doc == {"targets": [{"id": "t0", "hotspot_id": "a"}, {"id": "t1", "hotspot_id": "b"}]}
+
+
+def test_the_gate_drops_a_lone_failing_kernel_with_its_reason_and_an_empty_result():
+    stage, check, staged, _ = _fake({"a"})
+    g = run_gate([_winner("a", "softmax")], stage, check, say=lambda s: None)
+    assert (g.winners, g.doc, g.model_result) == ([], None, None) and staged == [["a"]]
+    assert g.dropped[0]["reason"].startswith("dropped by the whole-model check: with only this kernel patched, ")
+    assert run_gate([], stage, check).dropped == []

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
@@ -50,13 +52,39 @@ extern "C" void k(const float* x, float* out, long long n) {
 """
 
 
+# Objects built here are kept by the hash of (g++ version, flags, source) under build/: the checks
+# only read them, and mutation testing reruns these tests once per mutant (a compile each was most of it).
+OBJECTS = Path(__file__).resolve().parent.parent / "build" / "test-objects"
+
+
+@functools.lru_cache(maxsize=1)
+def _toolchain() -> str:
+    return subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+
+
 def build(tmp_path: Path, source: str, name: str = "k") -> Path:
     src, out = tmp_path / f"{name}.cpp", tmp_path / f"{name}.so"
     src.write_text(source)
-    res = subprocess.run(["g++", *CPU_FLAGS, f"-I{cpu_include_dir()}", "-o", str(out), str(src)],
-                         capture_output=True, text=True)
+    cmd = ["g++", *CPU_FLAGS, f"-I{cpu_include_dir()}", "-o", str(out), str(src)]
+    key = hashlib.sha256("\0".join([_toolchain(), *cmd[:-3], source]).encode()).hexdigest()
+    kept = OBJECTS / f"{key}.so"
+    if kept.is_file():
+        shutil.copyfile(kept, out)
+        return out
+    res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+    OBJECTS.mkdir(parents=True, exist_ok=True)
+    part = OBJECTS / f"{key}.{os.getpid()}.part"
+    shutil.copyfile(out, part)
+    os.replace(part, kept)  # atomic: a concurrent run never reads half an object
     return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    # check_object remembers decisions per process by content hash: each test decides afresh, so a
+    # test judges the code in place now, not a decision an earlier test (or process state) left
+    monkeypatch.setattr(object_check, "_decisions", {})
 
 
 def detail(tmp_path: Path, source: str, name: str = "k") -> str:
@@ -293,7 +321,7 @@ def test_fixture_passes_the_source_check_and_only_the_built_object_is_rejected(n
     cand = load_fixture(KERNELS / f"{name}.cpp")
     sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
     assert static_check.check(cand, sig) is None  # the text alone looks like a kernel
-    build_ = compile_candidate(cand, cache_dir=tmp_path)
+    build_ = compile_candidate(cand, cache_dir=OBJECTS / "candidates")  # keyed by the build's own content hash
     assert build_.ok, build_.log
     v = object_check.check_object(build_.path)
     assert v is not None and v.reason == "static_check"
@@ -344,3 +372,300 @@ def test_every_cpu_template_family_and_reference_kernel_passes_the_object_check(
     failures = [f"{c.op} {c.family} {c.label}: {b.log[-500:] if not b.ok else object_check.check_object(b.path).detail}"
                 for c, b in zip(cands, builds) if not b.ok or object_check.check_object(b.path) is not None]
     assert not failures, "\n".join(failures)
+
+
+def test_the_baseline_is_what_gxx_puts_in_an_empty_object(monkeypatch):
+    monkeypatch.setattr(object_check, "_baselines", {})
+    base = object_check.baseline()
+    # crtstuff's frame_dummy and __do_global_dtors_aux; _init/_fini are a few instructions each
+    assert (base.init_array, base.fini_array) == (1, 1)
+    assert 0 < base.init_size <= 32 and 0 < base.fini_size <= 32
+    assert "__cxa_finalize" in base.weak and "__gmon_start__" in base.weak
+    assert object_check.baseline() is base and object_check.baseline(tuple(CPU_FLAGS)) is base
+
+
+# ---------------------------------------------------------------- the nvcc fallback's host side, unit by unit
+
+CUBIN = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40
+
+
+def _nvcc_build(tmp_path: Path, source: str | None, cmd: str = "/usr/bin/nvcc -cubin -arch=sm_90"):
+    from forge_pack.compile import Build
+
+    cubin = tmp_path / "kernel.cubin"
+    cubin.write_bytes(CUBIN)
+    if source is not None:
+        (tmp_path / "kernel.cu").write_text(source)
+    return Build(True, "cuda", str(cubin), "", cmd, 0.0, False, "k", "sm_90")
+
+
+def test_an_nvcc_build_without_its_source_is_rejected_as_unreadable(tmp_path):
+    v = object_check.check_build(_nvcc_build(tmp_path, None))
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail.startswith("built object: the source of an nvcc build cannot be read ([Errno 2] ")
+    assert v.detail.endswith(f"'{tmp_path / 'kernel.cu'}')")
+
+
+def test_an_nvcc_builds_host_problems_are_the_verdict_and_decided_once_per_source(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(object_check, "cuda_host_problems",
+                        lambda source, arch: calls.append((source, arch)) or ["its host code calls _ZN1A1fEv", "x"])
+    b = _nvcc_build(tmp_path, "// host code\n")
+    v = object_check.check_build(b)
+    assert (v.ok, v.reason, v.detail) == (False, "static_check", "built object: its host code calls A::f(); x")
+    assert object_check.check_build(b) is v and calls == [("// host code\n", "sm_90")]
+    other = tmp_path / "other"
+    other.mkdir()
+    assert object_check.check_build(_nvcc_build(other, "// other code\n")).detail.startswith("built object: its")
+    assert len(calls) == 2  # another source: decided afresh
+
+
+def test_an_nvcc_build_with_clean_host_code_passes(tmp_path, monkeypatch):
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: [])
+    assert object_check.check_build(_nvcc_build(tmp_path, "// device code only\n")) is None
+
+
+def test_an_nvcc_host_side_that_cannot_be_built_is_a_verdict(tmp_path, monkeypatch):
+    def fail(source, arch):
+        raise RuntimeError("nvcc -c failed: boom")
+
+    monkeypatch.setattr(object_check, "cuda_host_problems", fail)
+    v = object_check.check_build(_nvcc_build(tmp_path, "// x\n"))
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail == "built object: the host side of this CUDA source could not be built for checking: nvcc -c failed: boom"
+
+
+def test_a_rejected_cubin_is_the_verdict_before_any_host_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: pytest.fail("host check ran"))
+    b = _nvcc_build(tmp_path, "// x\n")
+    Path(b.path).write_bytes(CUBIN[:18] + (62).to_bytes(2, "little") + CUBIN[20:])  # an x86-64 header
+    assert object_check.check_build(b).detail == "built object: expected a cubin (CUDA ELF), found machine type 62"
+
+
+def test_cpu_builds_are_judged_by_their_object_alone(tmp_path, monkeypatch):
+    from forge_pack.compile import Build
+
+    monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: pytest.fail("host check ran"))
+    so = build(tmp_path, KERNEL)
+    (tmp_path / "kernel.cu").write_text("// never read\n")
+    assert object_check.check_build(Build(True, "cpu", str(so), "", "g++", 0.0, False, "k")) is None
+
+
+def _host(undefined=(), init=0, fini=0, tls=False, ifunc=(), syscalls=()):
+    return object_check.HostObject(frozenset(undefined), init, fini, tls, tuple(ifunc), tuple(syscalls))
+
+
+def test_cuda_host_problems_are_what_the_source_adds_to_an_empty_kernels_host_object(monkeypatch):
+    base = _host(undefined={"__cudaRegisterFunction", "atexit"}, init=8, fini=8)
+    objects = {object_check._HOST_BASELINE_SOURCE: base}
+    seen = []
+
+    def fake(source, arch):
+        seen.append((source[:10], arch))
+        return objects[source]
+
+    monkeypatch.setattr(object_check, "_nvcc_host_object", fake)
+    monkeypatch.setattr(object_check, "_host_baselines", {})
+    objects["clean"] = _host(undefined={"__cudaRegisterFunction", "atexit", "expf"}, init=8, fini=8)
+    assert object_check.cuda_host_problems("clean", "sm_90") == []
+    objects["all"] = _host(undefined={"atexit", "system", "dlopen", "expf"}, init=16, fini=8, tls=True,
+                           ifunc=("pick_a", "pick_b"), syscalls=[f"0f 05 (`syscall`) at f+{i:#x}" for i in range(8)])
+    assert object_check.cuda_host_problems("all", "sm_90") == [
+        "its host code calls or references dlopen, system (a CUDA candidate is device code: no host functions, no "
+        "host globals with initialisers)",
+        "its host code runs when the package loads or unloads (a global object with a constructor or destructor, "
+        "`__attribute__((constructor))`): a CUDA candidate is device code",
+        "its host code has thread-local storage",
+        "its host code has IFUNC resolvers (pick_a, pick_b)",
+        "its host code holds system-call bytes " + ", ".join(f"0f 05 (`syscall`) at f+{i:#x}" for i in range(6)),
+    ]
+    objects["fini"] = _host(fini=16)
+    assert object_check.cuda_host_problems("fini", "sm_90") == [
+        "its host code runs when the package loads or unloads (a global object with a constructor or destructor, "
+        "`__attribute__((constructor))`): a CUDA candidate is device code"]
+    # the baseline is built once per architecture
+    assert [s for s in seen if s[0] == object_check._HOST_BASELINE_SOURCE[:10]] == [
+        (object_check._HOST_BASELINE_SOURCE[:10], "sm_90")]
+    objects["clean_b"] = objects["clean"]
+    object_check.cuda_host_problems("clean_b", "sm_100")
+    assert seen[-2:] == [(object_check._HOST_BASELINE_SOURCE[:10], "sm_100"), ("clean_b", "sm_100")]
+
+
+NVCC_HOST_CU = """
+#include <cstdlib>
+struct Hello { Hello() { std::system("true"); } ~Hello() {} };
+static Hello hello;
+static thread_local int counter;
+extern "C" int bump() { return ++counter; }
+extern "C" void raw() { asm volatile("syscall" ::: "rcx", "r11", "memory"); }
+asm(".text\\n.byte 0x90, 0x0f, 0x05\\n");
+extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_the_nvcc_host_object_lists_imports_load_time_code_tls_and_system_call_bytes():
+    obj = object_check._nvcc_host_object(NVCC_HOST_CU, "sm_90")  # one nvcc run (~2 s): mutation reruns it
+    assert {"system", "__cxa_atexit", "__cudaRegisterFunction"} <= obj.undefined
+    assert "bump" not in obj.undefined and "raw" not in obj.undefined and "" not in obj.undefined
+    # .init_array: the static object's constructor and nvcc's fatbinary registration, 8 bytes each
+    assert (obj.init_bytes, obj.fini_bytes, obj.tls, obj.ifunc) == (16, 0, True, ())
+    # one inside a function, one in .text outside any function symbol
+    assert obj.syscalls == ("0f 05 (`syscall`) at .text", "0f 05 (`syscall`) at raw+0x0")
+    with pytest.raises(RuntimeError) as e:
+        object_check._nvcc_host_object("".join(f"this is not C++ {i};\n" for i in range(200)), "sm_90")
+    # the last 1500 characters of nvcc's own text (not its bytes' repr), after a fixed prefix
+    msg = str(e.value)
+    assert msg.startswith("nvcc -c failed: ") and len(msg) == len("nvcc -c failed: ") + 1500
+    assert "error" in msg and "\n" in msg and "\\n" not in msg
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_the_nvcc_host_object_looks_for_system_call_bytes_in_code_only():
+    src = 'extern "C" const unsigned char table[] = {0x0f, 0x05, 0x0f, 0x34};\n' + object_check._HOST_BASELINE_SOURCE
+    assert object_check._nvcc_host_object(src, "sm_90").syscalls == ()
+
+
+def test_without_nvcc_the_host_object_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="^nvcc is not on PATH$"):
+        object_check._nvcc_host_object(object_check._HOST_BASELINE_SOURCE, "sm_90")
+
+
+def _elf_with_relative(*pairs):
+    from types import SimpleNamespace
+
+    oc = object_check
+    return SimpleNamespace(machine=oc.EM_X86_64,
+                           relocations=lambda: [(addr, oc.R_RELATIVE[oc.EM_X86_64], 0, target) for addr, target in pairs])
+
+
+def test_array_targets_names_each_constructor_once_and_leaves_the_toolchains_out():
+    oc = object_check
+    elf = _elf_with_relative((0x100, 1), (0x108, 2), (0x110, 1), (0x200, 3), (0x208, 4))
+    names = {1: "make_table+0x0", 2: "frame_dummy", 3: "__do_global_dtors_aux", 4: "drop_table+0x4"}
+    dyn = {oc.DT_INIT_ARRAY: 0x100, oc.DT_INIT_ARRAYSZ: 24, oc.DT_FINI_ARRAY: 0x200, oc.DT_FINI_ARRAYSZ: 16}
+    assert oc._array_targets(elf, dyn, names.get) == "make_table, drop_table"
+    # no .fini_array at all, and an .init_array whose address entry is missing (address 0)
+    elf = _elf_with_relative((0x0, 1), (0x8, 4))
+    assert oc._array_targets(elf, {oc.DT_INIT_ARRAYSZ: 16}, names.get) == "make_table, drop_table"
+    assert oc._array_targets(elf, {}, names.get) == ""
+
+
+# ---------------------------------------------------------------- problems(), on patched objects
+
+def _parsed(tmp_path, source=KERNEL):
+    so = build(tmp_path, source)
+    data = bytearray(so.read_bytes())
+    return data, object_check.Elf.parse(bytes(data))
+
+
+def _func(elf, name):
+    return next(s for s in elf.symbols(object_check.SHT_SYMTAB) if s.name == name)
+
+
+def _file_offset(elf, vaddr):
+    seg = next(s for s in elf.segments if s.type == object_check.PT_LOAD and s.vaddr <= vaddr < s.vaddr + s.filesz)
+    return seg.offset + vaddr - seg.vaddr
+
+
+def _problems(data):
+    return object_check.problems(bytes(data), object_check.baseline())
+
+
+def test_more_than_six_system_call_sites_are_counted_after_the_first_six(tmp_path):
+    data, elf = _parsed(tmp_path)
+    k = _func(elf, "k")
+    at = _file_offset(elf, k.value)
+    for i in range(8):
+        data[at + 4 * i:at + 4 * i + 2] = b"\x0f\x05"
+    found = _problems(data)
+    assert found == ["system-call bytes 0f 05 (`syscall`) at " + ", ".join(f"k+{4 * i:#x}" for i in range(6))
+                     + " and 2 more: a kernel makes no system calls (inline asm); if this is a constant inside an "
+                       "instruction, change the constant"]
+
+
+def test_system_call_bytes_outside_any_function_name_their_section(tmp_path):
+    data, elf = _parsed(tmp_path)
+    plt = next(s for s in elf.sections if s.name == ".plt")
+    data[plt.offset + 1:plt.offset + 3] = b"\x0f\x05"
+    assert _problems(data)[0].startswith(f"system-call bytes 0f 05 (`syscall`) at .plt@{plt.addr + 1:#x}: ")
+    init = _func(elf, "_init") if any(s.name == "_init" for s in elf.symbols(object_check.SHT_SYMTAB)) else None
+    assert init is not None and init.size == 0  # crtstuff's _init carries no size: named by its start
+    data2, _ = _parsed(tmp_path)
+    data2[_file_offset(elf, init.value):_file_offset(elf, init.value) + 2] = b"\x0f\x05"
+    assert _problems(data2)[0].startswith("system-call bytes 0f 05 (`syscall`) at _init: ")
+
+
+def test_aarch64_objects_are_searched_for_svc_words_on_instruction_boundaries(tmp_path):
+    data, elf = _parsed(tmp_path)
+    data[18:20] = object_check.EM_AARCH64.to_bytes(2, "little")
+    k = _func(elf, "k")
+    seg = next(s for s in elf.segments if s.type == object_check.PT_LOAD and s.flags & object_check.PF_X)
+    first = (k.value - seg.vaddr + 3) // 4 * 4  # 4-aligned within the segment, as AArch64 code is
+    at = seg.offset + first
+    for word in (0, 2):
+        data[at + 4 * word:at + 4 * word + 4] = (0xD4000001 | (7 << 5)).to_bytes(4, "little")  # svc #7
+    data[at + 13:at + 17] = (0xD4000001).to_bytes(4, "little")  # not on a 4-byte boundary: not an instruction
+    off = seg.vaddr + first - k.value
+    found = _problems(data)
+    assert f"`svc` (system call) at k+{off:#x}, k+{off + 8:#x}: a kernel makes no system calls" in found, found
+    assert not any("0f 05" in f for f in found)
+
+
+def test_an_unknown_machine_type_is_named():
+    data = bytearray(b"\x7fELF\x02\x01\x01" + b"\0" * 57)
+    data[18:20] = (40).to_bytes(2, "little")
+    assert object_check.problems(bytes(data), object_check.baseline()) == [
+        "machine type 40 is not one the object check knows (x86-64, AArch64)"]
+
+
+def test_an_object_whose_dynamic_symbol_table_is_relabelled_cannot_be_checked(tmp_path):
+    data, elf = _parsed(tmp_path)
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    shentsize = int.from_bytes(data[0x3A:0x3C], "little")
+    idx = next(i for i, s in enumerate(elf.sections) if s.type == object_check.SHT_DYNSYM)
+    data[shoff + idx * shentsize + 4:shoff + idx * shentsize + 8] = (1).to_bytes(4, "little")  # SHT_PROGBITS
+    assert _problems(data) == ["it has no dynamic symbol table, so its imports cannot be checked"]
+
+
+def test_a_library_beyond_the_compiler_runtime_is_named(tmp_path):
+    src, out = tmp_path / "k.cpp", tmp_path / "k.so"
+    src.write_text(KERNEL)
+    res = subprocess.run(["g++", *CPU_FLAGS, "-o", str(out), str(src), "-Wl,--no-as-needed", "-lanl", "-lresolv"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert object_check.check_object(out).detail == (
+        "built object: it links libraries beyond the compiler's runtime: libanl.so.1, libresolv.so.2")
+
+
+def test_relocations_are_read_entry_by_entry_as_readelf_lists_them(tmp_path):
+    so = build(tmp_path, 'int g[4];\nint* p[3] = {&g[0], &g[1], &g[3]};\nextern "C" int* k(int i) { return p[i]; }\n')
+    elf = object_check.Elf.parse(so.read_bytes())
+    mine = {(off, (sym << 32) | typ) for off, typ, sym, _ in elf.relocations()}
+    listed = subprocess.run(["readelf", "-rW", str(so)], capture_output=True, text=True).stdout
+    theirs = {(int(f[0], 16), int(f[1], 16)) for f in (line.split() for line in listed.splitlines())
+              if len(f) > 2 and all(c in "0123456789abcdef" for c in f[0] + f[1]) and len(f[0]) == 16}
+    assert mine == theirs and len(elf.relocations()) == len(theirs) >= 3
+
+
+def test_unreadable_or_foreign_artifacts_are_rejecting_verdicts_with_exact_details(tmp_path):
+    v = object_check.check_object(tmp_path / "missing.so")
+    assert (v.ok, v.reason) == (False, "static_check")
+    assert v.detail == f"built object: cannot be read ([Errno 2] No such file or directory: '{tmp_path / 'missing.so'}')"
+    text = tmp_path / "text.cubin"
+    text.write_bytes(b"not an elf at all, just text" * 4)
+    v = object_check.check_object(text, "cuda")
+    assert (v.ok, v.detail) == (False, "built object: not a readable ELF64 object (not an ELF file)")
+    high = tmp_path / "high.cubin"
+    high.write_bytes(CUBIN[:18] + (0xBEEF).to_bytes(2, "little") + CUBIN[20:])
+    v = object_check.check_object(high, "cuda")
+    assert (v.ok, v.detail) == (False, "built object: expected a cubin (CUDA ELF), found machine type 48879")
+
+
+def test_a_decision_is_remembered_whether_it_passes_or_rejects(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.cubin"
+    bad.write_bytes(b"junk")
+    first = object_check.check_object(bad, "cuda")
+    monkeypatch.setattr(object_check, "_decide", lambda data, backend: pytest.fail("decided twice"))
+    assert object_check.check_object(bad, "cuda") is first and not first.ok

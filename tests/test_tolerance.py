@@ -277,3 +277,84 @@ def test_a_float32_reference_is_widened_to_float64_before_the_bound():
     ref64 = torch.tensor([0.5, 1.5, 3.0], dtype=torch.float64)
     eager = torch.tensor([0.5 + 1e-3, 1.5 - 4e-3, 3.0 + 2e-3], dtype=torch.float64)
     assert torch.equal(tolerance.eager_allowance(eager, ref64.float()), tolerance.eager_allowance(eager, ref64.float().double()))
+
+
+# ---------------------------------------------------------------- surely_within: the per-call fast path
+
+def test_surely_within_vouches_inside_nine_tenths_of_the_tolerance_and_not_beyond():
+    ref = torch.linspace(1.0, 2.0, 64, dtype=torch.float64)
+    # float32 row: |err| <= 1e-5 + 1e-4 * |ref|; 0.8x that bound passes, 0.95x is left to compare
+    bound = 1e-5 + 1e-4 * ref
+    assert tolerance.surely_within((ref + 0.8 * bound).float(), ref)
+    near = (ref + 0.8 * bound).float()
+    near[40] = float(ref[40] + 0.95 * bound[40])
+    assert not tolerance.surely_within(near, ref)
+    assert compare(near, ref).passed  # still within tolerance: compare decides it
+
+
+def test_surely_within_takes_the_row_of_the_named_dtype_and_op():
+    ref = torch.full((16,), 0.5, dtype=torch.float64)
+    out = (ref * 1.01).float()  # 1% off: inside bf16's rtol, outside fp32's
+    assert tolerance.surely_within(out, ref, "bfloat16")
+    assert not tolerance.surely_within(out, ref)
+    tiny = torch.full((16,), 1e-7, dtype=torch.float64)
+    # fp32's atol (1e-5) would cover zeros here; softmax's atol (1e-8) does not
+    assert tolerance.surely_within(torch.zeros(16), tiny, "float32")
+    assert not tolerance.surely_within(torch.zeros(16), tiny, "float32", "softmax")
+
+
+def test_surely_within_never_vouches_for_non_finite_values_shapes_or_float64_outputs():
+    ref = torch.ones(8, dtype=torch.float64)
+    for bad in (float("nan"), float("inf")):
+        out = torch.ones(8)
+        out[3] = bad
+        assert not tolerance.surely_within(out, ref)
+        ref_bad = ref.clone()
+        ref_bad[5] = bad
+        assert not tolerance.surely_within(torch.ones(8), ref_bad)
+    assert not tolerance.surely_within(torch.ones(2, 4), ref)
+    assert tolerance.surely_within(torch.ones(2, 4), ref.reshape(2, 4))
+    assert not tolerance.surely_within(ref.clone(), ref)  # float64: compare in float64 decides
+
+
+def test_surely_within_checks_every_chunk(monkeypatch):
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 4)
+    ref = torch.ones(10, dtype=torch.float64)
+    out = torch.ones(10)
+    assert tolerance.surely_within(out, ref)
+    out[9] = 2.0
+    assert not tolerance.surely_within(out, ref)
+    out[9] = 1.0
+    ref[9] = float("nan")
+    assert not tolerance.surely_within(out, ref)
+
+
+def test_as_check_carries_every_field_of_the_comparison():
+    ref = torch.tensor([1.0, float("nan"), 3.0], dtype=torch.float64)
+    c = verdict_rules.compare(torch.tensor([1.0, 2.0, float("inf")]), ref, input_kind="large")
+    check = tolerance.as_check(c)
+    assert type(check).__name__ == "Check"
+    for field in ("input_kind", "max_abs_err", "max_rel_err", "mismatches", "atol", "rtol", "first_mismatch",
+                  "nan_count", "inf_count", "passed", "nonfinite_mismatches"):
+        assert getattr(check, field) == getattr(c, field), field
+    assert tolerance.compare(torch.tensor([1.0, 2.0, float("inf")]), ref, input_kind="large") == check
+    assert tolerance.compare(torch.ones(3) * 1.5, torch.ones(3, dtype=torch.float64), atol=0.6).passed
+    assert not tolerance.compare(torch.ones(3) * 1.5, torch.ones(3, dtype=torch.float64), rtol=0.4).passed
+
+
+def test_the_compare_wrapper_forwards_dtype_op_and_floor():
+    ref = torch.full((4,), 0.5, dtype=torch.float64)
+    out = (ref * 1.01).float()
+    assert tolerance.compare(out, ref, "bfloat16").passed and not tolerance.compare(out, ref).passed
+    assert tolerance.compare(out, ref, None, "softmax").atol == 1e-8
+    c = tolerance.compare(out, ref, atol_floor=0.01)
+    assert c.passed and c.atol == 0.01
+
+
+def test_surely_within_checks_the_first_element_and_admits_exactly_nine_tenths():
+    ref = torch.zeros(4, dtype=torch.float64)
+    edge = float(torch.zeros(1).mul_(0.9 * 1e-4).add_(0.9 * 1e-5))  # the bound for |ref| = 0, in float32
+    assert tolerance.surely_within(torch.full((4,), edge), ref)
+    out = torch.zeros(4)
+    out[0] = 1.0
+    assert not tolerance.surely_within(out, ref)

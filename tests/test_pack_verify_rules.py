@@ -148,7 +148,8 @@ def test_the_final_check_passes_the_honest_kernel_and_rejects_the_others(final_c
         v = final_check[name]
         assert not v.ok and v.reason in expected_reasons(KERNELS / f"{name}.cpp"), (name, v.reason, v.detail)
     no_max = final_check["cpu_no_max_subtraction"]  # exp overflows only on large values
-    assert no_max.reason == "nan" and no_max.detail.split(": ")[0] in LARGE_VALUES, no_max.detail
+    # nan where only NaN/Inf positions differ; mismatch where an overflowing row also has a value off
+    assert no_max.reason in ("nan", "mismatch") and no_max.detail.split(": ")[0] in LARGE_VALUES, no_max.detail
 
 
 @pytest.fixture(scope="module")

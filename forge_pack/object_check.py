@@ -537,19 +537,16 @@ def check_build(build) -> Verdict | None:
     except OSError as e:
         return Verdict(False, "static_check", f"built object: the source of an nvcc build cannot be read ({e})")
     key = f"{POLICY}:cuda-host:{build.arch}:{hashlib.sha256(source.encode()).hexdigest()}"
-    with _decisions_lock:
-        if key in _decisions:
-            return _decisions[key]
+    return _cached(key, lambda: _decide_host(source, build.arch))
+
+
+def _decide_host(source: str, arch: str) -> Verdict | None:
     try:
-        found = cuda_host_problems(source, build.arch)
-        verdict = Verdict(False, "static_check", "built object: " + "; ".join(_demangle(f) for f in found)) \
-            if found else None
+        found = cuda_host_problems(source, arch)
     except (OSError, RuntimeError, subprocess.TimeoutExpired, ElfError, IndexError) as e:
-        verdict = Verdict(False, "static_check", f"built object: the host side of this CUDA source could not be "
-                                                 f"built for checking: {e}")
-    with _decisions_lock:
-        _decisions[key] = verdict
-    return verdict
+        return Verdict(False, "static_check", f"built object: the host side of this CUDA source could not be "
+                                              f"built for checking: {e}")
+    return Verdict(False, "static_check", "built object: " + "; ".join(_demangle(f) for f in found)) if found else None
 
 
 # ---------------------------------------------------------------- entry points
@@ -566,10 +563,15 @@ def check_object(path: str | Path, backend: str = "cpu") -> Verdict | None:
     except OSError as e:
         return Verdict(False, "static_check", f"built object: cannot be read ({e})")
     key = f"{POLICY}:{backend}:{hashlib.sha256(data).hexdigest()}"
+    return _cached(key, lambda: _decide(data, backend))
+
+
+def _cached(key: str, decide) -> Verdict | None:
+    """One decision per key (policy version + content hash), computed outside the lock."""
     with _decisions_lock:
         if key in _decisions:
             return _decisions[key]
-    verdict = _decide(data, backend)
+    verdict = decide()
     with _decisions_lock:
         _decisions[key] = verdict
     return verdict

@@ -52,6 +52,7 @@ from typing import Any
 
 from forge_pack import runner as proto
 from forge_pack.launch import LaunchError, Plan
+from forge_pack.worker import _signal_name
 
 PAGE = mmap.PAGESIZE
 WINDOW = 1 << 40  # address space reserved for the arena in both processes (pages exist only when used)
@@ -98,14 +99,10 @@ def _span_bytes(t) -> int:
 
 
 def _signal_text(code: int | None) -> str:
+    """``worker._signal_name`` worded for "the candidate's process ... while ..."."""
     if code is None:
         return "stopped answering"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
+    return ("was " if code < 0 else "") + _signal_name(code)
 
 
 class _Slot:

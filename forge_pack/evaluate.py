@@ -394,7 +394,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
     """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
     from forge_pack import ops
     from forge_pack.tolerance import compare, surely_within
-    from forge_pack.verdict_rules import bitwise_equal, first_diff
+    from forge_pack.verdict_rules import bitwise_equal, first_diff, magnitude
     from forge_pack.verify import canaries_intact, count_sentinel, set_canaries
 
     for slot in slots:
@@ -424,7 +424,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         if surely_within(out, ref, sig.output.dtype, sig.op):
             continue
         check = compare(out, ref, sig.output.dtype, sig.op, atol_floor=base.atol_floor,
-                        input_kind=f"timed[{slot['index']}]")
+                        input_kind=f"timed[{slot['index']}]", magnitude=magnitude(sig.op, slot["tensors"]))
         if not check.passed:
             return Verdict(False, "mismatch", f"{what}: the output is wrong for its inputs ({check.mismatches} of "
                                               f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "

@@ -29,10 +29,10 @@ def as_check(c: verdict_rules.Comparison) -> Check:
 
 def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None, *,
             atol: float | None = None, rtol: float | None = None, atol_floor: "float | torch.Tensor" = 0.0,
-            input_kind: str = "") -> Check:
+            input_kind: str = "", magnitude: torch.Tensor | None = None) -> Check:
     """``verdict_rules.compare`` (every element against the float64 reference), as a ``Check``."""
     return as_check(verdict_rules.compare(out, ref64, dtype, op, atol=atol, rtol=rtol, atol_floor=atol_floor,
-                                          input_kind=input_kind))
+                                          input_kind=input_kind, magnitude=magnitude))
 
 
 def surely_within(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None) -> bool:

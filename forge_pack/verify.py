@@ -65,6 +65,7 @@ class InputSet:
     ref: torch.Tensor  # float64
     atol_floor: "float | torch.Tensor" = 0.0  # tolerance.eager_allowance: eager's own error, by magnitude
     fingerprint: tuple = field(default=())
+    magnitude: torch.Tensor | None = None  # rules.magnitude: the allowance's lookup key where not |ref|
 
 
 def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet | None:
@@ -72,10 +73,11 @@ def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet 
     (a kernel is not held to a standard PyTorch does not meet)."""
     ref = ops.reference64(sig, tensors)
     eager_out = ops.eager(sig)(tensors)
-    allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, sig.op)
+    mag = rules.magnitude(sig.op, tensors)
+    allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, sig.op, mag)
     if allowance is None:
         return None
-    s = InputSet(kind, sig, tensors, ref, allowance)
+    s = InputSet(kind, sig, tensors, ref, allowance, magnitude=mag)
     del eager_out
     s.fingerprint = fingerprint(s)
     return s
@@ -304,7 +306,8 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     bad = damage("first")
     if bad is not None:
         return bad, None
-    cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, s.sig.op, s.atol_floor, s.kind)
+    cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, s.sig.op, s.atol_floor, s.kind,
+                                              s.magnitude)
     check = as_check(cmp)
     if reason is not None:
         return Verdict(False, reason, detail), check
@@ -329,7 +332,7 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     changed = rules.repeat_change(second, first, s.kind)
     if changed is not None:
         again = as_check(rules.compare(second, s.ref, out_spec.dtype, s.sig.op, atol_floor=s.atol_floor,
-                                       input_kind=s.kind))
+                                       input_kind=s.kind, magnitude=s.magnitude))
         if not again.passed:
             return Verdict(False, "mismatch", f"{s.kind}: the second run, into an output not pre-filled with the "
                                               f"sentinel, is wrong ({again.mismatches} of {second.numel()} elements, "

@@ -1,7 +1,7 @@
 """How the state the L2 flush leaves behind changes a kernel's time: the evaluator's protocol
 (zero-write a buffer twice the L2 size, event, call, event) against a flush that reads the buffer
 (L2 left clean), against no flush, and a back-to-back loop (launch costs hidden). Chosen template
-kernels on the issue-4 group_norm shape; correctness is the evaluator's business, not this probe's.
+kernels on the group_norm (1,128,1024,1024) benchmark shape; correctness is the evaluator's business, not this probe's.
 
     python bench/flush_probe.py OUT_DIR
 
@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 GN_BIG = "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]"
-# the variants of flush_probe_s6.md by their parameters (the kernel itself has been tuned since)
+# the variants in bench/results/flush_probe.md, by their parameters; that file's `resident` rows were measured
+# with a revision of the kernel 5-10 µs slower than bench/results/kernel_sweep.md's: the probe compares flush modes
 KERNELS = [("split", {}), ("resident", {"bps": 2, "threads": 512, "stagger": 0}), ("resident", {"bps": 2, "threads": 512}),
            ("resident", {"stagger": 0}), ("resident", {}), ("resident", {"stagger": 8})]
 REPS = 40

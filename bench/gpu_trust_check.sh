@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
-# One device call for the out-of-bounds guard and the CUDA anti-cheat fixtures: versions, a probe of
-# the guarded buffers, the `gpu` tests of tests/test_verify_gpu.py and tests/test_bounds_gpu.py, then
-# bench/oob_crosscheck.py (guarded runs against compute-sanitizer's memcheck). Times nothing.
-#   bash bench/gpu_trust_check.sh      (device machine, repository root; carry .whl if present)
-# Logs under $OUT: versions.txt, pytest_trust.log, oob_crosscheck.md/.json. The cross-check gets
+# The out-of-bounds guard and the CUDA anti-cheat fixtures in one command on a GPU machine: versions,
+# a probe of the guarded buffers, the `gpu` tests of tests/test_verify_gpu.py and
+# tests/test_bounds_gpu.py, then bench/oob_crosscheck.py (guarded runs against compute-sanitizer's
+# memcheck). Times nothing.
+#   bash bench/gpu_trust_check.sh      (from the repository root; OUT=DIR for the results)
+# Writes under $OUT: versions.txt, pytest_trust.log, oob_crosscheck.md/.json. The cross-check gets
 # the time the tests left (LIMIT seconds in all); runs that would start later show as skipped.
 set -uo pipefail
 start=$(date +%s)
-LIMIT=${LIMIT:-580}  # the device call's 600 s, less a margin for the files to come back
-if [ -d .whl ]; then
-  source bench/_device_setup.sh
-else
-  export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD; OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-fi
+LIMIT=${LIMIT:-580}  # fits a machine that stops a command after 600 s, with time left to copy the results
+source bench/_device_setup.sh
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   uname -r

@@ -33,8 +33,8 @@ POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 # (op, signature, [(family, params), ...]); params not given take the family's defaults
 SWEEPS = [
     ("group_norm", GN_BIG, [
-        # sessions 1-3 also swept split_flow at split 256, threads 512, lag 1/4/6 with unroll 4 and the
-        # hints off: all 40-48% (bench/results/kernel_sweep.md); this list keeps the contenders
+        # split_flow at split 256, threads 512, lag 1/4/6 (unroll 4) or with the hints off measured 40-48% of
+        # copy bandwidth; this list keeps the contenders
         ("split", {"split": 32, "threads": 256, "unroll": 4, "items": 2, "vec": 8}),
         ("split_flow", {}), ("split_flow", {"unroll": 2}), ("split_flow", {"l2": 1, "unroll": 2, "lag": 3}),
         ("split_flow", {"l2": 1, "unroll": 2, "lag": 4}), ("split_flow", {"unroll": 1}),
@@ -42,23 +42,16 @@ SWEEPS = [
         ("split_flow", {"l2": 1, "unroll": 2, "split": 64, "lag": 3}), ("split_flow", {"unroll": 2, "split": 32}),
         ("split_flow", {"unroll": 2, "threads": 128}), ("split_flow", {"l2": 1, "unroll": 2, "threads": 128, "lag": 3}),
         ("split_flow", {"unroll": 1, "threads": 128, "split": 64}),
-        # session 4: the persistent split_ring (bench/experiments/session4_nchw_bulk_split_ring.patch) ran
-        # 361-418 µs here and 180-186 µs on GN_MID: kept out of the search (kernel_sweep_s4_call3.md)
-        # session 5: `minb` caps registers so that more blocks share an SM (unroll 4 took 94 registers: 2 blocks)
+        # `minb` caps registers so that more blocks share an SM (unroll 4 takes 94 registers: 2 blocks of 256)
         ("split_flow", {"unroll": 4, "lag": 2, "minb": 0}), ("split_flow", {"unroll": 4, "lag": 2, "minb": 4}),
         ("split_flow", {"unroll": 4, "lag": 2, "minb": 5}), ("split_flow", {"unroll": 4, "lag": 3, "l2": 1, "minb": 4}),
         ("split_flow", {"unroll": 4, "lag": 4, "l2": 1, "minb": 4}),
         ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 0}),
         ("split_flow", {"unroll": 2, "lag": 3, "l2": 1, "minb": 6}), ("split_flow", {"unroll": 2, "lag": 2, "minb": 6}),
         ("split_flow", {"unroll": 4, "lag": 2, "threads": 128, "minb": 8}),
-        # session 5: the persistent split_stream (bench/experiments/session5_split_stream.patch: ticket t = statistics
-        # of chunk t + normalise of chunk t - D from L2) verified but ran 215.8-604 µs: kept out of the search
-        # session 6: `resident` (teams of a persistent grid, each group's slices on chip: registers + shared memory)
-        # (call 1: 180.0 µs = 71% at bps 2, threads 512, regs 4 with a counter barrier; teams 1 / 2: 320 / 225 µs)
-        # (call 2, flag barrier: 178.1 µs = 71% with stagger 4, 174.4 µs = 72% at bps 1, threads 1024, stagger 4)
-        # (call 3, kernel restructured for two buffers: regs 4 spilled 12 bytes and took 200 µs; regs 2 179.1 µs)
-        # (call 4, no spills: 172.4 µs = 74% at bps 1, threads 1024, regs 4, stagger 4 (now the default); bps 2,
-        # threads 512: 177.7-181.5 µs; bufs 2 (two teams, two buffers each): 209-221 µs)
+        # `resident` (teams of a persistent grid, each group's slices on chip: registers + shared memory): the
+        # default (bps 1, threads 1024, regs 4, stagger 4) and its neighbours; 167.0-169.5 µs = 74-76% in
+        # bench/results/kernel_sweep.md, `regs` 2 at 1024 threads does not fit shared memory (invalid)
         ("resident", {}), ("resident", {"stagger": 2}), ("resident", {"stagger": 8}), ("resident", {"regs": 2}),
         ("resident", {"bps": 2, "threads": 512}), ("resident", {"bps": 2, "threads": 512, "regs": 2}),
         ("resident", {"load_hint": 0}), ("resident", {"store_hint": 0}),
@@ -68,8 +61,6 @@ SWEEPS = [
         ("split_flow", {"split": 32}), ("split_flow", {"lag": 2}),
     ]),
     ("adaptive_avg_pool2d", POOL, [
-        # session 6: a `persist` knob (bench/experiments/session6_nchw_tile_persist.patch) ran 18.7-21.5 µs against
-        # 18.1-18.6 µs without it in the same run (kernel_sweep_s6_pool.md): kept out
         ("nchw_lanes", {}), ("nchw_tile", {}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 2}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 4}),
@@ -84,8 +75,6 @@ SWEEPS = [
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 1}),
         ("nchw_tile", {"planes": 64, "threads": 128, "unroll": 4, "load_hint": 0}),
         ("nchw_tile", {"planes": 128, "threads": 256, "unroll": 2}),
-        # session 4: the persistent bulk-copy ring nchw_bulk (bench/experiments/session4_nchw_bulk_split_ring.patch)
-        # ran 22.2-29.2 µs in two sweeps, behind nchw_tile: kept out of the search
     ]),
     ("softmax", "x: bf16[2048,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 1, "items": 2, "threads": 128, "vec": 4, "store_hint": 1}),
@@ -151,7 +140,7 @@ def main(argv: list[str]) -> int:
     with Evaluator("cuda", workers=1, timeout_s=120, timing=cfg, log_dir=logs) as ev:
         gpu = ev.device_info()
         # The empty launch is timed in a process of its own, like a worker: timed in this process, whose
-        # evaluator client threads compete for the GIL, it had measured 7.5 us with a 4.4 us IQR.
+        # evaluator client threads compete for the GIL, it reads about 7.5 us with a 4.4 us IQR (GIL jitter).
         empty = _empty_in_child()
         lines.append(f"Bare empty-kernel launch (1 block of 32 threads, same protocol, own process, before the "
                      f"sweep): median {empty['median_us']:.2f} µs (IQR {empty['iqr_us']:.2f}, n {empty['n']}).")

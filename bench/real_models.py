@@ -21,18 +21,18 @@ Writes, after every phase (so a call cut off at its time limit keeps what finish
                            op from the package manifest / search, plus one {model, op: "end_to_end", ...}
   OUT_DIR/real_models.json everything (state per model, builds, manifests' targets, measurements, env); the
                            resume state: a model whose status is "done" (or "failed", unless --retry-failed)
-                           is skipped; "partial" ones continue (WORK survives between calls while the device
-                           machine stays warm; otherwise the model starts again)
+                           is skipped; "partial" ones continue (from WORK when it is still there, else the
+                           model starts again)
   OUT_DIR/real_models.md   the bench/results/README.md section (published figures side by side)
   OUT_DIR/real_models.log  the tail of every subprocess's output
-  OUT_DIR/<model>_pkg.tar.gz  the built package of a model not finished in this call (if under 15 MiB), so
-                           the next call, on a fresh machine too, skips its build
+  OUT_DIR/<model>_pkg.tar.gz  the built package of a model not finished in this run (if under 15 MiB), so
+                           the next run, on a fresh machine too, skips its build
 
-Across device calls ($OUT is emptied each time, a machine stays warm only briefly) bring the returned files
-back in a carried folder and pass its real_models.json with --previous (the tarballs beside it are used).
---deadline makes a call stop cleanly before the device's 10-minute limit. --report-only rebuilds the three
+To continue over several runs (e.g. on a machine that limits how long one command may run), keep each
+run's files in a directory and pass its real_models.json with --previous (the tarballs beside it are
+used). --deadline (seconds) makes a run stop cleanly before such a limit. --report-only rebuilds the three
 result files from --previous without running anything, and --update-readme FILE replaces the section
-between the markers in FILE (bench/results/README.md). The exact H200 commands: bench/results/README.md.
+between the markers in FILE (bench/results/README.md). The commands: bench/results/README.md.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def build_phase(r: Runner, name: str, st: dict, work: Path) -> None:
     run_dir, pkg_dir = work / "run", work / "pkg"
     manifest = pkg_dir / pkg_name / "manifest.json"
     if st.get("build", {}).get("done") and st["build"].get("written") and not manifest.is_file():
-        _unpack(r, name, work)  # a cold machine: the package built by an earlier call, if it came back
+        _unpack(r, name, work)  # a fresh machine: the package an earlier run built, from its tarball
     if st.get("build", {}).get("done") and (manifest.is_file() or not st["build"].get("written")):
         return
     env = _env(small=a.small)
@@ -713,7 +713,7 @@ def markdown(doc: dict) -> str:
                          f"{_f((m.get('compile_diff') or {}).get('max_abs_diff'), 3)})")
     if notes:
         L += ["", "Notes:", ""] + notes
-    L += ["", "Commands (one device call per model; each resumes from the previous call's real_models.json):", "",
+    L += ["", "Commands (each run resumes from the previous run's real_models.json):", "",
           "```", *doc.get("commands", []), "```", "", END]
     return "\n".join(L) + "\n"
 
@@ -807,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-profile", action="store_true", help="skip the torch.profiler pass")
     p.add_argument("--deadline", type=float, default=None,
                    help="seconds from start: stop (killing the running step) and save before this")
-    p.add_argument("--previous", default=None, help="a real_models.json from an earlier call to continue from")
+    p.add_argument("--previous", default=None, help="a real_models.json from an earlier run to continue from")
     p.add_argument("--retry-failed", action="store_true")
     p.add_argument("--redo", nargs="*", default=[], help="models to run again even if done")
     p.add_argument("--work", default=str(ROOT / "runs" / "real_models"),
@@ -841,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
             st = doc["models"].get(name, {})
             if name not in a.redo and (st.get("status") == "done" or (st.get("status") == "failed"
                                                                         and not a.retry_failed)):
-                print(f"[real_models] {name}: {st['status']} in an earlier call, skipped", file=sys.stderr)
+                print(f"[real_models] {name}: {st['status']} in an earlier run, skipped", file=sys.stderr)
                 continue
             if name in a.redo:
                 doc["models"].pop(name, None)

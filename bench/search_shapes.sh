@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# The issue-4 benchmark on the H200: forge-pack search over every shape of bench/shapes/issue4_shapes.py,
-# then the report. The run dir stays outside $OUT (its captured inputs are GBs); run.db comes back.
+# The benchmark shapes on a GPU: forge-pack search over every shape of bench/shapes/issue4_shapes.py,
+# then the report (bench/results/search.md). The run dir stays outside $OUT (its captured inputs are
+# GBs); run.db and profile.json are copied to $OUT.
 #   BUDGET=50 TIME_LIMIT=45 bash bench/search_shapes.sh
 set -uo pipefail
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+source bench/_device_setup.sh
 RUN=/tmp/forge_run_shapes
 rm -rf "$RUN"
 CMD="python3 -m forge_pack search bench/shapes/issue4_shapes.py --device cuda --top 12 --min-share 0 --budget ${BUDGET:-50} --time-limit ${TIME_LIMIT:-45} --run-dir $RUN --json"

@@ -4,7 +4,7 @@
 # see tests/conftest.py). Writes the log and $RESULTS/test-gpu.md (pytest's summary line, the counts
 # as "N passed, N failed, N skipped", torch, CUDA and the GPU); exits with pytest's status.
 #   bash bench/test_gpu.sh                          (the image's python3; on a dev box: PYTHON=.venv/bin/python)
-#   RESULTS=$OUT bash bench/test_gpu.sh             (on the device machine: results come back under $OUT)
+#   RESULTS=/tmp/out bash bench/test_gpu.sh         (results to another directory)
 #   PYTEST_ARGS="-x" bash bench/test_gpu.sh         (extra pytest arguments)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +13,7 @@ RESULTS=${RESULTS:-bench/results}
 mkdir -p "$RESULTS"
 LOG="$RESULTS/test-gpu.log"
 export PYTHONUNBUFFERED=1 FORGE_PACK_REQUIRE_GPU=1
-# The device image has no network: wheels carried in .whl/ (jsonschema, openai, ...) go to /tmp/site.
+# On a machine without network access, wheels placed in .whl/ (jsonschema, openai, ...) go to /tmp/site.
 if compgen -G ".whl/*.whl" > /dev/null; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}

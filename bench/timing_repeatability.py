@@ -1,8 +1,9 @@
-"""The same kernel timed twice in one run must agree within 3% in median (and eager vs REFERENCE.md).
+"""The same kernel timed twice in one run must agree within 3% in median (and eager vs the reference table).
 
     python bench/timing_repeatability.py [OUT_BASE] [--compile]   # writes OUT_BASE.md and OUT_BASE.json
 
-For each shape of ../shared/REFERENCE.md's table: the eager op and torch.compile (baseline)
+For each shape of the reference table (SHAPES below: eager and torch.compile times measured on an
+H200 with torch 2.11, without an L2 flush): the eager op and torch.compile (baseline)
 timed twice (torch.compile only with --compile: max-autotune takes minutes per shape), the
 reference kernel evaluated twice (same source, so the same kernel; each
 evaluation is a full verify + time in the worker). Reports both medians, their difference, and
@@ -17,7 +18,7 @@ import tempfile
 
 from _common import environment, out_path, write
 
-# (op, signature, eager us, compile us) from REFERENCE.md (H200, torch 2.11, no L2 flush)
+# (op, signature, eager us, compile us): the reference table (H200, torch 2.11, no L2 flush)
 SHAPES = [
     ("adaptive_avg_pool2d", "x: f32[32,2048,7,7], output_size=(1,1)", 25.4, 96.4),
     ("adaptive_avg_pool2d", "x: f32[256,2048,7,7], output_size=(1,1)", 141.9, 126.0),
@@ -96,7 +97,7 @@ def main() -> None:
     md = [f"# Timing repeatability ({doc['environment'].get('gpu')})", "",
           "Same kernel (and eager, torch.compile) timed twice in one run: CUDA events, L2 flushed before every "
           "call, rotating inputs, >= 30 calls (default 50), median. Target: medians differ by <= 3%. "
-          "REFERENCE.md times were taken without an L2 flush.", "",
+          "The reference times (SHAPES in bench/timing_repeatability.py) were taken without an L2 flush.", "",
           "| signature | kernel µs (1 / 2) | diff | eager µs (1 / 2) | diff | compile µs (1 / 2) | diff | "
           "REFERENCE eager / compile | eager / REFERENCE | floor µs |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, "",

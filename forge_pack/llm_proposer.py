@@ -68,7 +68,7 @@ class LLMProposer:
             return
         if hasattr(store, "set_meta"):
             store.set_meta("llm_config", json.dumps(self.config.to_json(), sort_keys=True))
-        try:  # a resumed run: earlier sessions' spending and moves count against the same bounds
+        try:  # a resumed run: earlier runs' spending and moves count against the same bounds
             row = store.query("SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(prompt_tokens + completion_tokens), 0)"
                               " FROM llm_calls")[0]
             self.budget.spent_usd, self.budget.spent_tokens = float(row[0]), int(row[1])

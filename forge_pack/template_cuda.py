@@ -664,8 +664,8 @@ def _pool_defaults(kind: str):
             return {"threads": 256, "lanes": clamp(pow2_ceil(cdiv(hw, 8)), 4, 32), "vec": _vec_default(sig, hw),
                     "unroll": 2, "load_hint": 2}
         if kind == "nchw_tile":
-            # 128 threads, 4 vectors each in flight: the best of three H200 sweeps on (256,2048,7,7)
-            # (17.8-20.9 µs against 20.8-21.0 at 256 threads, unroll 2: bench/results/kernel_sweep_s4_call3.md)
+            # 128 threads, 4 vectors each in flight: the fastest setting on an H200 for (256,2048,7,7), 17.6 µs =
+            # 70% of copy bandwidth (bench/results/search.md), at the read-only ceiling of bench/results/pool_probe.md
             planes = 64 if hw * 64 * elem_bytes(sig.x.dtype) <= 49152 else 16
             return {"threads": 128, "planes": planes, "vec": 16 // elem_bytes(sig.x.dtype), "unroll": 4,
                     "load_hint": 2}

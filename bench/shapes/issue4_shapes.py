@@ -2,7 +2,7 @@
 
 `forge-pack search bench/shapes/issue4_shapes.py --device cuda --top 12 --min-share 0` searches
 every one of them as its own hotspot, on real captured inputs, timed against eager and
-torch.compile in the same worker. Shapes (REFERENCE.md): SD3.5 VAE group_norm, Gemma-style
+torch.compile in the same worker. Shapes: SD3.5 VAE group_norm, Gemma-style
 attention softmax (bf16 in, fp32 out), MoE routers, a long fp32 row softmax, ResNet-50's pool
 and batch_norm at batch 256 (bf16).
 """

@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 # profile → search → confirm → package, pip install it here, apply it, print before/after.
 demo: $(STAMP)
 	rm -rf runs/demo out/demo_package
-	$(BIN)/python -m forge_pack.demo $(DEMO_MODEL) --device cpu --budget 8 --out out/demo_package --run-dir runs/demo
+	$(BIN)/python -m forge_pack.cli.demo $(DEMO_MODEL) --device cpu --budget 8 --out out/demo_package --run-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

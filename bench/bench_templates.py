@@ -18,12 +18,12 @@ import sys
 import time
 from pathlib import Path
 
-from forge_pack.evaluate import Evaluator
-from forge_pack.hotspot import Hotspot
-from forge_pack.search import SearchConfig, search
-from forge_pack.sigparse import parse_signature
-from forge_pack.templates_proposer import TemplateProposer
-from forge_pack.timing import TimingConfig
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.search.mcts import SearchConfig, search
+from forge_pack.targets.sigparse import parse_signature
+from forge_pack.search.templates_proposer import TemplateProposer
+from forge_pack.evaluate.timing import TimingConfig
 
 SHAPES = [
     ("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]"),

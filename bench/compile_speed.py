@@ -26,11 +26,11 @@ SIGS = [("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32"),
 def main() -> None:
     import torch
 
-    from forge_pack import compile as fcompile
-    from forge_pack.candidate import Candidate
-    from forge_pack.launch import CudaModule
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.sigparse import parse_signature
+    from forge_pack.evaluate import compile as fcompile
+    from forge_pack.core.candidate import Candidate
+    from forge_pack.evaluate.launch import CudaModule
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.targets.sigparse import parse_signature
 
     base = out_path("compile_speed")
     has_gpu = torch.cuda.is_available()

@@ -30,7 +30,7 @@ HOTSPOTS = [("softmax", "x: bf16[1,8,2048,2048], dim=-1, dtype=float32", "min(10
 
 
 def variants(ref, blocks: list[str], n: int):
-    from forge_pack.candidate import Candidate, parse_spec
+    from forge_pack.core.candidate import Candidate, parse_spec
 
     out = []
     for i in range(n):
@@ -44,13 +44,13 @@ def variants(ref, blocks: list[str], n: int):
 def main() -> None:
     import torch
 
-    from forge_pack.capture import save_capture
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.hotspot import Hotspot
-    from forge_pack.ops import eager, make_inputs
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.timing import TimingConfig
+    from forge_pack.profile.capture import save_capture
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.core.hotspot import Hotspot
+    from forge_pack.targets.ops import eager, make_inputs
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.evaluate.timing import TimingConfig
 
     backend = "cpu" if "--cpu" in sys.argv or not torch.cuda.is_available() else "cuda"
     n = N if backend == "cuda" else 6

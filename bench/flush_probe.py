@@ -28,12 +28,12 @@ REPS = 40
 def main(argv: list[str]) -> int:
     import torch
 
-    from forge_pack import ops
-    from forge_pack.compile import compile_many
-    from forge_pack.launch import load_module, plan
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.templates_proposer import instantiate
-    from forge_pack.timing import _cuda_l2_bytes
+    from forge_pack.targets import ops
+    from forge_pack.evaluate.compile import compile_many
+    from forge_pack.evaluate.launch import load_module, plan
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.search.templates_proposer import instantiate
+    from forge_pack.evaluate.timing import _cuda_l2_bytes
 
     out_dir = Path(argv[0] if argv else "flush_probe")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ source bench/_device_setup.sh
   nvcc --version | tail -1
   echo "compute-sanitizer: $(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
   python3 -c "
-from forge_pack.launch import Driver
+from forge_pack.evaluate.launch import Driver
 d = Driver.get(); d.ensure_context()
 p = d.guard_problem()
 print('guarded buffers:', 'ok, granularity %d bytes' % d.granularity() if not p else 'UNAVAILABLE: ' + p)"

@@ -19,12 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from forge_pack.candidate import Candidate, LaunchSpec
-from forge_pack.evaluate import Evaluator
-from forge_pack.hotspot import Hotspot
-from forge_pack.sigparse import parse_signature
-from forge_pack.templates_proposer import instantiate
-from forge_pack.timing import TimingConfig
+from forge_pack.core.candidate import Candidate, LaunchSpec
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.targets.sigparse import parse_signature
+from forge_pack.search.templates_proposer import instantiate
+from forge_pack.evaluate.timing import TimingConfig
 
 GN_BIG = "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]"
 GN_MID = "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], bias: bf16[512]"
@@ -89,9 +89,9 @@ def empty_launch_us(cfg: TimingConfig) -> dict:
     """Median of an empty kernel's launch under the evaluator's protocol (flush, event, launch, event)."""
     import torch
 
-    from forge_pack.compile import compile_candidate
-    from forge_pack.launch import CudaModule
-    from forge_pack.timing import time_calls
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import CudaModule
+    from forge_pack.evaluate.timing import time_calls
 
     src = 'extern "C" __global__ void forge_empty_kernel() {}\n'
     cand = Candidate(op="softmax", backend="cuda", source=src, spec=LaunchSpec(kernels=()), family="empty",

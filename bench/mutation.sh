@@ -11,7 +11,7 @@
 # subprocesses see the mutant through MUTANT_UNDER_TEST and report the functions they ran through
 # bench/mutation/ (sitecustomize.py + the forge_mutmut_hits pytest plugin).
 # Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2),
-#      MUTANTS (mutmut names or globs, e.g. "forge_pack.verify.x_fresh_sets*": a partial run, reported on
+#      MUTANTS (mutmut names or globs, e.g. "forge_pack.evaluate.verify.x_fresh_sets*": a partial run, reported on
 #      the terminal only, never written to bench/results).
 set -euo pipefail
 cd "$(dirname "$0")/.."

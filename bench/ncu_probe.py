@@ -45,11 +45,11 @@ def run_kernels(only: set[str]) -> None:
     """Child under ncu: launch each probe twice (ncu profiles every launch; the second is kept)."""
     import torch
 
-    from forge_pack import ops
-    from forge_pack.compile import compile_candidate
-    from forge_pack.launch import load_module, plan
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.templates_proposer import instantiate
+    from forge_pack.targets import ops
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import load_module, plan
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.search.templates_proposer import instantiate
 
     for op, text, variants in PROBES:
         if only and op not in only:

@@ -41,11 +41,11 @@ def run_one(path: Path, guard: str, op: str, text: str) -> dict:
     """Launch the fixture once on fresh inputs; report whether the device faulted."""
     import torch
 
-    from forge_pack import ops
-    from forge_pack.candidate import load_candidate_files
-    from forge_pack.compile import compile_candidate
-    from forge_pack.launch import GuardSetupError, LaunchError, load_module, plan
-    from forge_pack.sigparse import parse_signature
+    from forge_pack.targets import ops
+    from forge_pack.core.candidate import load_candidate_files
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import GuardSetupError, LaunchError, load_module, plan
+    from forge_pack.targets.sigparse import parse_signature
 
     cand = load_candidate_files(str(path), None, op, "cuda")
     sig = ops.with_output(parse_signature(op, text))

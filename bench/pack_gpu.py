@@ -60,7 +60,7 @@ def one(model: Path, budget: int, dtype: str | None, work: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
     r = run([sys.executable, "-m", name, "verify"], env=env)
     row["verify_rc"], row["verify"] = r.returncode, r.stdout[-4000:]
-    cmd = [sys.executable, "-m", "forge_pack.demo", "show", name, str(model), "--device", "cuda", "--json"]
+    cmd = [sys.executable, "-m", "forge_pack.cli.demo", "show", name, str(model), "--device", "cuda", "--json"]
     if dtype:
         cmd += ["--dtype", dtype]
     r = run(cmd, env=env)

@@ -177,7 +177,7 @@ def measure(model: str, package: str | None, device: str, iters: int, warmup: in
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from forge_pack.load import load
+    from forge_pack.profile.load import load
 
     t_start = time.time()
     target = load(model, device, None)
@@ -754,7 +754,7 @@ def save(r: Runner, doc: dict) -> None:
 
 
 def write_results(out: Path, doc: dict) -> None:
-    from forge_pack.store import finite
+    from forge_pack.store.run_store import finite
 
     out.mkdir(parents=True, exist_ok=True)
     rows = [row for name in MODELS if name in doc["models"] for row in rows_for(name, doc["models"][name])]

@@ -39,11 +39,11 @@ TARGET = 0.03
 def main() -> None:
     import torch
 
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.hotspot import Hotspot
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.timing import TimingConfig
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.core.hotspot import Hotspot
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.evaluate.timing import TimingConfig
 
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")

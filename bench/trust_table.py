@@ -50,10 +50,10 @@ def main(argv: list[str]) -> int:
     backend, stem = argv[0], Path(argv[1])
     import torch
 
-    from forge_pack.candidate import load_candidate_files
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.timing import TimingConfig
+    from forge_pack.core.candidate import load_candidate_files
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.evaluate.timing import TimingConfig
 
     from eval_helpers import hotspot
 

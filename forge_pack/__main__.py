@@ -1,3 +1,3 @@
-from forge_pack.cli import main
+from forge_pack.cli.main import main
 
 main()

@@ -34,9 +34,9 @@ extern "C" __global__ void scribble(float* x, long long n) {
 
 
 def _module():
-    from forge_pack.candidate import Candidate, parse_spec
-    from forge_pack.compile import compile_candidate
-    from forge_pack.launch import load_module
+    from forge_pack.core.candidate import Candidate, parse_spec
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import load_module
 
     spec = parse_spec('{"kernels": [{"name": "peek", "args": ["x"], "grid": [1], "block": [1]}]}')
     build = compile_candidate(Candidate("softmax", "cuda", PEEK_POKE, spec, "bounds probe"))
@@ -49,7 +49,7 @@ def access(guard: str, nbytes: int, at: int, write: bool) -> dict:
     """Read (or write) one byte at payload + at of a guarded buffer; report the CUDA error code."""
     import torch
 
-    from forge_pack.launch import GuardedBuffer, Plan, PlannedLaunch
+    from forge_pack.evaluate.launch import GuardedBuffer, Plan, PlannedLaunch
 
     module = _module()
     problem = module.driver.guard_problem()
@@ -78,7 +78,7 @@ def roundtrip() -> dict:
     edge; outputs and a write into an input come back into the caller's tensors."""
     import torch
 
-    from forge_pack.launch import Plan, PlannedLaunch
+    from forge_pack.evaluate.launch import Plan, PlannedLaunch
 
     module = _module()
     problem = module.driver.guard_problem()

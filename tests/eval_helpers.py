@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from forge_pack.candidate import load_candidate_files
-from forge_pack.hotspot import Hotspot
-from forge_pack.sigparse import parse_signature
+from forge_pack.core.candidate import load_candidate_files
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.targets.sigparse import parse_signature
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
 CPU_SIGNATURE = "x: f32[64,1000], dim=-1"

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from forge_pack.hotspot import Hotspot  # noqa: E402
-from forge_pack.pipeline import Toolkit  # noqa: E402
-from forge_pack.signature import Signature, TensorSpec, contiguous_strides  # noqa: E402
-from forge_pack.verdict import Baseline, Timing  # noqa: E402
+from forge_pack.core.hotspot import Hotspot  # noqa: E402
+from forge_pack.search.pipeline import Toolkit  # noqa: E402
+from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides  # noqa: E402
+from forge_pack.core.verdict import Baseline, Timing  # noqa: E402
 from search_fakes import GridProposer, Landscape  # noqa: E402
 
 
@@ -77,8 +77,8 @@ def fake_toolkit(sleep_s: float = 0.0, hotspots=None) -> Toolkit:
 
 
 def main(argv=None) -> int:
-    from forge_pack.cmd_search import search_command
-    from forge_pack.errors import ForgeError
+    from forge_pack.cli.search import search_command
+    from forge_pack.core.errors import ForgeError
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?")

@@ -13,9 +13,9 @@ import random
 import threading
 import time
 
-from forge_pack.candidate import Candidate, KernelLaunch, LaunchSpec
-from forge_pack.propose import Move, ProposeRequest
-from forge_pack.verdict import Evaluation, Timing, Verdict
+from forge_pack.core.candidate import Candidate, KernelLaunch, LaunchSpec
+from forge_pack.search.propose import Move, ProposeRequest
+from forge_pack.core.verdict import Evaluation, Timing, Verdict
 
 SPEC = LaunchSpec((KernelLaunch("k", ("x", "out")),))
 DIMS = {"f": 3, "a": 8, "b": 8, "c": 4}

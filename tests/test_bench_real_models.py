@@ -47,7 +47,7 @@ def test_bench_model_small_forward(name, monkeypatch):
         pytest.skip("this transformers has no Qwen3.5-MoE")
     monkeypatch.setenv("FORGE_BENCH_SMALL", "1")
     monkeypatch.setenv("FORGE_BENCH_DEVICE", "cpu")
-    from forge_pack.load import load, run_forward
+    from forge_pack.profile.load import load, run_forward
 
     target = load(BENCH / "models" / f"{name}.py", "cpu", None)
     assert target.form == "get_model"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack.evaluate import Evaluator
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.timing import TimingConfig
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture
 

@@ -38,7 +38,7 @@ def test_forge_pack_build_on_cpu_then_install_apply_revert(tmp_path, cli_env, fo
     r = helpers.pip_install(out, site)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     env = helpers.env_with(site)
-    r = subprocess.run([sys.executable, "-m", "forge_pack.demo", "show", "tiny_build", str(helpers.E2E_MODEL),
+    r = subprocess.run([sys.executable, "-m", "forge_pack.cli.demo", "show", "tiny_build", str(helpers.E2E_MODEL),
                         "--device", "cpu", "--json"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     show = json.loads(r.stdout.strip().splitlines()[-1])

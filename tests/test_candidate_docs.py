@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import compile as fcompile
-from forge_pack.candidate import Candidate, extract_embedded_spec, parse_spec
-from forge_pack.static_check import check
+from forge_pack.evaluate import compile as fcompile
+from forge_pack.core.candidate import Candidate, extract_embedded_spec, parse_spec
+from forge_pack.evaluate.static_check import check
 
 from eval_helpers import hotspot
 
@@ -29,8 +29,8 @@ def test_doc_json_spec_parses():
 
 @pytest.mark.slow  # > 10 s on 2 cores
 def test_doc_cpu_example_passes_the_evaluator(tmp_path, monkeypatch):
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.timing import TimingConfig
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.evaluate.timing import TimingConfig
 
     monkeypatch.setenv("FORGE_PACK_CPU_THREADS", "1")
     src = _example("cpp")

@@ -5,9 +5,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from forge_pack.cli import app
-from forge_pack.errors import ForgeError
-from forge_pack.sigparse import parse_signature
+from forge_pack.cli.main import app
+from forge_pack.core.errors import ForgeError
+from forge_pack.targets.sigparse import parse_signature
 
 from eval_helpers import KERNELS
 

@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_fakes import FakeEvaluator, fake_hotspots, fake_toolkit  # noqa: E402
 from search_fakes import ListProposer  # noqa: E402
 
-from forge_pack.cmd_search import ProgressBar, search_command  # noqa: E402
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.pipeline import amdahl, choose_hotspots  # noqa: E402
-from forge_pack.search import Progress  # noqa: E402
+from forge_pack.cli.search import ProgressBar, search_command  # noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.search.pipeline import amdahl, choose_hotspots  # noqa: E402
+from forge_pack.search.mcts import Progress  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -107,7 +107,7 @@ def test_progress_bar_on_a_terminal_uses_carriage_returns():
     stream = TTY()
     bar = ProgressBar(stream)
     from pipeline_fakes import fake_hotspots as fh
-    from forge_pack.pipeline import HotspotOutcome
+    from forge_pack.search.pipeline import HotspotOutcome
 
     out = HotspotOutcome(fh()[0], 1)
     bar.hotspot(out, 1, 2)
@@ -161,7 +161,7 @@ def test_search_ui_serves_the_dashboard_beside_the_search(tmp_path, capfd):
     import re
     import urllib.request
 
-    from forge_pack.cmd_search import ui_options
+    from forge_pack.cli.search import ui_options
 
     ui = ui_options(True, None, False)
     search_command("m.py", run_dir=tmp_path / "r", budget=4, toolkit=fake_toolkit(), stdout=lambda s: None, ui=ui)
@@ -179,8 +179,8 @@ def test_search_ui_serves_the_dashboard_beside_the_search(tmp_path, capfd):
 
 
 def test_ui_port_without_ui_is_an_error():
-    from forge_pack.cmd_search import ui_options
-    from forge_pack.errors import ForgeError
+    from forge_pack.cli.search import ui_options
+    from forge_pack.core.errors import ForgeError
 
     with pytest.raises(ForgeError, match="need --ui"):
         ui_options(False, 9000, False)
@@ -209,7 +209,7 @@ class _CtrlC(FakeEvaluator):
 
 
 def test_the_run_directory_is_named_at_the_start_and_in_the_interrupt_hint(tmp_path, monkeypatch, capsys):
-    from forge_pack.cmd_search import SearchInterrupted
+    from forge_pack.cli.search import SearchInterrupted
 
     monkeypatch.chdir(tmp_path)  # no --run-dir: the default runs/search-m-STAMP
     tk = fake_toolkit()
@@ -227,7 +227,7 @@ def test_the_run_directory_is_named_at_the_start_and_in_the_interrupt_hint(tmp_p
 
 
 def test_cli_interrupt_hint_names_the_run_directory(monkeypatch, capfd):
-    from forge_pack import cli, cmd_search
+    from forge_pack.cli import main as cli, search as cmd_search
 
     def interrupted(*args, **kwargs):
         raise cmd_search.SearchInterrupted("runs/search-m-1")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import compile as fcompile
-from forge_pack.candidate import Candidate, parse_spec
-from forge_pack.compile import compile_candidate, compile_many, parse_resources
+from forge_pack.evaluate import compile as fcompile
+from forge_pack.core.candidate import Candidate, parse_spec
+from forge_pack.evaluate.compile import compile_candidate, compile_many, parse_resources
 
 from eval_helpers import KERNELS, expected_reasons, load_fixture
 
@@ -76,7 +76,7 @@ def _cuda_sources():
 @pytest.mark.skipif(not HAS_CUDA_COMPILER, reason="neither NVRTC nor nvcc available")
 @pytest.mark.parametrize("path", _cuda_sources(), ids=lambda p: p.name)
 def test_cuda_sources_compile_for_sm90(path, tmp_path):
-    from forge_pack.reference_kernels import CUDA_TYPES
+    from forge_pack.search.reference_kernels import CUDA_TYPES
 
     sources = [path.read_text()]
     if path.name.startswith("reference_"):  # every dtype prelude the reference kernels get
@@ -147,7 +147,7 @@ def test_every_cuda_fixture_meant_to_run_compiles_with_nvrtc_without_a_gpu():
     using the host macro INFINITY) would be a compile_error on the GPU and prove nothing there."""
     from eval_helpers import expected_reasons, fixture_files, load_fixture
 
-    from forge_pack.compile import compile_candidate
+    from forge_pack.evaluate.compile import compile_candidate
 
     for path in fixture_files("cuda_"):
         if expected_reasons(path) & {"compile_error", "static_check"}:

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from forge_pack.candidate import Candidate
-from forge_pack.evaluate import Evaluator
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.timing import TimingConfig, summarize
-from forge_pack.worker import worker_envs
+from forge_pack.core.candidate import Candidate
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.timing import TimingConfig, summarize
+from forge_pack.evaluate.worker import worker_envs
 
 from eval_helpers import KERNELS, hotspot, load_fixture
 
@@ -86,15 +86,15 @@ def test_baseline_times_torch_compile_on_cpu(tmp_path):
 
 
 def _t(us, clock="cuda_events"):
-    from forge_pack.verdict import Timing
+    from forge_pack.core.verdict import Timing
 
     return Timing(median_us=us, iqr_us=0.0, n=30, min_us=us, clock=clock)
 
 
 def test_implausible_judges_every_size_after_a_cache_flush():
-    from forge_pack.evaluate import implausible
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.ops import with_output
+    from forge_pack.evaluate.evaluator import implausible
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.targets.ops import with_output
 
     small = with_output(parse_signature("softmax", "x: f32[64,1000], dim=-1"))  # 512 KB in + out
     cfg = TimingConfig()
@@ -111,9 +111,9 @@ def test_implausible_judges_every_size_after_a_cache_flush():
 
 
 def test_implausible_without_a_flush_judges_only_working_sets_far_larger_than_the_cache():
-    from forge_pack.evaluate import implausible
-    from forge_pack.ops import with_output
-    from forge_pack.sigparse import parse_signature
+    from forge_pack.evaluate.evaluator import implausible
+    from forge_pack.targets.ops import with_output
+    from forge_pack.targets.sigparse import parse_signature
 
     cfg = TimingConfig(flush=False)
     big = with_output(parse_signature("softmax", "x: f32[4096,4096], dim=-1"))  # 128 MiB in + out
@@ -138,7 +138,7 @@ def test_implausible_gate_rejects_a_verified_kernel_end_to_end(tmp_path):
 
 
 def test_time_calls_checks_after_each_batch_of_one_call_per_copy():
-    from forge_pack.timing import time_calls
+    from forge_pack.evaluate.timing import time_calls
 
     order: list = []
     calls = [lambda i=i: order.append(i) for i in range(3)]
@@ -155,7 +155,7 @@ def test_time_calls_checks_after_each_batch_of_one_call_per_copy():
 
 
 def test_time_calls_stops_when_a_batch_check_fails():
-    from forge_pack.timing import time_calls
+    from forge_pack.evaluate.timing import time_calls
 
     seen: list = []
     stop_at = {"warm-up": 1, "timed": 2}
@@ -197,7 +197,7 @@ def test_surely_within_never_passes_what_compare_rejects(dtype, op):
     just outside the tolerance, it says True only where the full comparison passes too."""
     import torch
 
-    from forge_pack.tolerance import compare, surely_within, tolerance
+    from forge_pack.evaluate.tolerance import compare, surely_within, tolerance
 
     gen = torch.Generator().manual_seed(7)
     ref = torch.randn(64, 100, generator=gen, dtype=torch.float64)

@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.pack import PACKAGE_MARKER, check_out_dir, pack  # noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.pack.packager import PACKAGE_MARKER, check_out_dir, pack  # noqa: E402
 
 
 @pytest.fixture(scope="module")

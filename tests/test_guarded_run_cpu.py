@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from forge_pack import launch
-from forge_pack.launch import CudaModule, Driver, GuardedRun, GuardSetupError, LaunchError, Plan, PlannedLaunch
+from forge_pack.evaluate import launch
+from forge_pack.evaluate.launch import CudaModule, Driver, GuardedRun, GuardSetupError, LaunchError, Plan, PlannedLaunch
 
 GRAN = 64 * 1024  # a small granularity keeps the host buffers small; the logic does not depend on it
 

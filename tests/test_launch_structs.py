@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import launch
-from forge_pack.launch import VECTOR_ALIGN, guard_offset
+from forge_pack.evaluate import launch
+from forge_pack.evaluate.launch import VECTOR_ALIGN, guard_offset
 
 CUDA_INCLUDE = next((p for p in (Path("/usr/local/cuda/include"), *sorted(Path("/usr/local").glob("cuda-*/include")))
                      if (p / "cuda.h").is_file()), None)

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from fake_llm import FakeLLM, free_port_url
-from forge_pack.candidate import Candidate
-from forge_pack.errors import ForgeError
-from forge_pack.hotspot import Hotspot
-from forge_pack.llm import Budget, LLMClient, LLMConfig, redact, register_secret, run_summary_text, summary_from_store
-from forge_pack.llm_check import parse_reply, static_check
-from forge_pack.llm_options import build_llm_proposer, llm_config
-from forge_pack.llm_proposer import LLMProposer
-from forge_pack.propose import NodeView, ProposeRequest
-from forge_pack.signature import Signature, TensorSpec
-from forge_pack.store import Store
-from forge_pack.verdict import Baseline, Evaluation, Timing, Verdict
+from forge_pack.core.candidate import Candidate
+from forge_pack.core.errors import ForgeError
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.llm.client import Budget, LLMClient, LLMConfig, redact, register_secret, run_summary_text, summary_from_store
+from forge_pack.llm.check import parse_reply, static_check
+from forge_pack.llm.options import build_llm_proposer, llm_config
+from forge_pack.llm.proposer import LLMProposer
+from forge_pack.search.propose import NodeView, ProposeRequest
+from forge_pack.core.signature import Signature, TensorSpec
+from forge_pack.store.run_store import Store
+from forge_pack.core.verdict import Baseline, Evaluation, Timing, Verdict
 
 pytestmark = pytest.mark.llm
 
@@ -125,7 +125,7 @@ def test_llm_repair_move_gets_the_verdict_and_compile_log_and_is_bounded(tmp_pat
 
 def test_llm_broken_kernel_is_repaired_through_the_search(tmp_path):
     """new family (broken, compile error) -> repair (fixed, compiles) inside the real MCTS."""
-    from forge_pack.search import SearchConfig, search
+    from forge_pack.search.mcts import SearchConfig, search
 
     def respond(body):
         user = body["messages"][-1]["content"]
@@ -138,7 +138,7 @@ def test_llm_broken_kernel_is_repaired_through_the_search(tmp_path):
     evaluated = []
 
     def evaluate(cand: Candidate) -> Evaluation:  # compile with g++: the broken kernel must fail for real
-        from forge_pack.compile import compile_candidate
+        from forge_pack.evaluate.compile import compile_candidate
 
         build = compile_candidate(cand, cache_dir=tmp_path / "cache")
         evaluated.append((cand.origin, build.ok))
@@ -423,7 +423,7 @@ def test_summary_from_store_counts_llm_kernels(tmp_path):
 def test_doctor_checks_the_llm_endpoint(monkeypatch):
     from typer.testing import CliRunner
 
-    from forge_pack.cli import app
+    from forge_pack.cli.main import app
 
     monkeypatch.setenv("FORGE_LLM_API_KEY", KEY)
     with FakeLLM() as srv:
@@ -446,7 +446,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("backend", ["cuda", "cpu"])
 @pytest.mark.parametrize("purpose", ["new_family", "rewrite", "repair"])
 def test_prompts_render_every_purpose_for_both_backends(purpose, backend):
-    from forge_pack import llm_prompts
+    from forge_pack.llm import prompts as llm_prompts
 
     cand = candidate_from("broken_cpu")
     cand = Candidate("softmax", backend, cand.source, cand.spec, family="ref")
@@ -472,7 +472,7 @@ def test_docs_forge_toml_example_is_accepted():
     import re
     import tomllib
 
-    from forge_pack.llm_options import read_toml_llm
+    from forge_pack.llm.options import read_toml_llm
 
     text = (ROOT / "docs" / "llm.md").read_text()
     block = re.search(r"```toml\n(.*?)```", text, re.S).group(1)
@@ -537,7 +537,7 @@ def test_llm_spec_with_a_wrongly_typed_field_is_unparseable_and_keeps_the_calls_
 
 
 def test_parse_reply_turns_a_spec_nobody_foresaw_into_a_reply_error():
-    from forge_pack.llm_check import ReplyError
+    from forge_pack.llm.check import ReplyError
 
     for spec in ('{"kernels": [{"name": "llm_softmax", "args": ["x"]}], "requires": 1}',
                  "[" * 100000 + "]" * 100000,
@@ -550,7 +550,7 @@ def test_parse_reply_turns_a_spec_nobody_foresaw_into_a_reply_error():
 
 
 def test_llm_failure_after_the_reply_came_still_records_its_tokens_cost_prompt_and_reply(tmp_path, monkeypatch):
-    import forge_pack.llm_proposer as llm_proposer
+    import forge_pack.llm.proposer as llm_proposer
 
     def broken_check(*args, **kwargs):
         raise RuntimeError("a bug in a check")
@@ -687,7 +687,7 @@ def test_llm_retry_after_that_is_not_a_number_falls_back_to_backoff(tmp_path):
 
 
 def test_prompt_states_the_tolerance_this_call_is_verified_with():
-    from forge_pack import llm_prompts
+    from forge_pack.llm import prompts as llm_prompts
 
     user = llm_prompts.render("new_family", request(None))[1]["content"]
     assert "atol = 1e-08, rtol = 0.0001 (output float32)" in user  # softmax's override, not fp32's generic atol
@@ -695,9 +695,9 @@ def test_prompt_states_the_tolerance_this_call_is_verified_with():
 
 
 def test_prompt_tolerances_read_without_torch_match_the_evaluators_table():
-    from forge_pack import llm_prompts
+    from forge_pack.llm import prompts as llm_prompts
 
-    tolerance = pytest.importorskip("forge_pack.tolerance")
+    tolerance = pytest.importorskip("forge_pack.evaluate.tolerance")
     tables, slack = llm_prompts._tolerance_tables()
     assert slack == tolerance.EAGER_SLACK
     assert len(tables) == len(tolerance.TABLE) + len(tolerance.OP_TABLE)

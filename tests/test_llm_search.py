@@ -19,12 +19,12 @@ from fake_llm import FakeLLM, free_port_url  # noqa: E402
 from pipeline_fakes import FakeEvaluator  # noqa: E402
 from search_fakes import GridProposer, ListProposer  # noqa: E402
 
-from forge_pack.cmd_search import search_command  # noqa: E402
-from forge_pack.hotspot import Hotspot  # noqa: E402
-from forge_pack.pipeline import Toolkit, _default_proposers  # noqa: E402
-from forge_pack.signature import Signature, TensorSpec  # noqa: E402
-from forge_pack.store import open_readonly  # noqa: E402
-from forge_pack.verdict import Evaluation, Timing, Verdict  # noqa: E402
+from forge_pack.cli.search import search_command  # noqa: E402
+from forge_pack.core.hotspot import Hotspot  # noqa: E402
+from forge_pack.search.pipeline import Toolkit, _default_proposers  # noqa: E402
+from forge_pack.core.signature import Signature, TensorSpec  # noqa: E402
+from forge_pack.store.run_store import open_readonly  # noqa: E402
+from forge_pack.core.verdict import Evaluation, Timing, Verdict  # noqa: E402
 
 pytestmark = pytest.mark.llm
 
@@ -52,7 +52,7 @@ class CompilingEvaluator(FakeEvaluator):
         if cand.origin not in ("llm", "repair"):
             return Evaluation(Verdict(True, "ok"), Timing(90.0, 1.0, 30, 89.0, "monotonic"), speedup_vs_eager=1.1,
                               speedup_vs_compile=1.0, bandwidth_fraction=0.1)
-        from forge_pack.compile import compile_candidate
+        from forge_pack.evaluate.compile import compile_candidate
 
         build = compile_candidate(cand, cache_dir=Path(self.log).parent / "build-cache")
         self.llm_builds.append((cand.origin, build.ok))
@@ -72,9 +72,9 @@ class OneTemplate(ListProposer):
 
 def use_templates(monkeypatch, cls) -> None:
     """pipeline._default_proposers builds [TemplateProposer(), LLM]: a stand-in for the templates."""
-    fake = types.ModuleType("forge_pack.templates_proposer")
+    fake = types.ModuleType("forge_pack.search.templates_proposer")
     fake.TemplateProposer = cls  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "forge_pack.templates_proposer", fake)
+    monkeypatch.setitem(sys.modules, "forge_pack.search.templates_proposer", fake)
 
 
 def toolkit(evaluators: list) -> Toolkit:
@@ -156,8 +156,8 @@ def test_search_with_llm_endpoint_down_finishes_on_templates_and_says_why(tmp_pa
     """The CLI itself: `forge-pack search m.py --llm MODEL` with nothing listening exits 0 on templates."""
     from typer.testing import CliRunner
 
-    from forge_pack import pipeline
-    from forge_pack.cli import app
+    from forge_pack.search import pipeline
+    from forge_pack.cli.main import app
 
     use_templates(monkeypatch, GridProposer)
     monkeypatch.setattr(pipeline, "Toolkit", lambda: toolkit([]))

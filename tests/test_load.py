@@ -6,8 +6,8 @@ import textwrap
 import pytest
 import torch
 
-from forge_pack.errors import ForgeError
-from forge_pack.load import load, run_forward
+from forge_pack.core.errors import ForgeError
+from forge_pack.profile.load import load, run_forward
 
 from conftest import MODELS
 

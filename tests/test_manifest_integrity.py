@@ -18,9 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack import manifest  # noqa: E402
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.pack import pack  # noqa: E402
+from forge_pack.pack import manifest# noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
 
 EDITED = ("the manifest's figures were edited after the build: the speedups, timings and errors it holds are not "
           "the ones forge-pack measured")

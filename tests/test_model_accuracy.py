@@ -2,7 +2,7 @@
 
 import torch
 
-from forge_pack.model_accuracy import EAGER_ERROR_FACTOR, compare_outputs, describe, precise_reference
+from forge_pack.evaluate.model_accuracy import EAGER_ERROR_FACTOR, compare_outputs, describe, precise_reference
 
 
 def _outputs(noise_eager: float, noise_patched: float, seed: int = 0):
@@ -187,7 +187,7 @@ def test_a_model_that_cannot_run_in_float32_gives_a_note_not_a_crash():
 def test_fresh_inputs_keep_strides_views_and_expands_and_are_independent():
     import torch
 
-    from forge_pack.model_accuracy import fresh_inputs
+    from forge_pack.evaluate.model_accuracy import fresh_inputs
 
     x = torch.randn(4, 8)
     mask = torch.ones(1, 1, 1, 1).expand(2, 4, 64, 64)

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from forge_pack.errors import ForgeError
-from forge_pack.load import load, run_forward
+from forge_pack.core.errors import ForgeError
+from forge_pack.profile.load import load, run_forward
 
 BODY = """
 import sys

@@ -17,11 +17,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack import confirm  # noqa: E402
-from forge_pack.candidate import Candidate, parse_spec  # noqa: E402
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.model_gate import failure_words, run_gate  # noqa: E402
-from forge_pack.verdict import Baseline, Evaluation, Timing, Verdict  # noqa: E402
+from forge_pack.evaluate import confirm# noqa: E402
+from forge_pack.core.candidate import Candidate, parse_spec  # noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.evaluate.model_gate import failure_words, run_gate  # noqa: E402
+from forge_pack.core.verdict import Baseline, Evaluation, Timing, Verdict  # noqa: E402
 
 # ------------------------------------------------------------------ the gate's logic (fake checks)
 
@@ -133,8 +133,8 @@ class SlowByANoseEvaluator:
 
 
 def test_pack_does_not_ship_a_kernel_confirmed_slower_than_eager(tmp_path, monkeypatch):
-    from forge_pack import manifest
-    from forge_pack.pack import pack
+    from forge_pack.pack import manifest
+    from forge_pack.pack.packager import pack
 
     run = helpers.make_cpu_run(tmp_path / "run")
     monkeypatch.setattr(confirm, "_default_evaluator", lambda info, backend: SlowByANoseEvaluator())
@@ -196,11 +196,11 @@ WRONG_SPEC = {"kernels": [{"name": "wrong_layer_norm", "args": ["x", "weight", "
 def _gate_run(run_dir: Path, model: Path, ops: tuple[str, ...]) -> Path:
     """A run whose winners are a wrong layer_norm (and, if asked, a correct softmax), recorded as
     confirmed in a fresh process: the case of a kernel the per-op checks let through."""
-    from forge_pack.load import load
-    from forge_pack.pack import collect, read_run
-    from forge_pack.profile import profile
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.store import Store
+    from forge_pack.profile.load import load
+    from forge_pack.pack.packager import collect, read_run
+    from forge_pack.profile.profiler import profile
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.store.run_store import Store
 
     target = load(str(model), "cpu", None)
     prof = profile(target, run_dir, quiet=True)
@@ -264,7 +264,7 @@ def test_pack_writes_no_package_when_the_only_kernel_breaks_the_model(tmp_path, 
 
 
 def test_a_model_file_gone_or_changed_is_an_error_before_any_confirmation(tmp_path, monkeypatch):
-    from forge_pack.pack import pack
+    from forge_pack.pack.packager import pack
 
     model = tmp_path / "tiny_copy.py"
     model.write_text(helpers.TINY_MODEL.read_text())
@@ -296,7 +296,7 @@ def test_failure_words_leave_out_what_the_check_did_not_measure():
 
 
 def test_a_check_without_within_tolerance_does_not_pass():
-    from forge_pack.model_gate import passes
+    from forge_pack.evaluate.model_gate import passes
     assert passes({"within_tolerance": True}) is True
     assert passes({}) is False and passes({"within_tolerance": None}) is False
 

@@ -1,4 +1,4 @@
-"""The built CPU object checked (forge_pack/object_check.py): imports, system-call bytes, load-time code.
+"""The built CPU object checked (forge_pack/evaluate/object_check.py): imports, system-call bytes, load-time code.
 
 - unit tests on small shared objects compiled here with the candidates' own g++ flags;
 - the fixtures that only the object check catches: each passes the source-text check, and the
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import object_check, static_check
-from forge_pack.compile import CPU_FLAGS, compile_candidate, cpu_include_dir
-from forge_pack.evaluate import Evaluator
-from forge_pack.ops import with_output
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.timing import TimingConfig
+from forge_pack.evaluate import object_check, static_check
+from forge_pack.evaluate.compile import CPU_FLAGS, compile_candidate, cpu_include_dir
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.targets.ops import with_output
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, hotspot, load_fixture
 
@@ -267,8 +267,8 @@ extern "C" __global__ void scale(float* x, int n) { int i = blockIdx.x * blockDi
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_nvcc_fallback_build_has_its_host_side_checked(tmp_path, monkeypatch):
     """`nvcc -cubin` drops host code from the cubin, but the package compiles it: it is checked."""
-    from forge_pack import compile as fcompile
-    from forge_pack.candidate import Candidate, parse_spec
+    from forge_pack.evaluate import compile as fcompile
+    from forge_pack.core.candidate import Candidate, parse_spec
 
     monkeypatch.setattr(fcompile, "_nvrtc", None)  # NVRTC unavailable: the nvcc fallback
     spec = parse_spec('{"kernels": [{"name": "scale", "args": ["x", "i32:n"]}]}')
@@ -284,7 +284,7 @@ def test_nvcc_fallback_build_has_its_host_side_checked(tmp_path, monkeypatch):
 
 
 def test_nvrtc_builds_need_no_host_check(tmp_path):
-    from forge_pack.compile import Build
+    from forge_pack.evaluate.compile import Build
 
     cubin = tmp_path / "kernel.cubin"
     cubin.write_bytes(b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0" * 40)
@@ -360,8 +360,8 @@ def test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_n
 
 @pytest.mark.slow
 def test_every_cpu_template_family_and_reference_kernel_passes_the_object_check(tmp_path):
-    from forge_pack.compile import compile_many
-    from forge_pack.reference_kernels import REFERENCE_OPS
+    from forge_pack.evaluate.compile import compile_many
+    from forge_pack.search.reference_kernels import REFERENCE_OPS
     from test_templates import SIGS, _sig, _variants
 
     cands = [c for _, _, c in _variants("cpu", extremes_everywhere=False)]
@@ -390,7 +390,7 @@ CUBIN = b"\x7fELF\x02\x01\x01" + b"\0" * 11 + (190).to_bytes(2, "little") + b"\0
 
 
 def _nvcc_build(tmp_path: Path, source: str | None, cmd: str = "/usr/bin/nvcc -cubin -arch=sm_90"):
-    from forge_pack.compile import Build
+    from forge_pack.evaluate.compile import Build
 
     cubin = tmp_path / "kernel.cubin"
     cubin.write_bytes(CUBIN)
@@ -443,7 +443,7 @@ def test_a_rejected_cubin_is_the_verdict_before_any_host_check(tmp_path, monkeyp
 
 
 def test_cpu_builds_are_judged_by_their_object_alone(tmp_path, monkeypatch):
-    from forge_pack.compile import Build
+    from forge_pack.evaluate.compile import Build
 
     monkeypatch.setattr(object_check, "cuda_host_problems", lambda source, arch: pytest.fail("host check ran"))
     so = build(tmp_path, KERNEL)

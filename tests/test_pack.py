@@ -14,10 +14,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack import binding, confirm, manifest  # noqa: E402
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.pack import check_name, collect, default_name, pack  # noqa: E402
-from forge_pack.verdict import Baseline, Evaluation, Timing, Verdict  # noqa: E402
+from forge_pack.pack import binding, manifest
+from forge_pack.evaluate import confirm# noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.pack.packager import check_name, collect, default_name, pack  # noqa: E402
+from forge_pack.core.verdict import Baseline, Evaluation, Timing, Verdict  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,7 @@ def test_default_name_is_valid():
 
 def test_cuda_launch_values_are_resolved_for_the_exact_signature(tmp_path):
     hotspots, cands = helpers.cuda_hotspots()
-    from forge_pack.ops import with_output
+    from forge_pack.targets.ops import with_output
 
     sig = with_output(hotspots[0].signature)
     launch = binding.resolve_launch(cands[hotspots[0].id], sig, "fp_p_t0")
@@ -270,7 +271,7 @@ def _model_result(speedup: float, max_abs_diff: float | None) -> dict:
 
 
 def test_readme_says_slower_when_the_model_is_slower(packed):
-    from forge_pack import readme
+    from forge_pack.pack import readme
 
     out, _ = packed
     doc = manifest.load(out / "tiny_pkg" / "manifest.json")
@@ -283,7 +284,7 @@ def test_readme_says_slower_when_the_model_is_slower(packed):
 
 def test_readme_says_which_kernels_were_re_timed(packed):
     """Packed with confirm=False: no target is confirmed, and the README must not claim a re-timing."""
-    from forge_pack import readme
+    from forge_pack.pack import readme
 
     out, _ = packed
     doc = manifest.load(out / "tiny_pkg" / "manifest.json")
@@ -300,8 +301,8 @@ def test_readme_says_which_kernels_were_re_timed(packed):
 
 
 def test_build_output_without_a_max_difference_says_n_a():
-    from forge_pack.cmd_build import format_result
-    from forge_pack.pack import PackResult
+    from forge_pack.cli.build import format_result
+    from forge_pack.pack.packager import PackResult
 
     r = PackResult(True, "packed", out_dir="/x", package="p", model_result=_model_result(1.2, None))
     assert "max output difference n/a" in format_result(r)
@@ -310,8 +311,8 @@ def test_build_output_without_a_max_difference_says_n_a():
 
 
 def test_an_out_dir_under_a_file_is_refused_before_any_work(tmp_path):
-    from forge_pack.errors import ForgeError
-    from forge_pack.pack import check_out_dir
+    from forge_pack.core.errors import ForgeError
+    from forge_pack.pack.packager import check_out_dir
 
     blocker = tmp_path / "afile"
     blocker.write_text("x")
@@ -323,7 +324,7 @@ def test_an_out_dir_under_a_file_is_refused_before_any_work(tmp_path):
 def test_only_kernels_sized_to_every_sm_record_a_minimum_sm_count():
     from types import SimpleNamespace
 
-    from forge_pack.pack import _min_sm_count
+    from forge_pack.pack.packager import _min_sm_count
 
     env = {"sm_count": 132}
     resident = SimpleNamespace(backend="cuda", origin="template", family="resident")

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack.pack import pack  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
 
 
 def _nvcc_missing() -> str:
@@ -67,7 +67,7 @@ def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
 
 
 def _big_signatures() -> list:
-    from forge_pack.signature import Signature, TensorSpec, contiguous_strides
+    from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides
 
     def spec(d, shape, strides=None):
         return TensorSpec(d, shape, strides or contiguous_strides(shape))
@@ -91,11 +91,11 @@ def _big_signatures() -> list:
 
 def _stage_all_families(tmp_path: Path, arch: str) -> tuple[Path, int]:
     """One package holding every CUDA starting point of the search for a range of signatures."""
-    from forge_pack.hotspot import Hotspot
-    from forge_pack.pack import RunInfo, Winner, stage_package
-    from forge_pack.propose import ProposeRequest
-    from forge_pack.templates_proposer import TemplateProposer
-    from forge_pack.verdict import Baseline, Timing
+    from forge_pack.core.hotspot import Hotspot
+    from forge_pack.pack.packager import RunInfo, Winner, stage_package
+    from forge_pack.search.propose import ProposeRequest
+    from forge_pack.search.templates_proposer import TemplateProposer
+    from forge_pack.core.verdict import Baseline, Timing
 
     proposer = TemplateProposer()
     hotspots = helpers.cuda_hotspots()[0] + [Hotspot(s, ("F.x",), 1.0, 1.0, 1.0, 0.1, (), "cuda",
@@ -234,7 +234,7 @@ def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_
     r = subprocess.run([sys.executable, "-m", name, "verify"], capture_output=True, text=True, env=env, timeout=900)
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
-    r = subprocess.run([sys.executable, "-m", "forge_pack.demo", "show", name, str(model), "--device", "cuda",
+    r = subprocess.run([sys.executable, "-m", "forge_pack.cli.demo", "show", name, str(model), "--device", "cuda",
                         "--json"], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])

@@ -14,8 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack.hotspot import Hotspot  # noqa: E402
-from forge_pack.signature import Signature, TensorSpec, channels_last_strides, contiguous_strides  # noqa: E402
+from forge_pack.core.hotspot import Hotspot  # noqa: E402
+from forge_pack.core.signature import Signature, TensorSpec, channels_last_strides, contiguous_strides  # noqa: E402
 
 
 def _spec(dtype, shape, channels_last=False):
@@ -52,11 +52,11 @@ def cpu_signatures() -> list[Signature]:
 
 @pytest.mark.slow
 def test_every_cpu_family_packs_builds_and_verifies(tmp_path):
-    from forge_pack.pack import RunInfo, Winner, stage_package
-    from forge_pack.propose import ProposeRequest
-    from forge_pack.reference_kernels import reference_candidate
-    from forge_pack.templates_proposer import TemplateProposer
-    from forge_pack.verdict import Baseline, Timing
+    from forge_pack.pack.packager import RunInfo, Winner, stage_package
+    from forge_pack.search.propose import ProposeRequest
+    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.templates_proposer import TemplateProposer
+    from forge_pack.core.verdict import Baseline, Timing
 
     proposer = TemplateProposer()
     winners = []

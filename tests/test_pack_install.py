@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack.pack import pack  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
 
 PKG = "tiny_kernels"
 DRIVER = Path(__file__).resolve().parent / "pack" / "driver.py"

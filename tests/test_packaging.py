@@ -15,9 +15,9 @@ def test_wheel_ships_templates_under_forge_pack(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("forge_pack/templates/kernels/") for n in names)
     assert not any(n.startswith("templates/") for n in names)
-    assert "forge_pack/cli.py" in names
+    assert "forge_pack/cli/main.py" in names
     entry = [n for n in names if n.endswith("entry_points.txt")]
-    assert entry and "forge-pack = forge_pack.cli:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
+    assert entry and "forge-pack = forge_pack.cli.main:main" in zipfile.ZipFile(wheel).read(entry[0]).decode()
 
 
 def test_non_editable_install_finds_templates(tmp_path):

@@ -1,5 +1,5 @@
 """The package's _patch.py on its own (no extension built): argument normalisation agrees with the
-profiler's (forge_pack.ops), unknown arguments are refused, the GPU-architecture guard."""
+profiler's (forge_pack.targets.ops), unknown arguments are refused, the GPU-architecture guard."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
 
-from forge_pack import ops  # noqa: E402
-from forge_pack.pack import pack  # noqa: E402
+from forge_pack.targets import ops# noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "package" / "_patch.py"
 
@@ -364,7 +364,7 @@ def test_code_fingerprint_tells_classes_apart_and_is_the_same_in_every_process()
     PYTHONHASHSEED: a set of strings in a method must not change it)."""
     import subprocess
 
-    from forge_pack.profile import code_fingerprint
+    from forge_pack.profile.profiler import code_fingerprint
 
     fp = code_fingerprint(tiny_model.TinyRMSNorm)
     assert fp != code_fingerprint(tiny_model.Tiny) and fp != code_fingerprint(TinyRMSNorm)

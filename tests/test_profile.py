@@ -7,9 +7,9 @@ import textwrap
 import pytest
 import torch
 
-from forge_pack.capture import load_capture
-from forge_pack.load import load
-from forge_pack.profile import ProfileConfig, profile
+from forge_pack.profile.capture import load_capture
+from forge_pack.profile.load import load
+from forge_pack.profile.profiler import ProfileConfig, profile
 
 from conftest import MODELS
 
@@ -54,7 +54,7 @@ def test_profile_finds_each_call_path(profiles, name):
 
 
 def test_registry_call_paths_all_covered_by_examples():
-    from forge_pack.ops import CALL_PATHS
+    from forge_pack.targets.ops import CALL_PATHS
 
     covered = set()
     for ops in EXPECTED.values():
@@ -276,7 +276,7 @@ def test_profile_examples_on_cuda(tmp_path, name):
 def test_an_rmsnorm_that_cannot_be_copied_is_probed_in_place_and_left_as_it_was():
     import threading
 
-    from forge_pack.profile import _detect_offset
+    from forge_pack.profile.profiler import _detect_offset
 
     class LockedRMSNorm(torch.nn.Module):
         def __init__(self, d, eps=1e-6):

@@ -17,10 +17,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_fakes import fake_toolkit  # noqa: E402
 
-from forge_pack import pipeline  # noqa: E402
-from forge_pack.control import write_control  # noqa: E402
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.store import open_readonly  # noqa: E402
+from forge_pack.search import pipeline# noqa: E402
+from forge_pack.search.control import write_control  # noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.store.run_store import open_readonly  # noqa: E402
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent

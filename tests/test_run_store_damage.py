@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forge_pack.errors import ForgeError  # noqa: E402
-from forge_pack.pipeline import RunConfig  # noqa: E402
-from forge_pack.store import Store, check_store  # noqa: E402
+from forge_pack.core.errors import ForgeError  # noqa: E402
+from forge_pack.search.pipeline import RunConfig  # noqa: E402
+from forge_pack.store.run_store import Store, check_store  # noqa: E402
 
 HINT = "start a new run with another --run-dir"
 
@@ -64,7 +64,7 @@ def test_an_intact_store_passes(tmp_path):
 def test_resume_refuses_a_damaged_store_and_leaves_it_alone(tmp_path, kind):
     from pipeline_fakes import fake_toolkit
 
-    from forge_pack.cmd_search import search_command
+    from forge_pack.cli.search import search_command
 
     words = _damage(tmp_path, kind)
     before = (tmp_path / "run.db").read_bytes()
@@ -83,9 +83,9 @@ def test_the_writer_never_opens_an_emptied_store_as_new(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_pack_check_and_ui_refuse_a_damaged_store(tmp_path, kind):
-    from forge_pack.cmd_check import hotspot_from_run
-    from forge_pack.pack import pack
-    from forge_pack.ui_server import make_server
+    from forge_pack.cli.check import hotspot_from_run
+    from forge_pack.pack.packager import pack
+    from forge_pack.ui.server import make_server
 
     words = _damage(tmp_path / "run", kind)
     for call in (lambda: pack(tmp_path / "run", tmp_path / "out", "p", confirm=False),

@@ -1,5 +1,5 @@
 """The CPU sandbox, one layer at a time: each hostile act is denied or detected by the runner
-(forge_pack/runner.py) and the judge (forge_pack/sandbox.py) alone. The shared objects are built
+(forge_pack/evaluate/runner.py) and the judge (forge_pack/evaluate/sandbox.py) alone. The shared objects are built
 here with g++ and loaded through the sandbox API directly, bypassing the evaluator's source and
 object checks, so each test proves its own layer."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_pack import runner, sandbox
-from forge_pack.launch import LaunchError, Plan, PlannedLaunch
-from forge_pack.sandbox import CANARY_BYTES, IDLE_CPU_NS, PAGE, RemoteCpuModule
+from forge_pack.evaluate import runner, sandbox
+from forge_pack.evaluate.launch import LaunchError, Plan, PlannedLaunch
+from forge_pack.evaluate.sandbox import CANARY_BYTES, IDLE_CPU_NS, PAGE, RemoteCpuModule
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
 x86 = pytest.mark.skipif(not runner.filtering_supported(), reason="the seccomp filter is x86_64 only")
@@ -333,10 +333,10 @@ def test_runner_starts_fast(tmp_path):
 def test_kernel_patching_the_checker_is_rejected_and_so_is_the_next_bad_kernel(tmp_path, monkeypatch):
     from eval_helpers import CPU_SIGNATURE, KERNELS, hotspot, load_fixture
 
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.timing import TimingConfig
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.evaluate.timing import TimingConfig
 
-    from forge_pack import object_check
+    from forge_pack.evaluate import object_check
 
     monkeypatch.setenv("FORGE_PACK_CPU_THREADS", "1")
     h = hotspot("softmax", CPU_SIGNATURE)
@@ -370,11 +370,11 @@ def _our_processes(check_pid: int) -> dict[int, str]:
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         procs[int(d.name)] = ([c.decode(errors="replace") for c in cmd if c], ppid)
     workers = {pid for pid, (cmd, _) in procs.items()
-               if "forge_pack.worker" in cmd and cmd and cmd[-1] == str(check_pid)}
+               if "forge_pack.evaluate.worker" in cmd and cmd and cmd[-1] == str(check_pid)}
     for pid in workers:
         found[pid] = "worker"
     for pid, (cmd, ppid) in procs.items():
-        if ppid in workers and any(c.endswith("forge_pack/runner.py") or c == "forge_pack.runner" for c in cmd):
+        if ppid in workers and any(c.endswith("forge_pack/evaluate/runner.py") or c == "forge_pack.evaluate.runner" for c in cmd):
             found[pid] = "runner"
     return found
 
@@ -429,7 +429,7 @@ def test_killing_check_leaves_no_worker_or_runner(sig, tmp_path):
 
 
 def test_cpu_timing_stages_before_the_flush_and_takes_the_calls_own_clock():
-    from forge_pack.timing import TimingConfig, time_calls
+    from forge_pack.evaluate.timing import TimingConfig, time_calls
 
     order: list[str] = []
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack.propose import Move
-from forge_pack.search import FAILURE_REWARD, SearchConfig, SearchHooks, StoredNode, reward_of, search
+from forge_pack.search.propose import Move
+from forge_pack.search.mcts import FAILURE_REWARD, SearchConfig, SearchHooks, StoredNode, reward_of, search
 
 sys.path.insert(0, str(Path(__file__).parent))
 from search_fakes import GridProposer, Landscape, ListProposer, all_points, cand, fail_eval, ok_eval  # noqa: E402
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_importing_search_does_not_import_torch():
-    code = ("import sys, forge_pack.search, forge_pack.store, forge_pack.pipeline; "
+    code = ("import sys, forge_pack.search.mcts, forge_pack.store.run_store, forge_pack.search.pipeline; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -98,7 +98,7 @@ def test_virtual_loss_spreads_concurrent_evaluations():
 
 
 def test_virtual_loss_lowers_a_busy_branch_in_uct():
-    from forge_pack.search import _Search
+    from forge_pack.search.mcts import _Search
 
     s = _Search([GridProposer()], Landscape(0).evaluate, SearchConfig(), None, "cpu", None, {}, [], SearchHooks(),
                 [StoredNode(1, None, "a", "root", cand({"f": 0, "a": 0, "b": 0, "c": 0}), ok_eval(1.5)),

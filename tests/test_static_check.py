@@ -2,14 +2,14 @@
 
 import pytest
 
-from forge_pack.candidate import Candidate, parse_spec
-from forge_pack.errors import ForgeError
-from forge_pack.launch import check_requires, plan
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.static_check import check, kernel_params
+from forge_pack.core.candidate import Candidate, parse_spec
+from forge_pack.core.errors import ForgeError
+from forge_pack.evaluate.launch import check_requires, plan
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.static_check import check, kernel_params
 
 from eval_helpers import KERNELS, expected_reasons, load_fixture
-from forge_pack.sigparse import parse_signature
+from forge_pack.targets.sigparse import parse_signature
 
 SIG = parse_signature("softmax", "x: bf16[64,1000], dim=-1, dtype=float32")
 GN = parse_signature("group_norm", "x: f32[2,64,8,8], num_groups=8, weight: f32[64], bias: f32[64]")
@@ -169,8 +169,8 @@ def test_conditionals_on_the_sources_own_macros_pass(prefix):
 
 
 def test_every_template_family_passes_the_build_parity_rule():
-    from forge_pack import templates_proposer as tp
-    from forge_pack.static_check import check_source
+    from forge_pack.search import templates_proposer as tp
+    from forge_pack.evaluate.static_check import check_source
 
     seen = 0
     for op, text in [("softmax", "x: f32[512,2048], dim=-1"), ("softmax", "x: f32[8,262144], dim=-1"),

@@ -6,10 +6,10 @@ compiled at all, so a changed flag, reason or line number must turn a test red.
 
 import pytest
 
-from forge_pack.candidate import Candidate, parse_spec
-from forge_pack.sigparse import parse_signature
-from forge_pack.static_check import Param, check, check_source, kernel_params
-from forge_pack.verdict import Verdict
+from forge_pack.core.candidate import Candidate, parse_spec
+from forge_pack.targets.sigparse import parse_signature
+from forge_pack.evaluate.static_check import Param, check, check_source, kernel_params
+from forge_pack.core.verdict import Verdict
 
 SIG = parse_signature("softmax", "x: bf16[64,1000], dim=-1, dtype=float32")
 F32 = parse_signature("softmax", "x: f32[64,1000], dim=-1")

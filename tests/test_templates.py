@@ -21,16 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import static_check
-from forge_pack.candidate import Candidate, evaluate, parse_spec
-from forge_pack.hotspot import Hotspot
-from forge_pack.launch import launch_env
-from forge_pack.propose import NodeView, ProposeRequest
-from forge_pack.sigparse import parse_signature
-from forge_pack.template_kit import Family, check_spec
-from forge_pack.templates_proposer import (TemplateProposer, _build, _candidate, _registry, applicable_families,
+from forge_pack.evaluate import static_check
+from forge_pack.core.candidate import Candidate, evaluate, parse_spec
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.evaluate.launch import launch_env
+from forge_pack.search.propose import NodeView, ProposeRequest
+from forge_pack.targets.sigparse import parse_signature
+from forge_pack.search.template_kit import Family, check_spec
+from forge_pack.search.templates_proposer import (TemplateProposer, _build, _candidate, _registry, applicable_families,
                                            families, instantiate)
-from forge_pack.verdict import Evaluation, Verdict
+from forge_pack.core.verdict import Evaluation, Verdict
 
 # Signatures per op: several dtypes, layouts, optional inputs and sizes, so that every family
 # applies to at least one of them (checked below).
@@ -228,8 +228,8 @@ def test_split_flow_minb_caps_registers_for_more_blocks_per_sm(tmp_path):
 
 
 def _cpu_verify(cand: Candidate, sig, build):
-    from forge_pack.launch import load_module
-    from forge_pack.verify import fresh_sets, static_sets, verify
+    from forge_pack.evaluate.launch import load_module
+    from forge_pack.evaluate.verify import fresh_sets, static_sets, verify
 
     assert build.ok, build.log[-3000:]
     module = load_module("cpu", build.path, [k.name for k in cand.spec.kernels])
@@ -249,7 +249,7 @@ def _where_sig(where: str):
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
 def test_every_cpu_family_compiles_and_matches_torch(tmp_path):
-    from forge_pack.compile import compile_many
+    from forge_pack.evaluate.compile import compile_many
 
     items = _variants("cpu", extremes_everywhere=False)
     builds = compile_many([c for _, _, c in items], cache_dir=tmp_path, max_workers=max(2, os.cpu_count() or 2))
@@ -389,8 +389,8 @@ ISSUE_SHAPES = [
 
 @pytest.fixture(scope="module")
 def cuda_evaluator(tmp_path_factory):
-    from forge_pack.evaluate import Evaluator
-    from forge_pack.timing import TimingConfig
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.evaluate.timing import TimingConfig
 
     ev = Evaluator("cuda", workers=1, timeout_s=120, timing=TimingConfig(warmup=3, reps=30, compile_baseline=False),
                    log_dir=tmp_path_factory.mktemp("workers"))
@@ -403,7 +403,7 @@ def _evaluate_all(ev, items: list[tuple[str, Hotspot, Candidate]]) -> list[str]:
     build cache then serves the evaluator), and appends timings to $OUT/templates_gpu.jsonl."""
     import json
 
-    from forge_pack.compile import compile_many
+    from forge_pack.evaluate.compile import compile_many
 
     compile_many([c for _, _, c in items], arch=ev.arch or None)
     failures, log = [], []
@@ -487,7 +487,7 @@ def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
 def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
     """The evaluator's device report reaches the template proposer: a 114-SM GPU gets a resident
     grid of at most 114 blocks per block-per-SM (132 on the H200, the default when nothing is known)."""
-    from forge_pack import template_cuda
+    from forge_pack.search import template_cuda
 
     for name in ("SM_COUNT", "SMEM_MAX", "SMEM_PER_SM"):  # restored after the test
         monkeypatch.setattr(template_cuda, name, getattr(template_cuda, name))
@@ -510,7 +510,7 @@ def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
 def test_cpu_channels_last_pool_is_as_accurate_as_eager_on_a_resnet_head(tmp_path):
     """One float sum per channel, value after value, failed the large-offset set on fp32
     (16,2048,7,7) channels_last: the family now accumulates in double."""
-    from forge_pack.compile import compile_candidate
+    from forge_pack.evaluate.compile import compile_candidate
 
     sig = _sig("adaptive_avg_pool2d", "x: f32[16,2048,7,7]{channels_last}, output_size=(1,1)")
     cand = instantiate("adaptive_avg_pool2d", "cpu", "nhwc", {"cblock": 64}, sig)

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from forge_pack import tolerance, verdict_rules
-from forge_pack.tolerance import compare
+from forge_pack.evaluate import tolerance, verdict_rules
+from forge_pack.evaluate.tolerance import compare
 
 
 def test_every_tolerance_entry_has_a_reason():
@@ -86,7 +86,7 @@ def test_chunked_comparison_counts_every_element(monkeypatch):
 
 
 def test_eager_allowance_is_by_magnitude_so_tiny_probabilities_cannot_be_flushed_to_zero():
-    from forge_pack.tolerance import EAGER_SLACK, eager_allowance
+    from forge_pack.evaluate.tolerance import EAGER_SLACK, eager_allowance
 
     torch.manual_seed(0)
     x = torch.randn(64, 1000) * 3
@@ -108,7 +108,7 @@ def test_eager_allowance_is_by_magnitude_so_tiny_probabilities_cannot_be_flushed
 def test_eager_allowance_still_forgives_a_uniform_absolute_error_like_eagers():
     """Large offsets: eager's statistics are off, so every output element is off by about the same
     absolute amount, small values included; a kernel 1.5x as far off must still pass."""
-    from forge_pack.tolerance import eager_allowance
+    from forge_pack.evaluate.tolerance import eager_allowance
 
     torch.manual_seed(1)
     ref = torch.randn(4096, dtype=torch.float64)
@@ -374,7 +374,7 @@ def test_a_near_zero_mean_of_large_values_is_allowed_eagers_error_at_the_size_of
     # small result. Bucketed by |ref|, the one near-zero output met the allowance of near-zero
     # outputs (none but itself) and an honest kernel failed on some seeds; by magnitude it never does,
     # and an output off by 5e-3 or accumulated in bf16 still fails.
-    from forge_pack import verdict_rules as R
+    from forge_pack.evaluate import verdict_rules as R
     old_failures = 0
     for seed in range(24):
         g = torch.Generator().manual_seed(seed)
@@ -402,7 +402,7 @@ def test_a_near_zero_mean_of_large_values_is_allowed_eagers_error_at_the_size_of
 
 
 def test_only_a_mean_has_a_magnitude_other_than_its_result():
-    from forge_pack import verdict_rules as R
+    from forge_pack.evaluate import verdict_rules as R
     x = torch.randn(2, 3, 4, 4)
     for op in ("softmax", "log_softmax", "layer_norm", "rms_norm", "group_norm", "batch_norm", None):
         assert R.magnitude(op, {"x": x}) is None
@@ -411,7 +411,7 @@ def test_only_a_mean_has_a_magnitude_other_than_its_result():
 
 
 def test_the_allowance_for_one_input_set_uses_the_magnitude_it_is_given():
-    from forge_pack import verdict_rules as R
+    from forge_pack.evaluate import verdict_rules as R
     ref = torch.tensor([0.001, 100.0], dtype=torch.float64)
     eager = torch.tensor([0.001, 100.5], dtype=torch.float64)
     mag = torch.tensor([100.0, 100.0], dtype=torch.float64)

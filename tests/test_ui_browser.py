@@ -19,8 +19,8 @@ sync_api = pytest.importorskip("playwright.sync_api")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed", allow_module_level=True)
 
-from forge_pack import ui_server  # noqa: E402
-from forge_pack.store import open_readonly  # noqa: E402
+from forge_pack.ui import server as ui_server# noqa: E402
+from forge_pack.store.run_store import open_readonly  # noqa: E402
 from ui_fixtures import add_markup_node, append_evaluations, make_run  # noqa: E402
 
 TOKEN = "browser-test-token"

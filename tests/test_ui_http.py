@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from forge_pack import control, ui_server
-from forge_pack.errors import ForgeError
-from forge_pack.store import Store
+from forge_pack.search import control
+from forge_pack.ui import server as ui_server
+from forge_pack.core.errors import ForgeError
+from forge_pack.store.run_store import Store
 from ui_fixtures import PAYLOAD, add_markup_node, append_evaluations, make_run
 
 TOKEN = "test-token-123"
@@ -397,8 +398,8 @@ def test_scale_5000_candidates_summary_small_and_fast(tmp_path):
 
 
 def test_running_run_without_heartbeat_is_shown_stalled(tmp_path):
-    from forge_pack import ui_data
-    from forge_pack.store import open_readonly
+    from forge_pack.ui import data as ui_data
+    from forge_pack.store.run_store import open_readonly
 
     make_run(tmp_path, n_candidates=4, running=True)
     conn = open_readonly(tmp_path)
@@ -429,7 +430,7 @@ def test_integers_past_64_bits_are_a_400_not_a_dropped_connection(server, path):
 
 
 def test_unexpected_error_is_a_500_json_answer(server, monkeypatch):
-    from forge_pack import ui_data
+    from forge_pack.ui import data as ui_data
 
     def broken(conn, *a, **kw):
         raise ZeroDivisionError("a bug")

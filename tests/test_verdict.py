@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from forge_pack.verdict import REASONS, Baseline, Check, Evaluation, Timing, Verdict
+from forge_pack.core.verdict import REASONS, Baseline, Check, Evaluation, Timing, Verdict
 
 CHECK = Check("fresh[0]", 0.5, 0.25, 3, 1e-5, 1e-4, "index (1,): got 2.5, expected 2", 1, 2, passed=False,
               nonfinite_mismatches=1)

@@ -1,10 +1,10 @@
-"""Unit tests of forge_pack/verdict_rules.py's per-call checks, input makers and reference: each
+"""Unit tests of forge_pack/evaluate/verdict_rules.py's per-call checks, input makers and reference: each
 asserts the exact verdict reason, detail text or value, so a changed rule shows up here (these
 are also the tests `bench/mutation.sh verdict_rules` mutates the module against)."""
 
 import torch
 
-from forge_pack import verdict_rules as vr
+from forge_pack.evaluate import verdict_rules as vr
 
 
 def test_sentinel_fill_is_counted_exactly_and_the_first_unwritten_index_named():
@@ -22,7 +22,7 @@ import math
 import pytest
 import torch.nn.functional as F
 
-from forge_pack.verdict_rules import (adversarial_kinds, allowance, bitwise_equal, composite_rms_norm,
+from forge_pack.evaluate.verdict_rules import (adversarial_kinds, allowance, bitwise_equal, composite_rms_norm,
                                       derive_inputs, derived_source, eager_fn, first_diff, input_change,
                                       judge_output, make_inputs, reference64, repeat_change)
 

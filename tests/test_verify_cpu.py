@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from forge_pack.evaluate import Evaluator
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.timing import TimingConfig
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import (CPU_SIGNATURE, expected_reasons, fixture_files, fixture_modes, fixture_signature, hotspot,
                           load_fixture)
@@ -116,7 +116,7 @@ def test_final_mode_uses_other_inputs_than_search(evaluator):
 def test_captured_inputs_are_checked(evaluator, tmp_path):
     import torch
 
-    from forge_pack.capture import save_capture
+    from forge_pack.profile.capture import save_capture
 
     h0 = hotspot("softmax", "x: f32[16,100], dim=-1")
     x = torch.randn(16, 100) * 3
@@ -154,11 +154,11 @@ def test_a_cached_set_changed_during_an_evaluation_is_caught_by_the_fingerprint(
     evaluation. A CPU kernel no longer reaches the judge's cached buffers (the sandbox hands it arena
     copies; a CUDA kernel keeping a device pointer still could), so the write is simulated here,
     after verification's own per-call checks, where only the fingerprint can see it."""
-    from forge_pack import verify as verify_mod
-    from forge_pack.compile import compile_candidate
-    from forge_pack.evaluate import worker_evaluate
-    from forge_pack.ops import with_output
-    from forge_pack.worker import Session
+    from forge_pack.evaluate import verify as verify_mod
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.evaluator import worker_evaluate
+    from forge_pack.targets.ops import with_output
+    from forge_pack.evaluate.worker import Session
 
     monkeypatch.setenv("FORGE_PACK_THREADS", "1")
     sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
@@ -190,9 +190,9 @@ def test_a_cached_set_changed_during_an_evaluation_is_caught_by_the_fingerprint(
 def test_fresh_and_derived_sets_are_seeded_by_the_candidates_own_hash():
     import torch
 
-    from forge_pack.ops import with_output
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.verify import derived_sets, fresh_sets
+    from forge_pack.targets.ops import with_output
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.evaluate.verify import derived_sets, fresh_sets
 
     sig = with_output(parse_signature("softmax", "x: f32[16,100], dim=-1"))
 
@@ -208,7 +208,7 @@ def test_fresh_and_derived_sets_are_seeded_by_the_candidates_own_hash():
 
 
 def test_two_candidates_are_verified_on_different_fresh_inputs(evaluator):
-    from forge_pack.candidate import Candidate
+    from forge_pack.core.candidate import Candidate
 
     h = hotspot("softmax", CPU_SIGNATURE)
     ref = reference_candidate(h.signature, "cpu")
@@ -234,9 +234,9 @@ def test_two_candidates_are_verified_on_different_fresh_inputs(evaluator):
 def test_derived_inputs_transform_without_touching_their_source(op, text):
     import torch
 
-    from forge_pack import ops
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.verify import make_set
+    from forge_pack.targets import ops
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.evaluate.verify import make_set
 
     sig = ops.with_output(parse_signature(op, text))
     src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(1), "cpu")
@@ -263,8 +263,8 @@ def test_derived_permutation_keeps_group_norm_semantics():
     original output of some channel, not a different normalisation."""
     import torch
 
-    from forge_pack import ops
-    from forge_pack.sigparse import parse_signature
+    from forge_pack.targets import ops
+    from forge_pack.targets.sigparse import parse_signature
 
     sig = ops.with_output(parse_signature("group_norm", "x: f32[1,8,4,4], num_groups=2, weight: f32[8], bias: f32[8]"))
     src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(3), "cpu")
@@ -277,7 +277,7 @@ def test_derived_permutation_keeps_group_norm_semantics():
 
 class _FakeCpuModule:
     """A Python stand-in for a bound CPU kernel (the sandbox's bind / retarget / stage / elapsed_s
-    interface, forge_pack.sandbox): softmax into out,
+    interface, forge_pack.evaluate.sandbox): softmax into out,
     with ``misbehave(call_number, tensors)`` deciding what goes wrong on which call."""
 
     def __init__(self, misbehave):
@@ -304,10 +304,10 @@ class _FakeCpuModule:
 def _time_fake(misbehave, reps=6):
     import torch
 
-    from forge_pack.evaluate import time_candidate
-    from forge_pack.ops import with_output
-    from forge_pack.sigparse import parse_signature
-    from forge_pack.verify import fresh_sets
+    from forge_pack.evaluate.evaluator import time_candidate
+    from forge_pack.targets.ops import with_output
+    from forge_pack.targets.sigparse import parse_signature
+    from forge_pack.evaluate.verify import fresh_sets
 
     sig = with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
     cand = reference_candidate(sig, "cpu")

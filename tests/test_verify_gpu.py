@@ -7,10 +7,10 @@ test_static_check.py and test_compile.py.
 
 import pytest
 
-from forge_pack.candidate import Candidate, parse_spec
-from forge_pack.evaluate import Evaluator
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.timing import MIN_CUDA_REPS, TimingConfig
+from forge_pack.core.candidate import Candidate, parse_spec
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.evaluate.timing import MIN_CUDA_REPS, TimingConfig
 
 from eval_helpers import (CUDA_SIGNATURE, expected_reasons, fixture_files, fixture_final, fixture_signature, hotspot,
                           load_fixture)
@@ -167,7 +167,7 @@ def test_host_time_to_enqueue_a_call_is_not_timed():
 
     import torch
 
-    from forge_pack.timing import time_calls
+    from forge_pack.evaluate.timing import time_calls
 
     x = torch.zeros(1024, device="cuda")
 

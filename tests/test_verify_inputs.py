@@ -8,8 +8,8 @@ a guard in its own right (mutation testing found no test that missed it).
 
 import torch
 
-from forge_pack import verify
-from forge_pack.sigparse import parse_signature
+from forge_pack.evaluate import verify
+from forge_pack.targets.sigparse import parse_signature
 
 SIG = parse_signature("softmax", "x: f32[8,64], dim=-1")
 
@@ -35,7 +35,7 @@ def test_another_candidate_seed_or_mode_draws_other_inputs():
 
 
 def test_the_draws_are_keyed_exactly_by_seed_mode_hash_and_index():
-    from forge_pack import ops
+    from forge_pack.targets import ops
 
     for final, mode in ((True, "final"), (False, "search")):
         s = verify.fresh_sets(SIG, "cpu", 7, "abc123", final=final, count=2)[1]

@@ -12,7 +12,8 @@ import textwrap
 import pytest
 import torch
 
-from forge_pack import confirm, demo
+from forge_pack.evaluate import confirm
+from forge_pack.cli import demo
 
 # The model returns a buffer it owns and overwrites on every forward (static-shape serving code).
 ALIAS = """
@@ -115,8 +116,8 @@ def test_model_check_accepts_a_faithful_kernel(tmp_path, monkeypatch, name):
 def test_model_check_leaves_the_callers_random_state_alone(tmp_path, monkeypatch):
     monkeypatch.setattr(confirm, "dev_patcher", lambda package_dir, build_root=None, only=None: FakePatcher(1.0))
     target_path = model_file(tmp_path, "rng")
-    from forge_pack.load import load
-    from forge_pack.model_accuracy import seeded_forward
+    from forge_pack.profile.load import load
+    from forge_pack.evaluate.model_accuracy import seeded_forward
 
     target = load(target_path, "cpu")
     state = torch.get_rng_state()
@@ -130,7 +131,7 @@ def test_model_check_leaves_the_callers_random_state_alone(tmp_path, monkeypatch
 
 
 def test_nested_outputs_are_cloned():
-    from forge_pack.model_accuracy import clone_outputs
+    from forge_pack.evaluate.model_accuracy import clone_outputs
 
     buf = torch.zeros(3)
     out = clone_outputs({"a": (buf, [buf]), "b": 1})

@@ -1,6 +1,6 @@
 """A synthetic, recorded search run for the dashboard's tests, screenshots and scale test.
 
-``make_run(run_dir, n_candidates=...)`` writes a run store through forge_pack.store exactly as a
+``make_run(run_dir, n_candidates=...)`` writes a run store through forge_pack.store.run_store exactly as a
 search would (hotspots with baselines, a tree of nodes per hotspot, evaluations including every
 kind of failure, node_stats, LLM calls, events), with timestamps spread over a simulated search.
 ``append_evaluations`` adds more, as a live search does. Also a script for a demo run:
@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from forge_pack.candidate import Candidate, KernelLaunch, LaunchSpec
-from forge_pack.hotspot import Hotspot
-from forge_pack.signature import Signature, TensorSpec, contiguous_strides
-from forge_pack.store import Store
-from forge_pack.verdict import Baseline, Check, Evaluation, Timing, Verdict
+from forge_pack.core.candidate import Candidate, KernelLaunch, LaunchSpec
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides
+from forge_pack.store.run_store import Store
+from forge_pack.core.verdict import Baseline, Check, Evaluation, Timing, Verdict
 
 ENV = {"gpu": "NVIDIA H200", "compute_capability": "9.0", "torch": "2.11.0+cu128", "cuda": "12.8",
        "driver": "570.86.15", "host": "gpu-box-07", "python": "3.12.3"}

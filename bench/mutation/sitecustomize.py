@@ -1,7 +1,7 @@
 """Loaded by every Python process of a mutation run (bench/mutation.sh puts this folder on PYTHONPATH).
 
 mutmut learns which tests reach a function by recording trampoline hits in the pytest process. The
-evaluator's worker subprocesses (``python -m forge_pack.worker``) run verify/evaluate/timing code
+evaluator's worker subprocesses (``python -m forge_pack.evaluate.worker``) run verify/evaluate/timing code
 that the pytest process never calls, so their hits would be lost and those mutants reported as
 "no tests". During mutmut's stats pass (MUTANT_UNDER_TEST=stats) this appends each hit of such a
 process to a file under $FORGE_MUTMUT_HITS; forge_mutmut_hits.py (a pytest plugin in the pytest

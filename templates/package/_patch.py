@@ -808,7 +808,7 @@ def _missing_cpu_features(built: list | None) -> str | None:
 
 def code_fingerprint(cls: type) -> str:
     """16 hex digits over the bytecode of every function the class and its bases up to nn.Module
-    define; forge_pack.profile.code_fingerprint computes the same at profile time."""
+    define; forge_pack.profile.profiler.code_fingerprint computes the same at profile time."""
     h = hashlib.sha256()
     for klass in cls.__mro__:
         if klass is torch.nn.Module or klass is object:

@@ -35,7 +35,7 @@ from . import _verdict_rules as rules
 from ._patch import ORIGINALS
 
 HERE = Path(__file__).resolve().parent
-# The line that ends the generated header of _verdict_rules.py (forge_pack.pack writes it).
+# The line that ends the generated header of _verdict_rules.py (forge_pack.pack.packager writes it).
 HEADER_END = b"# ---- end of forge-pack header ----\n"
 
 
@@ -254,7 +254,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
         failures += 1
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     junk = device == "cpu" and _cpu_junk_fill()
-    say(f"verification rules: forge_pack/verdict_rules.py sha256 {have[:16]} (the build's final check); "
+    say(f"verification rules: forge_pack/evaluate/verdict_rules.py sha256 {have[:16]} (the build's final check); "
         f"fresh and derived inputs seed {seed}; device {device}")
     say("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against float64; "
         "allowance: 2x eager PyTorch's own error at that magnitude")

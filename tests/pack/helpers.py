@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forge_pack.candidate import Candidate, parse_spec
-from forge_pack.hotspot import Hotspot
-from forge_pack.reference_kernels import reference_candidate
-from forge_pack.signature import Signature, TensorSpec, contiguous_strides
-from forge_pack.store import Store
-from forge_pack.verdict import Baseline, Check, Evaluation, Timing, Verdict
+from forge_pack.core.candidate import Candidate, parse_spec
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides
+from forge_pack.store.run_store import Store
+from forge_pack.core.verdict import Baseline, Check, Evaluation, Timing, Verdict
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -108,8 +108,8 @@ def store_winners(run_dir: Path, hotspots: list[Hotspot], candidates: dict, mode
 
 def make_cpu_run(run_dir: Path, model_path: Path = TINY_MODEL, speedup: float = 2.0) -> Path:
     """Profile `model_path` on the CPU for real, then record a correct CPU kernel per hotspot as its winner."""
-    from forge_pack.load import load
-    from forge_pack.profile import profile
+    from forge_pack.profile.load import load
+    from forge_pack.profile.profiler import profile
 
     target = load(str(model_path), "cpu", None)
     prof = profile(target, run_dir, quiet=True)

@@ -1,0 +1,1 @@
+"""The forge-pack command line: one module per command."""

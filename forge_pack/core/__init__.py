@@ -1,0 +1,1 @@
+"""The torch-free vocabulary every stage shares: errors, signatures, hotspots, candidates, verdicts."""

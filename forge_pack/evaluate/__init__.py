@@ -1,0 +1,1 @@
+"""Evaluate stage: static checks, compile, object check, verify and time candidates in isolation."""

@@ -1,0 +1,55 @@
+"""The one tolerance table and the one comparison helper, as the build uses them.
+
+The table, the comparison and the eager allowance live in ``forge_pack.evaluate.verdict_rules`` (torch
+only, so every emitted package ships the very same file for its ``verify`` command); this module
+re-exports them and turns a comparison into the verdict's ``Check`` record.
+
+A candidate's element passes when ``|out - ref| <= atol + rtol * |ref|`` against a float64
+reference, and NaN / +-Inf appear exactly where the reference has them (same sign for Inf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+
+from forge_pack.evaluate import verdict_rules
+from forge_pack.core.verdict import Check
+from forge_pack.evaluate.verdict_rules import (EAGER_SLACK, OP_TABLE, TABLE, Tolerance, dtype_name, eager_allowance,
+                                      max_abs_error, tolerance)
+
+__all__ = ["EAGER_SLACK", "OP_TABLE", "TABLE", "Tolerance", "as_check", "compare", "dtype_name", "eager_allowance",
+           "max_abs_error", "surely_within", "tolerance"]
+
+
+def as_check(c: verdict_rules.Comparison) -> Check:
+    return Check(**asdict(c))
+
+
+def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None, *,
+            atol: float | None = None, rtol: float | None = None, atol_floor: "float | torch.Tensor" = 0.0,
+            input_kind: str = "", magnitude: torch.Tensor | None = None) -> Check:
+    """``verdict_rules.compare`` (every element against the float64 reference), as a ``Check``."""
+    return as_check(verdict_rules.compare(out, ref64, dtype, op, atol=atol, rtol=rtol, atol_floor=atol_floor,
+                                          input_kind=input_kind, magnitude=magnitude))
+
+
+def surely_within(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None) -> bool:
+    """A quick sufficient test for ``compare(...).passed`` (every timed call is checked, so this
+    runs per call): True only when every element is finite and within 0.9x the table tolerance,
+    measured in float32 (half the memory traffic of float64). The 10% margin covers rounding the
+    reference to float32 (2^-24 relative, far below every rtol here). False means "run compare"."""
+    tol = tolerance(op, dtype or dtype_name(out.dtype))
+    if tol.rtol < 1e-6 or tuple(out.shape) != tuple(ref64.shape):
+        return False  # float64 outputs: float32 arithmetic cannot vouch for them
+    o = out.reshape(-1)
+    r = ref64.reshape(-1)
+    for start in range(0, o.numel(), verdict_rules._CHUNK):
+        oc = o[start:start + verdict_rules._CHUNK].float()
+        rc = r[start:start + verdict_rules._CHUNK].float()
+        if not bool(torch.isfinite(oc).all()) or not bool(torch.isfinite(rc).all()):
+            return False
+        if not bool(((oc - rc).abs_() <= rc.abs().mul_(0.9 * tol.rtol).add_(0.9 * tol.atol)).all()):
+            return False
+    return True

@@ -1,0 +1,599 @@
+"""What "verified" means, in one file: shared by the build's verification and the shipped package.
+
+The search's workers (``forge_pack.evaluate.verify``) and every emitted package's ``python -m <pkg> verify``
+run this very code: ``forge_pack.pack.packager`` copies it byte for byte into the package as
+``_verdict_rules.py`` and records its sha256 in the manifest. So it imports nothing but torch and
+the standard library, and takes plain values (op names, parameter dicts, dtype names, tensors),
+never forge-pack objects.
+
+It holds:
+- the tolerance table (keyed by output dtype, with per-op overrides, each with its reason), the
+  element comparison against a float64 reference with NaN/Inf parity, and the eager allowance (a
+  kernel may be off by ``EAGER_SLACK`` x eager PyTorch's own error on values of the same magnitude);
+- the per-call checks: the NaN sentinel an unwritten output element keeps, inputs unchanged
+  bitwise, a second call bitwise equal to the first, and the order in which they decide a verdict;
+- the inputs: the generators of fresh and adversarial input sets, the adversarial kinds per op, the
+  transforms that derive new sets from captured or fresh ones (DERIVED_KINDS), the float64
+  reference and the eager call of each op.
+
+A candidate's element passes when ``|out - ref| <= max(atol, allowance(m)) + rtol * |ref|``
+(m = |ref|, or for a mean the mean of |x|: see ``magnitude``)
+against the float64 reference, and NaN / +-Inf appear exactly where the reference has them (same
+sign for Inf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                                  "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
+                                  "bool": torch.bool}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+    reason: str
+
+
+# By output dtype. rtol covers rounding to the output dtype plus fp32 math in a different order
+# than the reference; atol only covers values so close to zero that relative error is meaningless.
+TABLE: dict[str, Tolerance] = {
+    "float32": Tolerance(1e-5, 1e-4, "fp32 math reduced in another order than float64: ~1e-7 per op, "
+                                     "growing ~sqrt(n) over long rows/groups"),
+    "float16": Tolerance(1e-4, 2e-3, "two fp16 ulps (2^-10): an fp32 result rounded once may land one step "
+                                     "away; atol covers fp16 subnormal spacing near zero"),
+    "bfloat16": Tolerance(1e-3, 1.6e-2, "two bf16 ulps (2^-7 relative): an fp32 result rounded once may land "
+                                        "one step away"),
+    "float64": Tolerance(1e-10, 1e-9, "float64 outputs are compared to float64 math: only order of "
+                                      "summation differs"),
+}
+
+# (op, output dtype) overrides.
+OP_TABLE: dict[tuple[str, str], Tolerance] = {
+    # softmax outputs are probabilities in [0, 1] that are often ~1/cols (tiny for long rows): a
+    # generic atol would let an all-zero output pass, so atol only forgives values below 1e-8.
+    ("softmax", "float32"): Tolerance(1e-8, 1e-4, "probabilities ~1/cols can be tiny: only values below "
+                                                  "1e-8 may be absolutely off; fp32 sum order ~1e-7 relative"),
+    ("softmax", "bfloat16"): Tolerance(1e-8, 1.6e-2, "probabilities ~1/cols can be tiny; bf16 keeps 8 "
+                                                     "significant bits down to 1e-38, so relative error rules"),
+    ("softmax", "float16"): Tolerance(6e-8, 2e-3, "probabilities below 6e-5 are fp16 subnormals spaced "
+                                                  "6e-8 apart: one step absolute, else two ulps relative"),
+    # log-probabilities are large negative numbers: relative error rules, atol for values near 0.
+    ("log_softmax", "float32"): Tolerance(1e-5, 1e-5, "x - max - log(sum): one fp32 rounding of the "
+                                                      "log-sum-exp, relative to |out|"),
+    # group-norm outputs are ~N(0,1)*weight+bias: values near zero are common, so atol matters.
+    ("group_norm", "float32"): Tolerance(1e-4, 1e-4, "mean/var over up to millions of elements in fp32: "
+                                                     "~1e-5 absolute on unit-scale outputs"),
+    ("group_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16: half an ulp "
+                                                          "of 1.0 is 4e-3, plus statistics error"),
+    ("group_norm", "float16"): Tolerance(2e-3, 2e-3, "unit-scale outputs rounded to fp16: two ulps of 1.0"),
+    ("layer_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16"),
+    ("rms_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16"),
+    # means of unit-scale values are ~N(0, 1/HW): small values with full relative precision.
+    ("adaptive_avg_pool2d", "float32"): Tolerance(1e-6, 1e-4, "a mean of HW fp32 values: sum order only"),
+}
+
+# Verification allows up to this multiple of eager PyTorch's own error on the same input: a
+# kernel exactly as accurate as PyTorch must pass even on adversarial inputs (large offsets).
+# The allowance is by magnitude: an element may be off by EAGER_SLACK x the largest error eager
+# makes on elements no larger than it (power-of-two buckets of |reference|). One global figure
+# would let eager's rounding of the largest values excuse anything on the smallest: zeroing every
+# softmax probability below 1e-4 passed that way.
+EAGER_SLACK = 2.0
+_BUCKETS = 2048  # the biased exponent field of a float64 (11 bits): one bucket per power of two
+
+_CHUNK = 1 << 24  # elements per comparison chunk: bounds the float64 temporaries (~128 MB each)
+
+
+def tolerance(op: str | None, dtype: str) -> Tolerance:
+    if op is not None and (op, dtype) in OP_TABLE:
+        return OP_TABLE[(op, dtype)]
+    if dtype not in TABLE:
+        raise KeyError(f"no tolerance for dtype {dtype!r}")
+    return TABLE[dtype]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _bucket(r_abs: torch.Tensor) -> torch.Tensor:
+    """Power-of-two magnitude bucket of each non-negative float64 value: its biased exponent bits
+    (0 for zeros and subnormals), read straight from the bits (no frexp, no masks: fast on CPU)."""
+    return r_abs.contiguous().view(torch.int64) >> 52
+
+
+def magnitude(op: str | None, inputs: dict[str, Any]) -> torch.Tensor | None:
+    """Per output element, the size of the terms it is computed from, where a correct result can be
+    far smaller than they are: None where |reference| itself is the right scale.
+
+    A mean of large values of both signs cancels: its fp32 rounding error scales with mean |x|,
+    not with the small result, so eager's error on other outputs of the same mean |x| is the fair
+    allowance (bucketed by |reference| instead, a near-zero mean of a large-value row met only the
+    allowance of the rare near-zero outputs, and an honest kernel summing in another order failed
+    about one random set in ten)."""
+    if op == "adaptive_avg_pool2d":
+        return F.adaptive_avg_pool2d(inputs["x"].to(torch.float64).abs(), 1)
+    return None
+
+
+def _key(ref_chunk: torch.Tensor, mag: torch.Tensor | None, start: int) -> torch.Tensor:
+    """The bucketing key of a float64 chunk: the magnitude where the op has one, else |ref|."""
+    if mag is None:
+        return ref_chunk.abs()
+    return mag.reshape(-1)[start:start + ref_chunk.numel()].to(device=ref_chunk.device, dtype=torch.float64)
+
+
+def eager_allowance(eager_out: torch.Tensor, ref64: torch.Tensor, slack: float = EAGER_SLACK,
+                    magnitude: torch.Tensor | None = None) -> torch.Tensor:
+    """Per magnitude bucket: slack x the largest |eager - ref| over finite elements whose magnitude
+    (|ref|, or ``magnitude`` where given) is in that bucket or a smaller one (a float64 table for
+    ``compare``'s ``atol_floor``, looked up with the same magnitude)."""
+    table = torch.zeros(_BUCKETS, dtype=torch.float64, device=ref64.device)
+    o = eager_out.reshape(-1)
+    r = ref64.reshape(-1)
+    for start in range(0, r.numel(), _CHUNK):
+        oc = o[start:start + _CHUNK].to(torch.float64)
+        rc = r[start:start + _CHUNK].to(torch.float64)
+        fin = torch.isfinite(oc) & torch.isfinite(rc)
+        zero = torch.zeros_like(rc)
+        # non-finite positions add 0 to bucket 0: no mask indexing (a host sync per chunk on CUDA)
+        table.scatter_reduce_(0, _bucket(torch.where(fin, _key(rc, magnitude, start), zero)),
+                              torch.where(fin, (oc - rc).abs(), zero), reduce="amax")
+    return slack * torch.cummax(table, 0).values
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How one output compared with its float64 reference (the fields of ``forge_pack.core.verdict.Check``)."""
+
+    input_kind: str
+    max_abs_err: float
+    max_rel_err: float
+    mismatches: int
+    atol: float
+    rtol: float
+    first_mismatch: str = ""
+    nan_count: int = 0
+    inf_count: int = 0
+    passed: bool = True
+    nonfinite_mismatches: int = 0
+
+
+def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None, *,
+            atol: float | None = None, rtol: float | None = None, atol_floor: "float | torch.Tensor" = 0.0,
+            input_kind: str = "", magnitude: torch.Tensor | None = None) -> Comparison:
+    """Compare every element of ``out`` with the float64 reference; never raises on a mismatch.
+
+    ``dtype`` (the output dtype the tolerance is looked up for) defaults to ``out``'s dtype;
+    ``atol``/``rtol`` override the table; ``atol_floor`` raises atol: a number for every element,
+    or an ``eager_allowance`` table, looked up by each element's |reference| (eager's own error),
+    or by its ``magnitude`` where the op has one (the same tensor the table was built with).
+    """
+    tol = tolerance(op, dtype or dtype_name(out.dtype))
+    table = atol_floor if isinstance(atol_floor, torch.Tensor) else None
+    atol = max(tol.atol if atol is None else atol, 0.0 if table is not None else atol_floor)
+    rtol = tol.rtol if rtol is None else rtol
+    if table is not None:
+        table = table.to(ref64.device)
+    if tuple(out.shape) != tuple(ref64.shape):
+        return Comparison(input_kind, float("inf"), float("inf"), out.numel() or 1, atol, rtol,
+                          f"shape {tuple(out.shape)} != expected {tuple(ref64.shape)}", passed=False)
+    flat_out = out.reshape(-1)
+    flat_ref = ref64.reshape(-1)
+    n = flat_out.numel()
+    max_abs = max_rel = 0.0
+    mismatches = nonfinite_bad = nan_count = inf_count = 0
+    first = ""
+    for start in range(0, n, _CHUNK):
+        o = flat_out[start:start + _CHUNK].to(torch.float64)
+        r = flat_ref[start:start + _CHUNK].to(torch.float64)
+        o_nan, r_nan = torch.isnan(o), torch.isnan(r)
+        o_inf, r_inf = torch.isinf(o), torch.isinf(r)
+        nan_count += int(o_nan.sum())
+        inf_count += int(o_inf.sum())
+        r_fin = ~(r_nan | r_inf)
+        # NaN/Inf parity, position by position: no wildcard NaN, no Inf where the reference is finite.
+        special_bad = (r_nan != o_nan) | (r_inf & (o != r)) | (r_fin & o_inf)
+        both_fin = r_fin & ~(o_nan | o_inf)
+        err = torch.where(both_fin, (o - r).abs(), torch.zeros_like(o))
+        a = atol if table is None else table[_bucket(torch.where(r_fin, _key(r, magnitude, start),
+                                                                 torch.zeros_like(r)))].clamp_min(atol)
+        bad = both_fin & (err > a + rtol * r.abs())
+        if both_fin.any():
+            max_abs = max(max_abs, float(err.max()))
+            # over finite pairs only: a NaN reference elsewhere in the chunk must not hide the maximum
+            rel = torch.where(both_fin, err / r.abs().clamp_min(max(atol, 1e-300)), torch.zeros_like(err))
+            max_rel = max(max_rel, float(rel.max()))
+        n_special, n_bad = int(special_bad.sum()), int(bad.sum())
+        nonfinite_bad += n_special
+        mismatches += n_special + n_bad
+        if not first and (n_special or n_bad):
+            where = special_bad | bad
+            i = int(torch.nonzero(where)[0, 0])
+            first = _describe(start + i, out.shape, float(o[i]), float(r[i]))
+            if n_special and bool(special_bad[i]):
+                first = "NaN/Inf parity at " + first
+    return Comparison(input_kind, max_abs, max_rel, mismatches, atol, rtol, first, nan_count, inf_count,
+                      passed=mismatches == 0, nonfinite_mismatches=nonfinite_bad)
+
+
+def max_abs_error(out: torch.Tensor, ref64: torch.Tensor) -> float:
+    """Largest |out - ref| over positions where both are finite (eager's own error, for atol_floor)."""
+    o = out.reshape(-1).to(torch.float64)
+    r = ref64.reshape(-1).to(torch.float64)
+    fin = torch.isfinite(o) & torch.isfinite(r)
+    if not fin.any():
+        return 0.0
+    return float((o[fin] - r[fin]).abs().max())
+
+
+def allowance(eager_out: torch.Tensor, ref64: torch.Tensor, dtype: str | None, op: str | None,
+              magnitude: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The eager allowance for one input set, or None when eager PyTorch itself puts NaN/Inf
+    elsewhere than the float64 reference there: a kernel is not held to a standard PyTorch does
+    not meet, so such a set is skipped (the same on both sides)."""
+    if compare(eager_out, ref64, dtype, op).nonfinite_mismatches:
+        return None
+    return eager_allowance(eager_out, ref64, magnitude=magnitude)
+
+
+def _describe(flat_index: int, shape, got: float, expected: float) -> str:
+    idx = []
+    for size in reversed(tuple(shape)):
+        idx.append(flat_index % max(size, 1))
+        flat_index //= max(size, 1)
+    return f"index {tuple(reversed(idx))}: got {got:.6g}, expected {expected:.6g}"
+
+
+# ---------------------------------------------------------------- the per-call checks
+
+# Quiet NaNs with a payload no arithmetic produces (CUDA's canonical NaN is 0x7fffffff, x86's
+# 0x7fc00000): an element still holding it after the call was never written.
+SENTINEL = {"float32": (torch.int32, 0x7FD5A5A5), "bfloat16": (torch.int16, 0x7FD5),
+            "float16": (torch.int16, 0x7E55), "float64": (torch.int64, 0x7FFA5A5A5A5A5A5A)}
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def fill_sentinel(out: torch.Tensor) -> None:
+    int_dtype, bits = SENTINEL[dtype_name(out.dtype)]
+    out.view(int_dtype).fill_(bits)
+
+
+def count_sentinel(out: torch.Tensor) -> tuple[int, str]:
+    int_dtype, bits = SENTINEL[dtype_name(out.dtype)]
+    hit = out.view(int_dtype) == bits
+    n = int(hit.sum())
+    if not n:
+        return 0, ""
+    idx = tuple(int(i) for i in torch.nonzero(hit)[0])
+    return n, f"first at index {idx}"
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    int_dtype = _INT_OF_SIZE[a.element_size()]
+    return bool(torch.equal(a.view(int_dtype), b.view(int_dtype)))
+
+
+def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
+    int_dtype = _INT_OF_SIZE[a.element_size()]
+    ne = a.view(int_dtype) != b.view(int_dtype)
+    n = int(ne.sum())
+    if not n:
+        return "no difference"
+    idx = tuple(int(i) for i in torch.nonzero(ne)[0])
+    return f"{n} elements, first at {idx}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}"
+
+
+def judge_output(out: torch.Tensor, ref64: torch.Tensor, dtype: str, op: str, atol_floor: "float | torch.Tensor",
+                 kind: str, magnitude: torch.Tensor | None = None) -> tuple[Comparison, str | None, str]:
+    """The first call's output, judged: (comparison, failing reason or None, detail). Order: an
+    element still holding the sentinel (unwritten_output), then values out of tolerance
+    (mismatch), then NaN/Inf where the reference has none or the reverse (nan)."""
+    unwritten, where = count_sentinel(out)
+    check = compare(out, ref64, dtype, op, atol_floor=atol_floor, input_kind=kind, magnitude=magnitude)
+    if unwritten:
+        return check, "unwritten_output", (f"{kind}: {unwritten} of {out.numel()} output elements never written "
+                                           f"({where})")
+    value_bad = check.mismatches - check.nonfinite_mismatches
+    if value_bad:
+        also = f" (and {check.nonfinite_mismatches} NaN/Inf positions)" if check.nonfinite_mismatches else ""
+        return check, "mismatch", (f"{kind}: {value_bad} of {out.numel()} elements out of tolerance{also} "
+                                   f"(atol {check.atol:.3g}, rtol {check.rtol:.3g}); {check.first_mismatch}")
+    if check.nonfinite_mismatches:
+        return check, "nan", (f"{kind}: {check.nonfinite_mismatches} positions where NaN/Inf differ from the "
+                              f"reference; {check.first_mismatch}")
+    return check, None, ""
+
+
+def input_change(name: str, current: torch.Tensor, saved: torch.Tensor, kind: str, run: str
+                 ) -> tuple[str, str] | None:
+    """("input_mutated", detail) when an input differs bitwise from its copy saved before the call."""
+    if bitwise_equal(current, saved):
+        return None
+    return "input_mutated", f"{kind}: input `{name}` changed during the {run} call ({first_diff(current, saved)})"
+
+
+def repeat_change(second: torch.Tensor, first: torch.Tensor, kind: str) -> tuple[str, str] | None:
+    """("nondeterministic", detail) when a second call on the same inputs differs bitwise."""
+    if bitwise_equal(second, first):
+        return None
+    return "nondeterministic", (f"{kind}: two runs on the same input differ bitwise ({first_diff(second, first)}): "
+                                f"a race or uninitialised memory")
+
+
+# ---------------------------------------------------------------- inputs, reference, eager
+
+def _default_lookup(owner: str, attr: str) -> Callable:
+    return getattr({"torch": torch, "torch.nn.functional": F}[owner], attr)
+
+
+def _empty(spec: tuple, device) -> torch.Tensor:
+    dtype, shape, strides = spec
+    return torch.empty_strided(tuple(shape), tuple(strides), dtype=DTYPES[dtype], device=device)
+
+
+def _randn(spec: tuple, gen: torch.Generator, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    # Draw on the CPU with the generator (reproducible everywhere), then place with the exact strides.
+    values = torch.randn(tuple(spec[1]), generator=gen, dtype=torch.float32) * scale + shift
+    out = _empty(spec, device)
+    out.copy_(values)
+    return out
+
+
+def make_inputs(inputs: list[tuple[str, Any]], kind: str, gen: torch.Generator, device) -> dict:
+    """Inputs for one verification run, in the op's ABI order: kind 'fresh' or one of
+    adversarial_kinds(op). ``inputs`` is [(name, (dtype, shape, strides) or None)]."""
+    t: dict[str, torch.Tensor | None] = {}
+    for name, spec in inputs:
+        if spec is None:
+            t[name] = None
+        elif name == "x":
+            t[name] = _randn(spec, gen, device)
+        elif name == "running_var":
+            t[name] = _randn(spec, gen, device, 0.2, 1.0).abs_() + 0.05  # a variance is positive
+        elif name == "weight":
+            t[name] = _randn(spec, gen, device, 0.2, 1.0)
+        else:  # bias, running_mean
+            t[name] = _randn(spec, gen, device, 0.2)
+    x = t["x"]
+    assert x is not None
+    if kind == "fresh":
+        return t
+    big = 3.0e4 if x.dtype == torch.float16 else 1.0e4
+    if kind == "large":
+        # Large magnitudes: overflow in exp without max-subtraction; big sums in the norms.
+        x.mul_(big / 4)
+    elif kind == "offset":
+        # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
+        x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
+    elif kind == "neg_inf_rows":
+        # rows in a copy (reshape of a strided x may copy too): written back into x below
+        flat = x.reshape(-1, x.shape[-1]).clone()
+        flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
+        flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
+        if flat.shape[0] > 2:
+            flat[2, 2:] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
+        x.copy_(flat.view(x.shape))
+    elif kind == "constant":
+        x.fill_(1.5)  # zero variance / identical logits
+    else:
+        raise KeyError(kind)
+    return t
+
+
+def adversarial_kinds(op: str) -> list[str]:
+    if op in ("softmax", "log_softmax"):
+        return ["large", "neg_inf_rows", "constant"]
+    if op in ("layer_norm", "group_norm", "rms_norm"):
+        return ["large", "offset", "constant"]
+    return ["large"]
+
+
+# ---------------------------------------------------------------- derived inputs
+
+# Derived verification sets: random transforms of real (captured) or fresh inputs, drawn anew for
+# every run, so that no kernel can key its behaviour on what the generated sets look like.
+DERIVED_KINDS = ("scale", "shift", "permute", "mixed", "flip")
+
+
+def _rows(op: str, params: dict, xf: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """x (logical, contiguous) as (rows, elements the op reduces together), and the way back:
+    softmax rows, norm rows or (sample, group) blocks, batch-norm channels, pooled planes."""
+    shape = tuple(xf.shape)
+    if op in ("softmax", "log_softmax"):
+        d = params["dim"] % xf.dim()
+        moved = xf.movedim(d, -1)
+        mshape = tuple(moved.shape)
+        return moved.reshape(-1, mshape[-1]), lambda r: r.reshape(mshape).movedim(-1, d)
+    if op in ("layer_norm", "rms_norm"):
+        n = 1
+        for s in params["normalized_shape"]:
+            n *= s
+        return xf.reshape(-1, n), lambda r: r.reshape(shape)
+    if op == "group_norm":
+        return xf.reshape(shape[0] * params["num_groups"], -1), lambda r: r.reshape(shape)
+    if op == "batch_norm":
+        moved = xf.movedim(1, 0)
+        mshape = tuple(moved.shape)
+        return moved.reshape(mshape[0], -1), lambda r: r.reshape(mshape).movedim(0, 1)
+    return xf.reshape(shape[0] * shape[1], -1), lambda r: r.reshape(shape)  # adaptive_avg_pool2d planes
+
+
+def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
+    u = torch.rand(n if n is not None else 1, generator=gen, dtype=torch.float64) * (hi - lo) + lo
+    return u if n is not None else float(u)
+
+
+def _finite_absmax(t: torch.Tensor) -> float:
+    fin = t[torch.isfinite(t)]
+    return float(fin.abs().max()) if fin.numel() else 0.0
+
+
+def _perm(n: int, gen: torch.Generator, device) -> torch.Tensor:
+    return torch.randperm(n, generator=gen).to(device)
+
+
+def _permute(op: str, params: dict, xf: torch.Tensor, others: dict, gen: torch.Generator) -> torch.Tensor:
+    """Reorder what the op treats as interchangeable: rows and reduced elements (with their
+    per-element weight and bias), samples, channels (with their parameters), spatial positions."""
+    dev = xf.device
+    if op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
+        rows, back = _rows(op, params, xf)
+        cols = _perm(rows.shape[1], gen, dev)
+        rows = rows[_perm(rows.shape[0], gen, dev)][:, cols]
+        if op in ("layer_norm", "rms_norm"):
+            for name in ("weight", "bias"):
+                if others.get(name) is not None:
+                    others[name] = others[name].reshape(-1)[cols].reshape(others[name].shape)
+        return back(rows)
+    n, c = xf.shape[:2]
+    xf = xf[_perm(n, gen, dev)]
+    if op == "group_norm":  # groups as blocks, then channels inside each group
+        g = params["num_groups"]
+        per = c // g
+        within = torch.stack([_perm(per, gen, dev) for _ in range(g)])
+        chans = (_perm(g, gen, dev)[:, None] * per + within).reshape(-1)
+    else:
+        chans = _perm(c, gen, dev)
+    xf = xf[:, chans]
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        if others.get(name) is not None:
+            others[name] = others[name][chans]
+    if op != "adaptive_avg_pool2d" and xf.dim() > 2:  # pooling keeps its spatial layout
+        flat = xf.reshape(n, c, -1)
+        xf = flat[:, :, _perm(flat.shape[2], gen, dev)].reshape(xf.shape)
+    return xf
+
+
+def derived_source(count: int, gen: torch.Generator) -> int:
+    """Which of ``count`` source sets (captured, else fresh) a derived set starts from: the first
+    draw of that set's generator, before ``derive_inputs`` draws the transform."""
+    return int(torch.randint(count, (1,), generator=gen))
+
+
+def derive_inputs(op: str, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
+    """New inputs from ``source`` (captured or fresh tensors by name, left untouched) by one random
+    transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
+    permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
+    the input dtype's range; the reference is computed from the result, as for any set. The
+    result keeps each tensor's dtype, shape, strides and device."""
+    t = {n: (v.clone() if v is not None else None) for n, v in source.items()}
+    x = t["x"]
+    assert x is not None
+    xf = x.to(torch.float64)
+    limit = torch.finfo(x.dtype).max / 64  # headroom: sums of squares and exps stay finite in fp32 math
+    peak = max(_finite_absmax(xf), 1e-30)
+    others = {n: v for n, v in t.items() if n != "x"}
+    if kind == "scale":
+        decades = _uniform(gen, 0.5, 2.5) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
+        xf = xf * min(10.0 ** decades, limit / peak)
+    elif kind == "shift":
+        fin = xf[torch.isfinite(xf)]
+        spread = float(fin.std()) if fin.numel() > 1 else 1.0
+        offset = _uniform(gen, 2.0, 8.0) * max(spread, 1e-3) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
+        xf = xf + max(min(offset, limit - peak), -(limit - peak))
+    elif kind == "permute":
+        xf = _permute(op, params, xf, others, gen)
+    elif kind in ("mixed", "flip"):
+        rows, back = _rows(op, params, xf)
+        fin = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
+        row_peak = fin.abs().amax(dim=1).clamp_min(1e-30)
+        if kind == "mixed":
+            factor = 10.0 ** _uniform(gen, -3.0, 3.0, rows.shape[0]).to(xf.device)
+            factor = torch.minimum(factor, limit / row_peak)
+        else:  # only all-finite rows: a flipped -inf would be +inf, a different kind of input
+            sign = torch.where(torch.rand(rows.shape[0], generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
+            factor = torch.where(torch.isfinite(rows).all(dim=1), sign.to(xf.device), torch.ones_like(row_peak))
+        xf = back(rows * factor[:, None])
+    else:
+        raise KeyError(kind)
+    x.copy_(xf)
+    t.update(others)
+    return t
+
+
+def reference64(op: str, params: dict, t: dict, lookup: Callable[[str, str], Callable] = _default_lookup
+                ) -> torch.Tensor:
+    """The op in float64 on the same device: the yardstick for every error measurement."""
+    d = {k: (v.double() if v is not None else None) for k, v in t.items()}
+    x = d["x"]
+    if op == "softmax":
+        return lookup("torch", "softmax")(x, params["dim"])
+    if op == "log_softmax":
+        return lookup("torch", "log_softmax")(x, params["dim"])
+    if op == "layer_norm":
+        return lookup("torch.nn.functional", "layer_norm")(x, tuple(params["normalized_shape"]), d.get("weight"),
+                                                           d.get("bias"), params["eps"])
+    if op == "rms_norm":
+        shape = tuple(params["normalized_shape"])
+        dims = tuple(range(-len(shape), 0))
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + params["eps"])
+        w = d.get("weight")
+        return y if w is None else y * (w + params.get("weight_offset", 0.0))
+    if op == "group_norm":
+        return lookup("torch.nn.functional", "group_norm")(x, params["num_groups"], d.get("weight"), d.get("bias"),
+                                                           params["eps"])
+    if op == "batch_norm":
+        return lookup("torch.nn.functional", "batch_norm")(x, d["running_mean"], d["running_var"], d.get("weight"),
+                                                           d.get("bias"), False, 0.0, params["eps"])
+    if op == "adaptive_avg_pool2d":
+        return lookup("torch.nn.functional", "adaptive_avg_pool2d")(x, tuple(params["output_size"]))
+    raise KeyError(op)
+
+
+def composite_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An RMSNorm written as eager ops, the way model code (Llama, Gemma, Qwen) writes it."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        out = y
+    elif offset:
+        out = y * (offset + weight.float())  # Gemma-style: scale by (1 + w) in fp32
+    else:
+        out = weight * y.to(x.dtype)  # Llama-style: cast back, then scale
+    return out.to(out_dtype or x.dtype)
+
+
+def eager_fn(op: str, params: dict, out_dtype: str | None,
+             lookup: Callable[[str, str], Callable] = _default_lookup) -> Callable[[dict], torch.Tensor]:
+    """The exact PyTorch call the model makes, as a function of the named tensors. The PyTorch
+    function is looked up once, here: the closure is what eager timing measures, so it does no
+    more per call than the model's own call does."""
+    if op in ("softmax", "log_softmax"):
+        fn = lookup("torch", op)
+        dim, dt = params["dim"], DTYPES[params["dtype"]] if params.get("dtype") else None
+        return lambda t: fn(t["x"], dim, dtype=dt)
+    if op == "layer_norm":
+        fn = lookup("torch.nn.functional", "layer_norm")
+        shape, eps = tuple(params["normalized_shape"]), params["eps"]
+        return lambda t: fn(t["x"], shape, t.get("weight"), t.get("bias"), eps)
+    if op == "rms_norm":
+        shape, eps, off = tuple(params["normalized_shape"]), params["eps"], params.get("weight_offset", 0.0)
+        if not params.get("composite"):
+            fn = lookup("torch.nn.functional", "rms_norm")
+            return lambda t: fn(t["x"], shape, t.get("weight"), eps)
+        dt = DTYPES[out_dtype] if out_dtype else None
+        return lambda t: composite_rms_norm(t["x"], t.get("weight"), eps, off, dt)
+    if op == "group_norm":
+        fn = lookup("torch.nn.functional", "group_norm")
+        groups, eps = params["num_groups"], params["eps"]
+        return lambda t: fn(t["x"], groups, t.get("weight"), t.get("bias"), eps)
+    if op == "batch_norm":
+        fn = lookup("torch.nn.functional", "batch_norm")
+        eps = params["eps"]
+        return lambda t: fn(t["x"], t["running_mean"], t["running_var"], t.get("weight"), t.get("bias"), False, 0.0,
+                            eps)
+    if op == "adaptive_avg_pool2d":
+        fn = lookup("torch.nn.functional", "adaptive_avg_pool2d")
+        size = tuple(params["output_size"])
+        return lambda t: fn(t["x"], size)
+    raise KeyError(op)

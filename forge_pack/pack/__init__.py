@@ -1,0 +1,1 @@
+"""Pack stage: turn a finished run into a pip-installable accelerator package."""

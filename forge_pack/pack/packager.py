@@ -1,0 +1,546 @@
+"""Pack a finished run into a pip-installable accelerator package.
+
+Reads the run store (each hotspot's best node, its evaluation, its baseline; the captured
+tensors), re-confirms each winner in a fresh process (``forge_pack.evaluate.confirm``), and writes the
+package described in the design (``templates/package/`` holds its static files; everything
+generated is data: the manifest, the C++ binding and launchers, fixtures, the README):
+
+    <out>/pyproject.toml, setup.py, MANIFEST.in, README.md
+    <out>/csrc/binding.cpp, t0_<op>.cu|.cpp (verbatim), t0_launch.cu|.cpp
+    <out>/<pkg>/__init__.py, _patch.py, __main__.py, manifest.json, manifest.schema.json, fixtures/
+    <out>/<pkg>/_verdict_rules.py (forge_pack/evaluate/verdict_rules.py verbatim), _verify.py
+
+The package is staged next to ``out`` and moved into place only when complete, so a failed
+pack never leaves half a package behind. No winner: no package, and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import keyword
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from forge_pack.pack import binding, manifest as manifest_mod
+from forge_pack.core.candidate import Candidate
+from forge_pack.core.errors import ForgeError
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.store.run_store import check_store, open_readonly
+from forge_pack.core.verdict import Baseline, Evaluation
+
+# A kernel must beat eager by this factor in the search to be packed (the pipeline's own margin).
+WIN_MARGIN = 1.02
+# Fixtures ship inside the package: keep it small (a VAE group_norm capture alone is 0.5 GiB).
+FIXTURE_BYTES_PER_TARGET = 16 << 20
+FIXTURE_BYTES_TOTAL = 64 << 20
+PACKAGE_VERSION = "0.1.0"
+# Written at the top of every package directory: --force replaces a directory only when it holds this.
+PACKAGE_MARKER = ".forge-pack-package"
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_RESERVED = {"torch", "forge_pack", "test", "tests", "setuptools", "pip", "numpy", "safetensors", "jsonschema",
+             "typer", "triton", "csrc", "build", "dist"}
+
+
+@dataclass
+class Winner:
+    hotspot: Hotspot
+    rank: int
+    node_id: int
+    candidate: Candidate
+    evaluation: Evaluation
+    baseline: Baseline | None
+    stats: dict  # {"evaluations": n, "verdicts": {reason: n}}
+
+
+@dataclass
+class RunInfo:
+    run_dir: Path
+    model_path: str
+    model_hash: str | None
+    device: str
+    dtype: str | None
+    env: dict
+    config: dict
+    forward_us: float | None
+
+
+@dataclass
+class PackResult:
+    written: bool
+    message: str
+    out_dir: str | None = None
+    package: str | None = None
+    targets: list[dict] = field(default_factory=list)
+    dropped: list[dict] = field(default_factory=list)
+    model_result: dict | None = None
+    wheel: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"written": self.written, "message": self.message, "out_dir": self.out_dir, "package": self.package,
+                "targets": [{"id": t["id"], "signature": t["signature"]["pretty"], "speedup": t["speedup"],
+                             "time_share": t["time_share"]} for t in self.targets],
+                "dropped": self.dropped, "model_result": self.model_result, "wheel": self.wheel, "notes": self.notes}
+
+
+# ------------------------------------------------------------------ names
+
+
+def default_name(model_path: str) -> str:
+    stem = re.sub(r"[^a-z0-9_]+", "_", Path(model_path).stem.lower()).strip("_") or "model"
+    if not stem[0].isalpha():
+        stem = "m_" + stem
+    return f"{stem[:50]}_forge"
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise ForgeError(f"invalid package name {name!r}: it must be a Python module name in lower case "
+                         "(a letter, then letters, digits or _, at most 64 characters)",
+                         "e.g. --name resnet_kernels")
+    if keyword.iskeyword(name) or name in _RESERVED or name in getattr(sys, "stdlib_module_names", ()):
+        raise ForgeError(f"invalid package name {name!r}: it would shadow the Python module {name!r}",
+                         f"choose another, e.g. --name {name}_kernels")
+    return name
+
+
+def _min_sm_count(cand, env: dict) -> dict:
+    """{"min_sm_count": SMs} for a kernel whose grid is sized to every SM of the search GPU."""
+    from forge_pack.search.template_cuda import CO_RESIDENT
+
+    sms = env.get("sm_count")
+    if cand.backend == "cuda" and cand.origin == "template" and cand.family in CO_RESIDENT and sms:
+        return {"min_sm_count": int(sms)}
+    return {}
+
+
+def check_out_dir(out_dir: Path, force: bool, run_dir: str | Path | None = None) -> None:
+    """Refuse, before any work, an --out that would lose something: the run directory or a folder
+    holding it (whatever --force says), an existing path without --force, and with --force
+    anything but a package directory forge-pack wrote (``PACKAGE_MARKER`` at its top) or an
+    empty directory. --force replaces, it never deletes what is not ours."""
+    out = Path(out_dir).resolve()
+    if run_dir is not None:
+        rd = Path(run_dir).resolve()
+        if out == rd or out in rd.parents:
+            what = "is" if out == rd else "holds"
+            raise ForgeError(f"--out {out} {what} the run directory {rd}: writing the package there would delete "
+                             "the run store and its captured inputs",
+                             "choose an --out outside the run directory, e.g. --out "
+                             f"{rd.parent / (rd.name + '-package')}")
+    if out.exists() and not force:
+        raise ForgeError(f"{out} already exists", "choose another --out, or pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ForgeError(f"{out} exists and is not a directory", "choose another --out")
+    if out.exists() and not is_our_package(out) and any(out.iterdir()):
+        raise ForgeError(f"--force replaces only a package directory forge-pack wrote, and {out} is not one "
+                         f"(it has no {PACKAGE_MARKER})",
+                         f"choose another --out, or move {out} away yourself if nothing in it is needed")
+    # the parent must be creatable and writable now, not after a search of many minutes
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ForgeError(f"cannot create {out}: {parent} is not a writable directory",
+                         "choose an --out under a directory you can write to")
+
+
+def is_our_package(directory: Path) -> bool:
+    """Whether `directory` is a package forge-pack wrote: its marker file is there and says so."""
+    try:
+        doc = json.loads((Path(directory) / PACKAGE_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("written_by") == "forge-pack"
+
+
+def write_marker(directory: Path, name: str) -> None:
+    (directory / PACKAGE_MARKER).write_text(json.dumps(
+        {"written_by": "forge-pack", "package": name, "forge_pack_version": manifest_mod.forge_version(),
+         "note": "forge-pack build/pack --force may replace this directory; it replaces no directory without "
+                 "this file"}, indent=2) + "\n")
+
+
+# ------------------------------------------------------------------ reading the run
+
+
+def read_run(run_dir: str | Path) -> RunInfo:
+    rd = Path(run_dir)
+    if not (rd / "run.db").is_file():
+        raise ForgeError(f"{rd} is not a forge-pack run directory (no run.db)",
+                         "pass the run directory printed by `forge-pack search` or `forge-pack build`")
+    check_store(rd)
+    conn = open_readonly(rd)
+    try:
+        row = conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        conn.close()
+    if row is None:
+        raise ForgeError(f"{rd} holds no run yet", "run `forge-pack search` or `forge-pack build` first")
+    forward = meta.get("forward_us")
+    return RunInfo(rd, row["model_path"] or "", row["model_hash"] or None, row["device"] or "cpu", row["dtype"] or None,
+                   json.loads(row["env_json"] or "{}"), json.loads(row["config_json"] or "{}"),
+                   float(forward) if forward not in (None, "") else None)
+
+
+def collect(run_dir: str | Path) -> tuple[list[Winner], list[dict]]:
+    """Each searched hotspot's best kernel if it won (ok, >= WIN_MARGIN over eager), else why not."""
+    conn = open_readonly(run_dir)
+    winners, dropped = [], []
+    try:
+        for row in conn.execute("SELECT * FROM hotspots ORDER BY rank").fetchall():
+            if row["status"] == "skipped":
+                continue
+            h = Hotspot.from_json(json.loads(row["hotspot_json"]))
+            evals = conn.execute("SELECT node_id, reason FROM evaluations WHERE hotspot_id=?", (h.id,)).fetchall()
+            verdicts: dict[str, int] = {}
+            for e in evals:
+                verdicts[e["reason"]] = verdicts.get(e["reason"], 0) + 1
+            stats = {"evaluations": len(evals), "verdicts": verdicts}
+            note = {"hotspot_id": h.id, "op": h.op, "pretty": h.signature.pretty()}
+            best = row["best_node_id"]
+            if best is None:
+                if evals:
+                    dropped.append({**note, "reason": f"no candidate passed verification in {len(evals)} evaluations"})
+                continue
+            node = conn.execute("SELECT candidate_json FROM nodes WHERE id=?", (best,)).fetchone()
+            ev = conn.execute("SELECT evaluation_json FROM evaluations WHERE node_id=?", (best,)).fetchone()
+            if node is None or ev is None:
+                continue
+            evaluation = Evaluation.from_json(json.loads(ev["evaluation_json"]))
+            speedup = evaluation.speedup_vs_eager or 0.0
+            if not evaluation.verdict.ok or speedup < WIN_MARGIN:
+                dropped.append({**note, "reason": f"the best correct kernel ran at {speedup:.2f}x eager, under the "
+                                                  f"{WIN_MARGIN:.2f}x needed to count as faster"})
+                continue
+            base = Baseline.from_json(json.loads(row["baseline_json"])) if row["baseline_json"] else None
+            winners.append(Winner(h, row["rank"], best, Candidate.from_json(json.loads(node["candidate_json"])),
+                                  evaluation, base, stats))
+    finally:
+        conn.close()
+    return winners, dropped
+
+
+# ------------------------------------------------------------------ the package
+
+
+def templates_dir() -> Path:
+    from forge_pack.evaluate.compile import templates_dir as tdir
+
+    return tdir() / "package"
+
+
+def build_flags(backend: str) -> dict:
+    """Compiler flags of the package build: the search compiler's, minus what setup.py owns."""
+    from forge_pack.evaluate import compile as comp
+
+    drop = {"-shared", "-fPIC", "-v"}
+    if backend == "cpu":
+        cxx = [f for f in comp.CPU_FLAGS if f not in drop and not f.startswith("-std=")]
+        ld = ["-fopenmp"] if "-fopenmp" in cxx else []
+        return {"cxx_flags": cxx, "nvcc_flags": [], "ldflags": ld}
+    nvcc, skip = [], False
+    for f in comp.NVCC_FLAGS:  # drop -std (torch chooses) and the "-Xptxas -v" resource report
+        if skip:
+            skip = False
+            continue
+        if f == "-Xptxas":
+            skip = True
+            continue
+        if not f.startswith("-std="):
+            nvcc.append(f)
+    return {"cxx_flags": ["-O3"], "nvcc_flags": nvcc, "ldflags": []}
+
+
+def cuda_arch_list(env: dict) -> str:
+    cc = env.get("compute_capability")
+    if cc:
+        return str(cc)
+    forced = os.environ.get("FORGE_PACK_CUDA_ARCH", "")
+    m = re.match(r"sm_(\d+)(\d)$", forced)
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    raise ForgeError("the run does not record the GPU's compute capability, so the package cannot pick its CUDA "
+                     "architecture", "set FORGE_PACK_CUDA_ARCH=sm_90 (for example) to the GPU the kernels were "
+                                     "verified on")
+
+
+def _header_dirs(backend: str) -> list[Path]:
+    from forge_pack.evaluate.compile import templates_dir as tdir
+
+    return [tdir() / "kernels" / backend]
+
+
+def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], confirmations: dict,
+                  dropped: list[dict]) -> dict:
+    """Write the package into `stage` (manifest without the whole-model result); returns the manifest."""
+    from forge_pack.evaluate import tolerance
+    from forge_pack.targets.ops import with_output
+
+    backend = "cuda" if info.device == "cuda" else "cpu"
+    namespace = f"{name}_ops"
+    csrc, pkg = stage / "csrc", stage / name
+    (pkg / "fixtures").mkdir(parents=True)
+    csrc.mkdir()
+    write_marker(stage, name)
+    env = manifest_mod.environment(info.device, info.env)
+    version = manifest_mod.forge_version()
+    codes, targets = [], []
+    fixture_total = 0
+    ext = "cu" if backend == "cuda" else "cpp"
+    for i, w in enumerate(winners):
+        tid = f"t{i}"
+        sig = with_output(w.hotspot.signature)
+        cand = w.candidate
+        if cand.backend != backend:
+            raise ForgeError(f"the winner for {sig.pretty()} is a {cand.backend} kernel in a {backend} run",
+                             "the run store is inconsistent; run the search again")
+        kernel_file, launcher_file = f"csrc/{tid}_{sig.op}.{ext}", f"csrc/{tid}_launch.{ext}"
+        (stage / kernel_file).write_text(cand.source)
+        for inc in binding.local_includes(cand.source):
+            if (csrc / inc).exists():
+                continue
+            found = next((d / inc for d in _header_dirs(backend) if (d / inc).is_file()), None)
+            if found is None:
+                raise ForgeError(f"the kernel for {sig.pretty()} includes \"{inc}\", which forge-pack cannot find",
+                                 "kernels may include only forge-pack's own helper headers")
+            (csrc / inc).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(found, csrc / inc)
+        launch = binding.resolve_launch(cand, sig, f"fp_{name}_{tid}")
+        code = binding.TargetCode(tid, sig, cand, kernel_file, launcher_file, launch)
+        (stage / launcher_file).write_text(binding.launcher_source(code, name, version))
+        codes.append(code)
+        conf = confirmations.get(w.hotspot.id)
+        ev = conf.evaluation if conf is not None and conf.evaluation is not None else w.evaluation
+        base = conf.baseline if conf is not None and conf.baseline is not None else w.baseline
+        source = "confirm" if conf is not None and conf.evaluation is not None else "search"
+        if base is None or ev.timing is None:
+            raise ForgeError(f"the run has no eager timing for {sig.pretty()}", "run the search again")
+        fixtures = []
+        for j, rel in enumerate(w.hotspot.captures):
+            src = info.run_dir / rel
+            size = src.stat().st_size if src.is_file() else None
+            if size is None or size > FIXTURE_BYTES_PER_TARGET or fixture_total + size > FIXTURE_BYTES_TOTAL:
+                continue  # too large to ship: verify uses fresh random inputs of the same signature
+            dest = f"fixtures/{tid}_{j}.safetensors"
+            shutil.copy2(src, pkg / dest)
+            fixtures.append(dest)
+            fixture_total += size
+        tol = tolerance.tolerance(sig.op, sig.output.dtype)
+        kernel_t, eager_t, comp_t = ev.timing, base.eager, base.compiled
+        targets.append({
+            "id": tid, "hotspot_id": w.hotspot.id, "op": sig.op, "signature": sig.to_json(),
+            "call_paths": list(w.hotspot.call_paths), "module_class": w.hotspot.module_class,
+            "module_code": w.hotspot.module_code,
+            "torch_op": f"{namespace}::{tid}",
+            "kernel": {"backend": backend, "file": kernel_file, "launcher": launcher_file,
+                       "symbols": [k["symbol"] for k in launch["kernels"]], "family": cand.family,
+                       "params": dict(cand.params), "origin": cand.origin, "hash": cand.content_hash,
+                       "source_sha256": _sha256(cand.source), **_min_sm_count(cand, env)},
+            "launch": launch,
+            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "reason": tol.reason,
+                          "eager_slack": tolerance.EAGER_SLACK},
+            "errors": {"captured": _errors(ev, "captured"), "fresh": _errors(ev, "fresh"), "source": source},
+            "timing": {"eager": eager_t.to_json(), "compiled": comp_t.to_json() if comp_t else None,
+                       "kernel": kernel_t.to_json(), "source": source},
+            "speedup": {"vs_eager": eager_t.median_us / kernel_t.median_us,
+                        "vs_compile": comp_t.median_us / kernel_t.median_us if comp_t else None},
+            "time_share": min(max(w.hotspot.time_share, 0.0), 1.0), "calls_per_forward": w.hotspot.calls_per_forward,
+            "search": {**w.stats, "best_node_id": w.node_id}, "fixtures": fixtures,
+            "confirmed": source == "confirm"})
+    (csrc / "binding.cpp").write_text(binding.binding_source(codes, name, namespace, version))
+    flags = build_flags(backend)
+    doc = {
+        "schema_version": manifest_mod.SCHEMA_VERSION,
+        "package": {"name": name, "version": PACKAGE_VERSION, "namespace": namespace},
+        "forge_pack_version": version, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": {"name": Path(info.model_path).stem or "model", "path": info.model_path,
+                  "sha256": info.model_hash, "device": "cuda" if info.device == "cuda" else "cpu", "dtype": info.dtype},
+        "environment": env, "backend": backend,
+        "build": {"cuda_arch_list": cuda_arch_list(env) if backend == "cuda" else None, **flags,
+                  "sources": ["csrc/binding.cpp"] + [c.launcher_file for c in codes]},
+        "targets": targets, "dropped": dropped, "model_result": None,
+    }
+    _copy_static(stage, name, doc)
+    doc["verify_rules"] = vendor_verify_rules(pkg, version)
+    manifest_mod.write(pkg / "manifest.json", doc)
+    shutil.copy2(manifest_mod.SCHEMA_PATH, pkg / "manifest.schema.json")
+    return doc
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _errors(ev: Evaluation, kind: str) -> dict | None:
+    checks = [c for c in ev.verdict.checks if c.input_kind.startswith(kind)]
+    if not checks:
+        return None
+    return {"max_abs": max(c.max_abs_err for c in checks), "max_rel": max(c.max_rel_err for c in checks),
+            "checks": len(checks)}
+
+
+def _copy_static(stage: Path, name: str, doc: dict) -> None:
+    t = templates_dir()
+    desc = (f"forge-pack kernels for {doc['model']['name']}: "
+            + ", ".join(x["signature"]["pretty"] for x in doc["targets"]))[:300]
+    subs = {"PACKAGE_NAME": name, "PACKAGE_VERSION": doc["package"]["version"],
+            "PACKAGE_DESCRIPTION": desc.replace('"', "'").replace("\\", "/")}
+    for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
+                      ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
+                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py")):
+        text = (t / src).read_text()
+        for k, v in subs.items():
+            text = text.replace(k, v)
+        (stage / dest).write_text(text)
+
+
+# The package's `verify` runs the build's own definition of "verified": this file, copied verbatim.
+RULES_SOURCE = Path(__file__).resolve().parent.parent / "evaluate" / "verdict_rules.py"
+RULES_FILE = "_verdict_rules.py"
+RULES_HEADER_END = "# ---- end of forge-pack header ----\n"  # templates/package/_verify.py splits on it
+
+
+def vendor_verify_rules(pkg: Path, version: str) -> dict:
+    """Copy forge_pack/evaluate/verdict_rules.py byte for byte (under a generated header) and the verify
+    command that runs it into the package; returns the manifest's ``verify_rules`` record."""
+    body = RULES_SOURCE.read_bytes()
+    digest = hashlib.sha256(body).hexdigest()
+    header = (f"# GENERATED by forge-pack {version}: a verbatim copy of forge_pack/evaluate/verdict_rules.py, the rules the\n"
+              f"# build's verification ran. Do not edit: `verify` refuses a copy whose text below the header\n"
+              f"# does not hash to manifest.json's verify_rules.source_sha256 ({digest}).\n"
+              + RULES_HEADER_END)
+    (pkg / RULES_FILE).write_bytes(header.encode() + body)
+    shutil.copy2(templates_dir() / "_verify.py", pkg / "_verify.py")
+    return {"file": RULES_FILE, "source": "forge_pack/evaluate/verdict_rules.py", "source_sha256": digest}
+
+
+def vendored_rules_body(text: bytes) -> bytes:
+    """The copied source inside a package's _verdict_rules.py (the generated header removed)."""
+    i = text.find(RULES_HEADER_END.encode())
+    return text[i + len(RULES_HEADER_END):] if i >= 0 else text
+
+
+# ------------------------------------------------------------------ the whole flow
+
+
+def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, force: bool = False, wheel: bool = False,
+         *, confirm: bool = True, model_check: bool = True,
+         say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> PackResult:
+    """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist)."""
+    from forge_pack.evaluate import confirm as confirm_mod
+    from forge_pack.pack import readme
+
+    info = read_run(run_dir)
+    name = check_name(name or default_name(info.model_path))
+    out = Path(out_dir).resolve()
+    check_out_dir(out, force, info.run_dir)
+    winners, dropped = collect(info.run_dir)
+    model_path = Path(info.model_path)
+    check = model_check and confirm
+    # the whole-model check gates the package: it must be able to run, and that is known before
+    # minutes of confirmation
+    if check and winners and not model_path.is_file():
+        raise ForgeError(f"the whole-model check cannot run: the model file {model_path} is not there any more, "
+                         "and no package is written unchecked",
+                         f"put the model file back at {model_path}, or pass --no-confirm to package the search's "
+                         "own measurements with neither confirmation nor whole-model check")
+    if check and winners and info.model_hash and _file_sha256(model_path) != info.model_hash:
+        raise ForgeError(f"the whole-model check cannot run: {model_path} changed since the run was profiled, "
+                         "so the kernels would be checked against another model",
+                         "restore the model file the run profiled, or search again; --no-confirm packages the "
+                         "search's own measurements with neither confirmation nor whole-model check")
+    confirmations: dict = {}
+    if confirm and winners and info.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ForgeError("this run's kernels are CUDA kernels: confirming them needs a CUDA GPU, and none is "
+                             "visible",
+                             "run `forge-pack pack` on the GPU machine, or pass --no-confirm to package the search's "
+                             "own measurements unconfirmed")
+    if confirm and winners:
+        say(f"confirming {len(winners)} winning kernel{'s' if len(winners) != 1 else ''} on unseen inputs, "
+            f"in a fresh process")
+        confirmations = confirm_mod.confirm_kernels(info, winners, say=say)
+        kept = []
+        for w in winners:
+            c = confirmations.get(w.hotspot.id)
+            if c is not None and not c.kept:
+                dropped.append({"hotspot_id": w.hotspot.id, "op": w.hotspot.op, "pretty": w.hotspot.signature.pretty(),
+                                "reason": f"dropped at confirmation: {c.reason}"})
+                say(f"  dropped {w.hotspot.signature.pretty()}: {c.reason}")
+            else:
+                kept.append(w)
+        winners = kept
+    if not winners:
+        why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped) or "no hotspot was searched"
+        return PackResult(False, f"No faster kernel to pack, so no package was written ({why}).", dropped=dropped)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = out.parent / f".{out.name}.staging-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    result = PackResult(True, "", str(out), name, dropped=dropped)
+    try:
+        def stage_for(kept: list[Winner]) -> dict:
+            shutil.rmtree(stage, ignore_errors=True)
+            return stage_package(stage, name, info, kept, confirmations, dropped)
+
+        if check:
+            from forge_pack.evaluate.model_gate import run_gate
+
+            say("checking the whole model: patched vs original, end-to-end latency")
+            gate = run_gate(winners, stage_for, lambda only: confirm_mod.check_model(stage, name, info, only=only),
+                            say=say)
+            dropped.extend(gate.dropped)
+            if gate.doc is None:
+                why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
+                return PackResult(False, f"No kernel passed the whole-model check, so no package was written ({why}).",
+                                  dropped=dropped)
+            doc, winners = gate.doc, gate.winners
+            doc["dropped"], doc["model_result"] = dropped, gate.model_result
+        else:
+            doc = stage_for(winners)
+        manifest_mod.write(stage / name / "manifest.json", doc)
+        (stage / "README.md").write_text(readme.render(doc))
+        if out.exists():
+            check_out_dir(out, force, info.run_dir)  # again, right before it goes: it may have changed since
+            shutil.rmtree(out)
+        os.replace(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    result.targets, result.model_result = doc["targets"], doc["model_result"]
+    if wheel:
+        result.wheel = build_wheel(out, say)
+    n = len(doc["targets"])
+    result.message = f"Wrote {out} ({name}: {n} kernel{'s' if n != 1 else ''})."
+    return result
+
+
+def build_wheel(package_dir: Path, say: Callable[[str], None]) -> str:
+    dist = package_dir / "dist"
+    say(f"building a wheel into {dist}")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                        "-w", str(dist), str(package_dir)], capture_output=True, text=True)
+    wheels = sorted(dist.glob("*.whl"))
+    if r.returncode != 0 or not wheels:
+        raise ForgeError(f"building the wheel failed:\n{(r.stdout + r.stderr)[-3000:]}",
+                         f"the package itself is complete in {package_dir}; try `pip wheel --no-build-isolation .` "
+                         "there to see the full log")
+    return str(wheels[-1])

@@ -1,0 +1,1 @@
+"""Search stage: MCTS over kernel candidates from the template and LLM proposers."""

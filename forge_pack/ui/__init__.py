@@ -1,0 +1,1 @@
+"""The search dashboard: a read-only HTTP server over a run store."""

@@ -6,12 +6,18 @@
 #   bash bench/test_gpu.sh                          (the image's python3; on a dev box: PYTHON=.venv/bin/python)
 #   RESULTS=/tmp/out bash bench/test_gpu.sh         (results to another directory)
 #   PYTEST_ARGS="-x" bash bench/test_gpu.sh         (extra pytest arguments)
+#   PART=pack TESTS=tests/test_pack_cuda.py bash bench/test_gpu.sh
+#                         (one part of the suite, for machines whose calls are time-limited: writes
+#                          test-gpu-<PART>.md/log; `python bench/test_gpu_summary.py DIR` then writes
+#                          test-gpu.md with every part and the total)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 RESULTS=${RESULTS:-bench/results}
 mkdir -p "$RESULTS"
-LOG="$RESULTS/test-gpu.log"
+NAME=test-gpu${PART:+-$PART}
+TESTS=${TESTS:-tests}
+LOG="$RESULTS/$NAME.log"
 export PYTHONUNBUFFERED=1 FORGE_PACK_REQUIRE_GPU=1
 # On a machine without network access, wheels placed in .whl/ (jsonschema, openai, ...) go to /tmp/site.
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -22,7 +28,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # test_ui_browser.py skips itself at import when Playwright or Chromium is missing; it has no gpu
 # test, and its module-level skip would otherwise show up in the summary.
 "$PYTHON" -m pytest -m gpu -p no:randomly -p no:cacheprovider -rfEs --durations=15 \
-  --ignore=tests/test_ui_browser.py ${PYTEST_ARGS:-} tests 2>&1 | tee "$LOG"
+  --ignore=tests/test_ui_browser.py ${PYTEST_ARGS:-} $TESTS 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$LOG" | tail -1 | sed -E 's/^=+ //; s/ =+$//')
 count() { echo "$summary" | grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
@@ -47,6 +53,7 @@ PY
   echo "$summary"
   echo "$passed passed, $((failed + errors)) failed, $skipped skipped"
   echo '```'
-} > "$RESULTS/test-gpu.md"
-cat "$RESULTS/test-gpu.md"
+  echo "- tests: $TESTS"
+} > "$RESULTS/$NAME.md"
+cat "$RESULTS/$NAME.md"
 exit "$rc"

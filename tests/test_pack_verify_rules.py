@@ -42,7 +42,7 @@ def test_the_package_ships_verdict_rules_byte_for_byte_with_its_hash_in_the_mani
     assert doc["verify_rules"] == {"file": "_verdict_rules.py", "source": "forge_pack/evaluate/verdict_rules.py",
                                    "source_sha256": hashlib.sha256(source).hexdigest()}
     assert (packed / "tiny_rules" / "_verify.py").read_bytes() == \
-        (RULES_SOURCE.parent.parent / "templates" / "package" / "_verify.py").read_bytes()
+        (RULES_SOURCE.parents[2] / "templates" / "package" / "_verify.py").read_bytes()
 
 
 def test_manifest_tolerance_is_the_rules_tolerance_with_the_eager_slack(packed):

@@ -26,6 +26,7 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from forge_pack.errors import ForgeError
 from forge_pack.graph import opclass
 from forge_pack.signature import TensorSpec
 
@@ -158,7 +159,10 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             from forge_pack.graph.timing import estimate_times
             estimate_times(graph)
         return graph
-    raise RuntimeError("no capture route worked: " + "; ".join(f"{r}: {why}" for r, why in attempts))
+    raise ForgeError("no graph capture route worked for this model: "
+                     + "; ".join(f"{r}: {why}" for r, why in attempts),
+                     "the op profile does not need a graph; run the forward under torch.export or "
+                     "torch.compile yourself to see where tracing stops")
 
 
 def _device_of(module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
@@ -322,6 +326,8 @@ def _build(gm, values, sources, route: str, device: str) -> Graph:
         name = op_name(n)
         kind = "placeholder" if n.op in ("placeholder", "get_attr") else opclass.classify(name, n.args, n.kwargs)
         outs = specs.get(n.name) or _specs(n.meta.get("val"))
+        if outs and outs[0] is not None:
+            n.meta["forge_spec"] = outs[0]  # measured, for the passes that read the fx graph
         source = ""
         if n.op == "placeholder":
             source = sources[ph] if sources else f"input:{ph}"

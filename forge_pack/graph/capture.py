@@ -18,6 +18,7 @@ profiler run of the eager model, its aten calls matched to nodes in order (``tim
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -183,7 +184,7 @@ def _trace_export(module, args, kwargs):
         kind = spec.kind.name
         if kind in ("PARAMETER", "BUFFER"):
             v = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-            sources.append(f"{kind.lower()}:{spec.target}")
+            sources.append(f"{'param' if kind == 'PARAMETER' else 'buffer'}:{spec.target}")
         elif kind == "CONSTANT_TENSOR":
             v = ep.constants[spec.target]
             sources.append(f"constant:{spec.target}")
@@ -214,9 +215,11 @@ def _trace_make_fx(module, args, kwargs):
         return torch.func.functional_call(module, s, a, k)
 
     options = {"tracing_mode": "real"}
-    import inspect
-    if "record_module_stack" in inspect.signature(make_fx).parameters:
+    accepted = inspect.signature(make_fx).parameters
+    if "record_module_stack" in accepted:
         options["record_module_stack"] = True
+    if "_error_on_data_dependent_ops" in accepted:  # real values: `if x.sum() > 0` just takes its branch
+        options["_error_on_data_dependent_ops"] = False
     gm = make_fx(torch.func.functionalize(forward), **options)(*[leaves[i] for i in where])
     sources, k = [], 0
     for i in where:

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from forge_pack.graph import canonical, opclass
 from forge_pack.graph.capture import capture
-from forge_pack.graph.regions import find_regions, uncovered
+from forge_pack.graph.regions import Region, find_regions, uncovered
 from forge_pack.graph.report import format_regions, group_regions, regions_json
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -181,6 +181,20 @@ def test_region_form_alone_rebuilds_the_subgraph_after_a_json_round_trip():
     vals = g.run(keep=region.inputs)
     ins = [vals[n] for n in region.inputs]
     torch.testing.assert_close(canonical.rebuild(body)(*ins), region.reference()(*ins), rtol=0, atol=0)
+    back = Region.from_json(json.loads(json.dumps(region.to_json())))
+    assert back.key == region.key and back.env() == region.env() and back.tensor_names() == ["in0", "in1", "in2",
+                                                                                              "in3", "out"]
+
+
+def test_region_env_gives_the_size_variables_of_its_reduction():
+    _, regions = _regions(vae_resblock.get_model(), vae_resblock.get_inputs())
+    gn = next(r for r in regions if r.pattern == "group_norm+silu")
+    assert gn.env() == {"numel": 2 * 64 * 64, "N": 2, "C": 64, "G": 32, "HW": 64, "CPG": 2, "GROUP_SIZE": 128}
+    assert gn.unsupported() == ""
+    _, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
+    rms = next(r for r in regions if r.pattern == "rms_norm")
+    assert rms.env() == {"numel": 2 * 16 * 64, "rows": 32, "cols": 64}
+    assert rms.bytes_moved() == 2 * 16 * 64 * 2 + 64 * 2 + 2 * 16 * 64 * 2  # bf16 x and weight in, bf16 out
 
 
 class Rules(nn.Module):

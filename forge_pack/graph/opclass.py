@@ -29,6 +29,7 @@ POINTWISE = frozenset({
     "contiguous", "copy", "lift_fresh_copy", "fill", "zeros_like", "ones_like", "full_like", "empty_like",
     "dropout", "native_dropout", "_native_batch_norm_legit_no_training", "alias_copy", "view_copy",
     "_conj", "positive", "heaviside", "xlogy", "hypot", "atan2", "copysign", "float_power", "threshold",
+    "triu", "tril", "full", "zeros", "ones", "scalar_tensor", "arange",
 })
 REDUCTION = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod", "logsumexp",
@@ -41,7 +42,8 @@ REDUCTION = frozenset({
     "max_pool3d_with_indices",
 })
 MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "einsum",
-                    "addbmm", "_addmm_activation", "_scaled_mm", "_int_mm", "_weight_int8pack_mm"})
+                    "addbmm", "_addmm_activation", "_scaled_mm", "_int_mm", "_weight_int8pack_mm", "_grouped_mm",
+                    "grouped_mm", "_scaled_grouped_mm"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d",
                   "conv_transpose2d", "conv_transpose3d", "cudnn_convolution", "mkldnn_convolution"})
 # Side-effect-free bookkeeping the exporters leave in a graph: dropped at capture.

@@ -53,6 +53,7 @@ class Region:
     time_source: str  # "profile" | "estimate" | "profile+estimate"
     module: str = ""  # the nn.Module path of the output node, when the route records one
     device: str = "cpu"
+    domain: dict = field(default_factory=dict)  # reductions: {"shape", "dims", "extra"} of what is reduced
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -81,6 +82,54 @@ class Region:
         """Fewest bytes a kernel moves: each input read once (broadcast ones at their size), the output written once."""
         return sum(spec_bytes(s) for s in self.input_specs) + spec_bytes(self.output_spec)
 
+    def tensor_names(self) -> list[str]:
+        """Argument names a kernel for this region takes: the inputs in form order, then `out`."""
+        return [f"in{k}" for k in range(len(self.input_specs))] + ["out"]
+
+    def env(self) -> dict[str, int]:
+        """Integer size variables for launch expressions, like ``abi.env`` for an op."""
+        out = self.output_spec
+        e = {"numel": out.numel if out is not None else 0}
+        if not self.domain:
+            return e
+        shape, dims = tuple(self.domain["shape"]), tuple(self.domain["dims"])
+        total = 1
+        for s in shape:
+            total *= s
+        reduced = 1
+        for d in dims:
+            reduced *= shape[d]
+        if self.kind == "group":
+            n, c, g = shape[0], shape[1], int(self.domain["extra"][0])
+            hw = total // max(n * c, 1)
+            e.update(N=n, C=c, G=g, HW=hw, CPG=c // g, GROUP_SIZE=(c // g) * hw)
+        elif self.kind == "window":
+            e.update(N=shape[0], C=shape[1], H=shape[-2] if len(shape) > 2 else 1, W=shape[-1])
+        else:  # row, strided, global: `rows` independent reductions of `cols` elements each
+            e.update(rows=total // max(reduced, 1), cols=reduced)
+        return e
+
+    def unsupported(self) -> str:
+        """Why a kernel cannot target this region as it stands ("" when it can)."""
+        if self.output_spec is None:
+            return "the output is not one tensor"
+        if any(s.dtype == "?" for s in self.input_specs):
+            return "an input's dtype and shape are unknown"
+        if self.output_spec.dtype not in ("float32", "float16", "bfloat16"):
+            return f"output dtype {self.output_spec.dtype} is not targeted"
+        if self.output_spec.numel == 0:
+            return "empty output"
+        return ""
+
+    @staticmethod
+    def from_json(d: dict) -> "Region":
+        form = d["form"]
+        return Region(d["name"], d["kind"], d["pattern"], tuple(d["nodes"]), tuple(d["ops"]), tuple(d["inputs"]),
+                      tuple(TensorSpec.from_json(s) for s in d["input_specs"]),
+                      TensorSpec.from_json(d["output_spec"]) if d.get("output_spec") else None, form,
+                      canonical.key(form), canonical.digest(form), d["time_us"], d["time_share"], d["time_source"],
+                      d.get("module", ""), d.get("device", "cpu"), d.get("domain", {}), list(d.get("notes", [])))
+
     def to_json(self) -> dict:
         return {"name": self.name, "kind": self.kind, "pattern": self.pattern, "nodes": list(self.nodes),
                 "ops": list(self.ops), "inputs": list(self.inputs),
@@ -88,7 +137,8 @@ class Region:
                 "output_spec": self.output_spec.to_json() if self.output_spec else None,
                 "form": self.form, "digest": self.digest, "time_us": self.time_us, "time_share": self.time_share,
                 "time_source": self.time_source, "module": self.module, "device": self.device,
-                "bytes_moved": self.bytes_moved(), "notes": self.notes}
+                "domain": self.domain, "bytes_moved": self.bytes_moved(), "env": self.env(),
+                "unsupported": self.unsupported(), "notes": self.notes}
 
 
 @dataclass
@@ -221,7 +271,8 @@ def _region(graph: Graph, g: _Group) -> Region:
         form=body, key=canonical.key(body), digest=digest, time_us=time_us,
         time_share=time_us / total if total > 0 else 0.0,
         time_source="+".join(sorted(sources)) if len(sources) > 1 else (sources.pop() if sources else "estimate"),
-        module=graph.nodes[order[-1].name].module, device=graph.device)
+        module=graph.nodes[order[-1].name].module, device=graph.device,
+        domain={"shape": list(g.domain[1]), "dims": list(g.domain[2]), "extra": list(g.domain[3])} if g.domain else {})
 
 
 def pattern_name(ops: tuple[str, ...]) -> str:

@@ -111,11 +111,25 @@ def test_match_takes_the_outer_composite_call_and_skips_its_internals():
     assert match(nodes, events) == {"mm": 9.0, "a": 1.0}
 
 
-def test_match_gives_up_on_a_node_at_the_next_nodes_op_instead_of_jumping_ahead():
+def test_match_aligns_by_longest_common_order_so_a_missing_call_shifts_nothing():
     nodes = [_node("s", "aten.silu.default", "pointwise"), _node("p", "aten.pow.Tensor_Scalar", "pointwise"),
              _node("m", "aten.mean.dim", "reduction")]
     events = [("aten::pow", 0, 1, 1.0), ("aten::mean", 2, 3, 2.0), ("aten::silu", 4, 5, 3.0)]
     assert match(nodes, events) == {"p": 1.0, "m": 2.0}
+
+
+def test_match_survives_an_eager_fast_path_whose_internals_look_like_later_nodes():
+    nodes = [_node("ln", "aten.layer_norm.default", "reduction"), _node("q", "aten.linear.default", "matmul"),
+             _node("sdpa", "aten.scaled_dot_product_attention.default", "attention"),
+             _node("o", "aten.linear.default", "matmul"), _node("add", "aten.add.Tensor", "pointwise"),
+             _node("ln2", "aten.layer_norm.default", "reduction"), _node("fc", "aten.linear.default", "matmul"),
+             _node("g", "aten.gelu.default", "pointwise")]
+    events = [("aten::layer_norm", 0, 5, 1.0), ("aten::native_layer_norm", 1, 4, 0.9),
+              ("aten::_native_multi_head_attention", 6, 20, 7.0), ("aten::mm", 7, 8, 1.0), ("aten::bmm", 9, 10, 1.0),
+              ("aten::_softmax", 11, 12, 1.0), ("aten::addmm", 13, 14, 1.0), ("aten::add", 15, 16, 0.1),
+              ("aten::add", 21, 22, 2.0), ("aten::layer_norm", 23, 25, 3.0), ("aten::linear", 26, 28, 4.0),
+              ("aten::gelu", 29, 30, 5.0)]
+    assert match(nodes, events) == {"ln": 1.0, "add": 2.0, "ln2": 3.0, "fc": 4.0, "g": 5.0}
 
 
 def test_in_place_eager_calls_match_functional_graph_nodes():

@@ -1,8 +1,10 @@
 """Per-node time of a captured graph: the eager model's profiler events matched to nodes.
 
-The eager forward runs under ``torch.profiler``; its aten calls, in order, are matched to the
-graph's nodes by op name (in-place spellings folded): each node takes the next event of its name
-within a window, and the events nested inside a matched one (its own internals) are skipped.
+The eager forward runs under ``torch.profiler``; its top-level aten calls, in order, are aligned
+with the graph's nodes by op family (the longest common subsequence: in-place spellings folded,
+a composite and its decomposed form in one family, e.g. ``linear`` with ``addmm``). Calls nested
+in another are its internals and take no part; an eager call that has no node (the fast path of
+``nn.MultiheadAttention``) leaves its nodes unmatched without shifting the rest.
 A node's time is its event's device time on CUDA (kernels of the call and its children) or CPU
 time on the CPU. Nodes left unmatched get an estimate from bytes moved (and flops for matmuls
 and convolutions) at a bandwidth calibrated on the matched memory-bound nodes.
@@ -10,6 +12,7 @@ and convolutions) at a bandwidth calibrated on the matched memory-bound nodes.
 
 from __future__ import annotations
 
+import difflib
 import statistics
 from collections import defaultdict
 
@@ -21,15 +24,13 @@ from forge_pack.graph import opclass
 from forge_pack.graph.capture import Graph, GraphNode, spec_bytes
 
 FORWARD_RANGE = "forge::graph_forward"
-LOOKAHEAD = 200  # events searched for a node's op: the internals of a composite call are a few dozen
-NEXT_NODES = 3  # a search stops at an event of one of the next nodes' ops: the node ran under another name
 # Names one call has at different levels (eager's outer composite vs the graph's decomposed op):
 FAMILIES = [opclass.MATMUL, opclass.CONV, {"softmax", "_softmax", "_safe_softmax"}, {"log_softmax", "_log_softmax"},
             {"group_norm", "native_group_norm"}, {"layer_norm", "native_layer_norm"},
             {"rms_norm", "_fused_rms_norm"},
             {"batch_norm", "_batch_norm_impl_index", "native_batch_norm", "_native_batch_norm_legit_no_training",
              "cudnn_batch_norm", "_native_batch_norm_legit"},
-            {"to", "_to_copy"}, {"dropout", "native_dropout"},
+            {"to", "_to_copy", "type_as"}, {"dropout", "native_dropout"}, {"contiguous", "clone"},
             {"adaptive_avg_pool2d", "_adaptive_avg_pool2d", "mean"}]
 FAMILY_OF = {name: min(f) for f in FAMILIES for name in f}
 # Nominal rates when nothing was measured to calibrate on (order of magnitude only; shares matter):
@@ -48,15 +49,13 @@ def attach_times(graph: Graph, module, args, kwargs, iterations: int) -> None:
         return
     # views are not matched: they cost no device time, and their many eager calls would mislead
     order = [n for n in graph.nodes.values() if n.kind in COMPUTE_KINDS]
-    totals: dict[str, float] = defaultdict(float)
-    hits: dict[str, int] = defaultdict(int)
+    times: dict[str, list[float]] = defaultdict(list)
     for events in runs:
         for name, us in match(order, events).items():
-            totals[name] += us
-            hits[name] += 1
+            times[name].append(us)
     for n in order:
-        if hits[n.name] == len(runs):
-            n.time_us = totals[n.name] / len(runs)
+        if len(times[n.name]) == len(runs):  # matched in every forward: the same call each time
+            n.time_us = statistics.median(times[n.name])  # the machine may be shared: the median resists a stall
             n.time_source = "profile"
     graph.forward_us = forward_us
     estimate_times(graph, only_missing=True)
@@ -67,25 +66,30 @@ def attach_times(graph: Graph, module, args, kwargs, iterations: int) -> None:
 
 
 def match(nodes: list[GraphNode], events: list[tuple[str, float, float, float]]) -> dict[str, float]:
-    """Node name -> time, matching (op, start, end, time) events to nodes in order."""
+    """Node name -> time: the eager forward's outermost aten calls aligned with the nodes by the
+    longest common subsequence of their op families. A call nested in a kept call is its
+    internals (its time is in its parent's); views are transparent (``reshape`` of a strided
+    tensor keeps the ``clone`` inside it)."""
+    top = _outermost(events)
+    a = [match_key(n.op) for n in nodes]
+    b = [match_key(e[0]) for e in top]
     out: dict[str, float] = {}
-    keys = [match_key(e[0]) for e in events]
-    i = 0
-    for pos, n in enumerate(nodes):
-        want = match_key(n.op)
-        ahead = {match_key(m.op) for m in nodes[pos + 1:pos + 1 + NEXT_NODES]} - {want}
-        for j in range(i, min(len(events), i + LOOKAHEAD)):
-            name, start, end, us = events[j]
-            if keys[j] in ahead:
-                break
-            if keys[j] != want:
-                continue
-            out[n.name] = us
-            k = j + 1
-            while k < len(events) and events[k][1] < end:  # the call's own internals
-                k += 1
-            i = k
-            break
+    for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            out[nodes[block.a + k].name] = top[block.b + k][3]
+    return out
+
+
+def _outermost(events: list[tuple[str, float, float, float]]) -> list[tuple[str, float, float, float]]:
+    """The calls that do work and are not inside another such call (events sorted by (start, -end))."""
+    out, end = [], float("-inf")
+    for e in events:
+        if e[1] < end:
+            continue
+        if opclass.classify(e[0].replace("::", ".")) in ("view", "layout_view", "bookkeeping"):
+            continue
+        out.append(e)
+        end = e[2]
     return out
 
 
@@ -104,13 +108,13 @@ def _profile_eager(module, args, kwargs, device: str, iterations: int):
         if device == "cuda":
             torch.cuda.synchronize()
         with profile(activities=activities) as prof:
-            for _ in range(iterations):
+            for _ in range(iterations + 1):  # the first forward under the profiler pays its set-up: dropped
                 with record_function(FORWARD_RANGE):
                     module(*args, **kwargs)
                 if device == "cuda":
                     torch.cuda.synchronize()
     events = [e for e in prof.events() if e.device_type == DeviceType.CPU]
-    ranges = sorted((e for e in events if e.name == FORWARD_RANGE), key=lambda e: e.time_range.start)
+    ranges = sorted((e for e in events if e.name == FORWARD_RANGE), key=lambda e: e.time_range.start)[1:]
     runs, forward = [], []
     for r in ranges:
         inside = sorted((e for e in events if e.name.startswith("aten::") and e.thread == r.thread
@@ -120,7 +124,7 @@ def _profile_eager(module, args, kwargs, device: str, iterations: int):
         forward.append(_event_us(r, device))
     if not runs:
         raise RuntimeError("the profiler recorded no forward range")
-    return runs, sum(forward) / len(forward)
+    return runs, statistics.median(forward)
 
 
 def _event_us(e, device: str) -> float:

@@ -245,3 +245,19 @@ def test_cli_profile_regions_prints_the_region_table(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Regions (export graph" in r.stdout
     assert "batch_norm+add+relu: _native_batch_norm_legit_no_training getitem add relu" in r.stdout
+
+
+@pytest.mark.gpu
+def test_llama_block_regions_on_cuda_have_device_times_and_exact_references():
+    model = llama_regions.get_model().cuda()
+    inputs = tuple(t.cuda() for t in llama_regions.get_inputs())
+    g = capture(model, inputs, iterations=2)
+    regions = find_regions(g)
+    assert g.device == "cuda" and g.time_source == "profile"
+    assert ("rms_norm", RMS_OPS) in _table(regions)
+    for r in regions:
+        assert r.time_us > 0 and r.device == "cuda"
+        vals = g.run(keep=(*r.inputs, r.nodes[-1]))
+        out = r.reference()(*[vals[n] for n in r.inputs])
+        assert out.is_cuda
+        torch.testing.assert_close(out, vals[r.nodes[-1]], rtol=0, atol=0)

@@ -31,7 +31,8 @@ FAMILIES = [opclass.MATMUL, opclass.CONV, {"softmax", "_softmax", "_safe_softmax
             {"batch_norm", "_batch_norm_impl_index", "native_batch_norm", "_native_batch_norm_legit_no_training",
              "cudnn_batch_norm", "_native_batch_norm_legit"},
             {"to", "_to_copy", "type_as"}, {"dropout", "native_dropout"}, {"contiguous", "clone"},
-            {"adaptive_avg_pool2d", "_adaptive_avg_pool2d", "mean"}]
+            {"adaptive_avg_pool2d", "_adaptive_avg_pool2d", "mean"}, {"max_pool2d", "max_pool2d_with_indices"},
+            {"max_pool3d", "max_pool3d_with_indices"}]
 FAMILY_OF = {name: min(f) for f in FAMILIES for name in f}
 # Nominal rates when nothing was measured to calibrate on (order of magnitude only; shares matter):
 NOMINAL_BW_GBS = {"cpu": 20.0, "cuda": 3000.0}  # one socket's DRAM; most of an H100/H200's HBM

@@ -12,7 +12,7 @@ import torch.nn as nn
 from forge_pack.errors import ForgeError
 from forge_pack.graph import opclass
 from forge_pack.graph.capture import GraphNode, capture
-from forge_pack.graph.timing import match
+from forge_pack.graph.timing import align, match
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
 import conv_bn_block  # noqa: E402
@@ -130,6 +130,17 @@ def test_match_survives_an_eager_fast_path_whose_internals_look_like_later_nodes
               ("aten::add", 21, 22, 2.0), ("aten::layer_norm", 23, 25, 3.0), ("aten::linear", 26, 28, 4.0),
               ("aten::gelu", 29, 30, 5.0)]
     assert match(nodes, events) == {"ln": 1.0, "add": 2.0, "ln2": 3.0, "fc": 4.0, "g": 5.0}
+
+
+def test_align_pairs_each_repeated_layer_with_its_own_layer():
+    layer = ["rms", "mm", "mm", "softmax", "mm", "add", "rms", "mm", "silu", "mul", "mm", "add"]
+    graph = layer * 4
+    eager = []
+    for _ in range(4):  # per layer, two calls the graph does not have
+        eager += ["embedding"] + layer[:3] + ["dropout"] + layer[3:]
+    pairs = align(graph, eager)
+    assert len(pairs) == len(graph)
+    assert all(i // len(layer) == j // (len(layer) + 2) for i, j in pairs)
 
 
 def test_in_place_eager_calls_match_functional_graph_nodes():

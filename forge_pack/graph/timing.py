@@ -1,18 +1,18 @@
 """Per-node time of a captured graph: the eager model's profiler events matched to nodes.
 
-The eager forward runs under ``torch.profiler``; its top-level aten calls, in order, are aligned
-with the graph's nodes by op family (the longest common subsequence: in-place spellings folded,
-a composite and its decomposed form in one family, e.g. ``linear`` with ``addmm``). Calls nested
-in another are its internals and take no part; an eager call that has no node (the fast path of
-``nn.MultiheadAttention``) leaves its nodes unmatched without shifting the rest.
-A node's time is its event's device time on CUDA (kernels of the call and its children) or CPU
-time on the CPU. Nodes left unmatched get an estimate from bytes moved (and flops for matmuls
-and convolutions) at a bandwidth calibrated on the matched memory-bound nodes.
+The eager forward runs under ``torch.profiler``. Its outermost aten calls, in order, are aligned
+with the graph's nodes by op family: in-place spellings folded, a composite and its decomposed
+form in one family (``linear`` with ``addmm``). ``align`` stays local, so repeated layers never
+pair with the wrong layer. Calls nested in another are its internals and take no part; an eager
+call that has no node (the fast path of ``nn.MultiheadAttention``) leaves those nodes unmatched
+without shifting the rest. A node's time is its call's device time on CUDA (the kernels of the
+call and its children) or CPU time on the CPU. Nodes left unmatched get an estimate from bytes
+moved (and flops for matmuls and convolutions) at a bandwidth calibrated on the matched
+memory-bound nodes.
 """
 
 from __future__ import annotations
 
-import difflib
 import statistics
 from collections import defaultdict
 
@@ -37,6 +37,8 @@ FAMILY_OF = {name: min(f) for f in FAMILIES for name in f}
 # Nominal rates when nothing was measured to calibrate on (order of magnitude only; shares matter):
 NOMINAL_BW_GBS = {"cpu": 20.0, "cuda": 3000.0}  # one socket's DRAM; most of an H100/H200's HBM
 NOMINAL_GFLOPS = {"cpu": 100.0, "cuda": 400_000.0}  # a few AVX cores; bf16 tensor cores at ~half peak
+RESYNC_WINDOW = 64  # calls skipped on both sides to find the next common point: an unmatched composite's worth
+RESYNC_CONFIRM = 3  # keys that must agree after a resync point, so one common op does not fake it
 COMPUTE_KINDS = ("pointwise", "reduction", "matmul", "conv", "attention", "other")
 
 
@@ -67,18 +69,47 @@ def attach_times(graph: Graph, module, args, kwargs, iterations: int) -> None:
 
 
 def match(nodes: list[GraphNode], events: list[tuple[str, float, float, float]]) -> dict[str, float]:
-    """Node name -> time: the eager forward's outermost aten calls aligned with the nodes by the
-    longest common subsequence of their op families. A call nested in a kept call is its
+    """Node name -> time: the eager forward's outermost aten calls aligned with the nodes by
+    their op families (``align``). A call nested in a kept call is its
     internals (its time is in its parent's); views are transparent (``reshape`` of a strided
     tensor keeps the ``clone`` inside it)."""
     top = _outermost(events)
     a = [match_key(n.op) for n in nodes]
     b = [match_key(e[0]) for e in top]
-    out: dict[str, float] = {}
-    for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks():
-        for k in range(block.size):
-            out[nodes[block.a + k].name] = top[block.b + k][3]
-    return out
+    return {nodes[i].name: top[j][3] for i, j in align(a, b)}
+
+
+def align(a: list[str], b: list[str]) -> list[tuple[int, int]]:
+    """Pairs (i, j) with a[i] == b[j], in order: equal runs are taken as they come; at a
+    difference, the nearest point (fewest skipped on both sides together, within RESYNC_WINDOW)
+    where the next RESYNC_CONFIRM keys agree. Model graphs repeat layer after layer, so a
+    longest-block matcher (difflib) pairs layer 1 with layer 4; this stays local."""
+    pairs: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] == b[j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+            continue
+        found = None
+        for k in range(1, RESYNC_WINDOW + 1):
+            for p in range(k + 1):
+                q = k - p
+                if i + p < len(a) and j + q < len(b) and _agree(a, b, i + p, j + q):
+                    found = (i + p, j + q)
+                    break
+            if found:
+                break
+        if found is None:
+            i += 1  # this node has no eager call near here: it stays unmatched
+        else:
+            i, j = found
+    return pairs
+
+
+def _agree(a: list[str], b: list[str], i: int, j: int) -> bool:
+    n = min(RESYNC_CONFIRM, len(a) - i, len(b) - j)
+    return all(a[i + t] == b[j + t] for t in range(n))
 
 
 def _outermost(events: list[tuple[str, float, float, float]]) -> list[tuple[str, float, float, float]]:

@@ -41,10 +41,10 @@ def canonical_order(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
         ready.sort(key=lambda n: (op_name(n), position[n]))
         n = ready.pop(0)
         done.append(n)
-        for m in nodes:
-            if n in deps[m]:
+        for m in n.users:
+            if m in inside:
                 deps[m].discard(n)
-                if not deps[m] and m not in done and m not in ready:
+                if not deps[m] and m not in ready:
                     ready.append(m)
     return done
 

@@ -169,11 +169,13 @@ def find_regions(graph: Graph) -> list[Region]:
             continue
         groups.append(g)
         group_of[n] = g
+    position = {n: i for i, n in enumerate(order)}
     regions = []
     for g in reversed(groups):
         _trim_trailing_views(graph, g)
         if not g.members or all(_kind(graph, m) == "view" for m in g.members):
             continue  # views only: nothing to compute
+        g.members.sort(key=position.__getitem__)
         regions.append(_region(graph, g))
     return regions
 
@@ -247,11 +249,12 @@ def _trim_trailing_views(graph: Graph, g: _Group) -> None:
 
 
 def _region(graph: Graph, g: _Group) -> Region:
-    members = [n for n in graph.gm.graph.nodes if n in set(g.members)]
+    members = g.members  # in graph order
+    inside = set(members)
     specs: dict[torch.fx.Node, dict] = {}
     for n in members:
         for a in n.all_input_nodes:
-            if a not in g.members:
+            if a not in inside:
                 spec = _spec(a)
                 specs[a] = spec.to_json() if spec is not None else {"dtype": "?", "shape": [], "strides": []}
     body, inputs = canonical.form(members, specs)

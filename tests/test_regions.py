@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from forge_pack.graph import canonical, opclass
 from forge_pack.graph.capture import capture
-from forge_pack.graph.regions import Region, find_regions, uncovered
+from forge_pack.graph.regions import Region, find_regions, pattern_name, uncovered
 from forge_pack.graph.report import format_regions, group_regions, regions_json
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -214,6 +214,36 @@ def test_region_boundaries_other_consumers_other_reduction_dims_and_layout_views
     ])
     kinds = sorted((r.pattern, r.kind) for r in regions if r.compute_ops[-1] == "sum")
     assert kinds == [("sum", "row"), ("sum", "strided")]  # sum(-1) of exp; sum(1) of the softmax
+
+
+@pytest.mark.parametrize("ops,name", [
+    (("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"), "rms_norm"),  # Llama
+    (("_to_copy", "pow", "mean", "add", "pow", "mul", "mul", "type_as"), "rms_norm"),  # Gemma: pow(var + eps, -0.5)
+    (("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul", "_to_copy", "silu", "mul"),
+     "rms_norm+silu"),  # gated RMSNorm (Qwen3.5 linear attention)
+    (("pow", "mean", "add", "rsqrt", "mul", "add", "pow", "mean", "add", "rsqrt", "mul"), "rms_norm x2"),
+    (("amax", "sub", "exp", "sum", "div"), "softmax"),
+    (("var_mean", "getitem", "getitem", "sub", "add", "rsqrt", "mul", "mul", "add"), "layer_norm"),
+    (("div", "add", "softmax", "_to_copy"), "div+add+softmax+cast"),
+    (("native_group_norm", "getitem", "silu"), "group_norm+silu"),
+])
+def test_pattern_names_recognise_norms_written_as_eager_ops(ops, name):
+    assert pattern_name(ops) == name
+
+
+class MaskFill(nn.Module):
+    def forward(self, x, keep):
+        scores = x.masked_fill(~keep, torch.finfo(x.dtype).min)  # the largest negative float32 as a constant
+        return scores.softmax(-1), torch.empty_like(x)
+
+
+def test_a_float32_min_constant_survives_the_canonical_form_and_allocations_are_not_regions():
+    x, keep = torch.randn(2, 5, 5), torch.rand(2, 5, 5) > 0.3
+    g, regions = _regions(MaskFill(), (x, keep))
+    assert _table(regions) == [("bitwise_not+masked_fill+softmax", ("bitwise_not", "masked_fill", "softmax"))]
+    (region,) = regions
+    out, _ = _region_output(g, region)
+    torch.testing.assert_close(out, MaskFill()(x, keep)[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("shape,strides,dims,kind", [

@@ -2,9 +2,8 @@
 
 A region's form lists its inputs (dtype, shape, strides) and its ops in a canonical topological
 order, each op with its arguments normalised: tensors are references (``{"in": k}`` for the
-region's k-th input, ``{"n": j}`` for its j-th op), floats are rounded to 9 significant digits
-(the repr of the same constant can differ in the last bit between capture routes), dims are
-non-negative, devices are dropped (a region is the same computation on any device; the device
+region's k-th input, ``{"n": j}`` for its j-th op), floats are kept exactly (inf and nan spelled
+out, as JSON has neither), dims are non-negative, devices are dropped (a region is the same computation on any device; the device
 is given back when the graph is rebuilt). Its JSON text is the key; the hash of the key names
 the region. The form rebuilds an FX graph by itself (``rebuild``), so a worker process can run
 a region's references from the JSON alone.
@@ -111,8 +110,8 @@ def _norm(a: Any, ref) -> Any:
         return a
     if isinstance(a, float):
         if a != a or a in (float("inf"), float("-inf")):
-            return {"float": repr(a)}
-        return float(f"{a:.9g}")
+            return {"float": repr(a)}  # JSON has no inf/nan
+        return a  # exact: finfo(float32).min rounded to 9 digits no longer fits in a float32
     if isinstance(a, (list, tuple)):
         return [_norm(x, ref) for x in a]
     if isinstance(a, torch.dtype):

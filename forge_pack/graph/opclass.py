@@ -26,10 +26,11 @@ POINTWISE = frozenset({
     "maximum", "minimum", "fmax", "fmin", "lerp", "addcmul", "addcdiv", "eq", "ne", "lt", "le", "gt", "ge",
     "logical_not", "logical_and", "logical_or", "logical_xor", "bitwise_not", "bitwise_and", "bitwise_or",
     "bitwise_xor", "isnan", "isinf", "isfinite", "nan_to_num", "_to_copy", "to", "type_as", "clone",
-    "contiguous", "copy", "lift_fresh_copy", "fill", "zeros_like", "ones_like", "full_like", "empty_like",
+    "contiguous", "copy", "lift_fresh_copy", "fill", "zeros_like", "ones_like", "full_like",
     "dropout", "native_dropout", "_native_batch_norm_legit_no_training", "alias_copy", "view_copy",
     "_conj", "positive", "heaviside", "xlogy", "hypot", "atan2", "copysign", "float_power", "threshold",
-    "triu", "tril", "full", "zeros", "ones", "scalar_tensor", "arange",
+    "triu", "tril", "full", "zeros", "ones", "scalar_tensor", "arange", "new_ones", "new_zeros", "new_full",
+    "__and__", "__or__", "__xor__", "__invert__",
 })
 REDUCTION = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "std", "std_mean", "prod", "logsumexp",
@@ -46,6 +47,8 @@ MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv"
                     "grouped_mm", "_scaled_grouped_mm"})
 CONV = frozenset({"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d",
                   "conv_transpose2d", "conv_transpose3d", "cudnn_convolution", "mkldnn_convolution"})
+# Allocations: no values to compute (their contents are undefined until written).
+ALLOC = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"})
 # Side-effect-free bookkeeping the exporters leave in a graph: dropped at capture.
 BOOKKEEPING = frozenset({"_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range",
                          "sym_constrain_range_for_size", "_assert_async", "_functional_assert_async",
@@ -74,11 +77,13 @@ def is_attention(name: str) -> bool:
 
 
 def classify(op: str, args: tuple = (), kwargs: dict | None = None) -> str:
-    """One of: view, layout_view, pointwise, reduction, matmul, conv, attention, bookkeeping, other."""
+    """One of: view, layout_view, pointwise, reduction, matmul, conv, attention, alloc, bookkeeping, other."""
     name = base_name(op)
     kwargs = kwargs or {}
     if name in BOOKKEEPING:
         return "bookkeeping"
+    if name in ALLOC:
+        return "alloc"
     if name in VIEW:
         return "view"
     if name in LAYOUT_VIEW:

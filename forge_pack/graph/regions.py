@@ -278,26 +278,37 @@ def _region(graph: Graph, g: _Group) -> Region:
         domain={"shape": list(g.domain[1]), "dims": list(g.domain[2]), "extra": list(g.domain[3])} if g.domain else {})
 
 
+# Ops a norm or softmax written as eager ops is made of: they collapse into its name.
+CORES = {
+    "rms_norm": {"_to_copy", "to", "type_as", "pow", "square", "mean", "add", "rsqrt", "sqrt", "div", "reciprocal",
+                 "mul"},
+    "layer_norm": {"_to_copy", "to", "type_as", "var_mean", "var", "mean", "sub", "add", "rsqrt", "sqrt", "div", "mul",
+                   "getitem"},
+    "softmax": {"_to_copy", "to", "type_as", "amax", "max", "sub", "exp", "sum", "div", "mul", "reciprocal"},
+}
+
+
 def pattern_name(ops: tuple[str, ...]) -> str:
-    """A readable name of the chain: recognised norms collapse to one word, casts read "cast"."""
+    """A readable name of the chain: a norm or softmax written as eager ops is named as such
+    (x2 when the region holds two over the same rows), other ops keep their labels in order."""
     work = [o for o in ops if o not in opclass.VIEW]
     s = set(work)
-    if {"mean", "rsqrt"} <= s and ("pow" in s or "square" in s or "mul" in s) and "sub" not in s:
-        core = "rms_norm"
+    core, count = None, 0
+    if "mean" in s and "sub" not in s and ("rsqrt" in s or work.count("pow") >= 2 or "sqrt" in s) and (
+            s & {"pow", "square", "mul"}):
+        core, count = "rms_norm", work.count("mean")
     elif ("var_mean" in s or "var" in s) and ("rsqrt" in s or "sqrt" in s):
-        core = "layer_norm"
-    elif {"amax", "exp", "sum", "div"} <= s or {"amax", "exp", "sum", "mul", "reciprocal"} <= s:
-        core = "softmax"
-    else:
-        core = None
-    if core is None:
-        labels: list[str] = []
-        for o in work:
-            label = LABELS.get(o, o)
-            if not labels or labels[-1] != label:
-                labels.append(label)
-        return "+".join(labels) if labels else "empty"
-    return core
+        core, count = "layer_norm", work.count("var_mean") + work.count("var")
+    elif {"amax", "exp", "sum"} <= s and ("div" in s or "reciprocal" in s):
+        core, count = "softmax", work.count("amax")
+    labels: list[str] = [core + (f" x{count}" if count > 1 else "")] if core else []
+    for o in work:
+        if core and o in CORES[core]:
+            continue
+        label = LABELS.get(o, o)
+        if not labels or labels[-1] != label:
+            labels.append(label)
+    return "+".join(labels) if labels else "empty"
 
 
 def uncovered(graph: Graph, regions: list[Region]) -> list[dict[str, Any]]:
@@ -325,6 +336,7 @@ REASONS = {
     "attention": "attention (sdpa): bounds a region (attention regions are not built yet)",
     "layout_view": "layout-changing view (permute / transpose / slice): bounds a region",
     "view": "view outside any region",
+    "alloc": "allocation: nothing to compute",
     "other": "op outside the fusable set (gather, scatter, cat, index, data-dependent)",
     "pointwise": "pointwise op left out of every region",
     "reduction": "reduction left out of every region",

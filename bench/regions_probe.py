@@ -2,6 +2,15 @@
 
     python bench/regions_probe.py MODEL.py [MODEL.py ...] [--device cuda] [--dtype bfloat16]
         [--top 20] [--min-share 0.01] [--mode max-autotune-no-cudagraphs] [--out BASE] [--time-limit S]
+    python bench/regions_probe.py --merge A.json B.json ... [--out BASE]
+
+On the H200, one seed model per device call (each region's torch.compile takes seconds to tens
+of seconds), then the merge:
+
+    FORGE_BENCH_DEVICE=cuda python bench/regions_probe.py bench/models/resnet50.py --device cuda \
+        --time-limit 420 --out $OUT/regions_resnet50
+    (the same for sd35_vae_decode, gemma4_prefill, qwen35_moe_prefill)
+    python bench/regions_probe.py --merge regions_*.json    # -> bench/results/regions.{md,json}
 
 Per model: load it (forge_pack.load: get_model()/get_inputs() or a KernelBench file), capture the
 ATen graph with per-node eager profile times (forge_pack.graph.capture), find its regions, group
@@ -20,6 +29,7 @@ Writes BASE.json and BASE.md (default $OUT/regions, else bench/results/regions).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import sys
@@ -148,8 +158,8 @@ def markdown(models: list[dict], command: str, env: dict) -> str:
                   f"Graph route {s['route']}, times {s['time_source']}; {m['regions_found']} region signatures "
                   f"covering {s['region_share'] * 100:.1f}% of the attributed eager time; copy bandwidth "
                   f"{m['copy_gbs']:.0f} GB/s.", "",
-                  "| region | ops | share | calls | eager µs | compiled µs | eager/compiled | MB | compiled % copy bw "
-                  "| max err vs f64 (compiled / eager) |",
+                  "| region | ops | share | calls | eager µs | compiled µs | eager/compiled | MB "
+                  "| compiled % copy bw | max err vs f64 (compiled / eager) |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for r in m["rows"]:
             if "skipped" in r or "error" in r:
@@ -172,7 +182,8 @@ def markdown(models: list[dict], command: str, env: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("models", nargs="+")
+    p.add_argument("models", nargs="*")
+    p.add_argument("--merge", nargs="+", default=None, help="regions JSON files to join into one result")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--top", type=int, default=20)
@@ -186,6 +197,15 @@ def main() -> None:
                                             else ROOT / "bench" / "results" / "regions")
     base.parent.mkdir(parents=True, exist_ok=True)
     command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]])
+    if args.merge:  # one result from per-model calls: each model keeps the command that measured it
+        docs = [json.loads(Path(f).read_text()) for f in args.merge]
+        models = [dict(m, command=d["command"]) for d in docs for m in d["models"]]
+        commands = "; ".join(d["command"] for d in docs)
+        write(base, {"command": commands, "environment": docs[0]["environment"], "models": models},
+              markdown(models, commands, docs[0]["environment"]))
+        return
+    if not args.models:
+        p.error("give model files, or --merge with result files")
     models = []
     for path in args.models:
         try:

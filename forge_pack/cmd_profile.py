@@ -72,21 +72,17 @@ def register(app: typer.Typer) -> None:
         target = load(model, device, dtype)
         out_dir = run_dir or default_run_dir(model)
         result = profile(target, out_dir, ProfileConfig(iterations=iterations))
-        graph = None
+        if not as_json:
+            typer.echo(format_profile(result, top))  # before the graph capture, which may fail
+        doc = result.to_json()
         if regions:
             from forge_pack.graph.capture import capture
+            from forge_pack.graph.report import format_regions, regions_json
 
             graph = capture(target.module, target.args, target.kwargs, iterations=iterations)
-        if as_json:
-            doc = result.to_json()
-            if graph is not None:
-                from forge_pack.graph.report import regions_json
-
+            if as_json:
                 doc["regions"] = regions_json(graph)
-            typer.echo(json.dumps(doc))
-        else:
-            typer.echo(format_profile(result, top))
-            if graph is not None:
-                from forge_pack.graph.report import format_regions
-
+            else:
                 typer.echo(format_regions(graph, top=top))
+        if as_json:
+            typer.echo(json.dumps(doc))

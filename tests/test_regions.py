@@ -275,6 +275,12 @@ def test_cli_profile_regions_prints_the_region_table(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Regions (export graph" in r.stdout
     assert "batch_norm+add+relu: _native_batch_norm_legit_no_training getitem add relu" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "forge_pack", "profile", str(MODELS / "kb_gemm_gelu_softmax.py"),
+                        "--device", "cpu", "--regions", "--json", "--iterations", "1", "--run-dir", str(tmp_path / "kb")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (group,) = json.loads(r.stdout)["regions"]["regions"]
+    assert (group["pattern"], group["ops"], group["calls"]) == ("gelu+mul+softmax", ["gelu", "mul", "softmax"], 1)
 
 
 @pytest.mark.gpu

@@ -3,9 +3,9 @@
 A region's form lists its inputs (dtype, shape, strides) and its ops in a canonical topological
 order, each op with its arguments normalised: tensors are references (``{"in": k}`` for the
 region's k-th input, ``{"n": j}`` for its j-th op), floats are kept exactly (inf and nan spelled
-out, as JSON has neither), dims are non-negative, devices are dropped (a region is the same computation on any device; the device
-is given back when the graph is rebuilt). Its JSON text is the key; the hash of the key names
-the region. The form rebuilds an FX graph by itself (``rebuild``), so a worker process can run
+out, as JSON has neither), dims are non-negative, devices are dropped (a region is the same
+computation on any device; the device is given back when the graph is rebuilt). Its JSON text
+is the key; the hash of the key names the region. The form rebuilds an FX graph by itself (``rebuild``), so a worker process can run
 a region's references from the JSON alone.
 """
 

@@ -27,6 +27,7 @@ def test_capture_takes_the_export_route_with_named_placeholders_and_real_specs()
     conv = next(n for n in g.nodes.values() if n.kind == "conv")
     assert (conv.output.dtype, conv.output.shape, conv.output.strides) == ("float32", (2, 16, 8, 8), (1024, 64, 8, 1))
     assert conv.module == "conv1"
+    assert g.output_check == "equal"  # the graph computes what the eager model does, bit for bit
 
 
 def test_capture_records_channels_last_strides():
@@ -70,6 +71,25 @@ def test_dynamo_route_joins_the_graphs_around_a_break_and_keeps_no_values():
     assert next(n for n in g.nodes.values() if n.op.endswith("sigmoid.default")).output.shape == (4, 8)
     with pytest.raises(ValueError, match="no real values"):
         g.run()
+    assert g.output_check == "not compared: the graph was not run on real values"
+
+
+CALLS = []
+
+
+class CallCounter(nn.Module):
+    def forward(self, x):
+        CALLS.append(1)  # state outside the module (export restores the module's own attributes)
+        return x * len(CALLS)  # the trace freezes the count it saw
+
+
+def test_a_graph_that_computes_something_else_than_eager_is_reported():
+    CALLS.clear()
+    g = capture(CallCounter(), (torch.ones(3),), profile=False)
+    assert g.output_check == "max abs diff 1"  # traced with calls == 1, eager ran with calls == 2
+    from forge_pack.graph.report import format_regions
+
+    assert "Captured graph vs eager outputs: max abs diff 1" in format_regions(g)
 
 
 def test_capture_that_no_route_can_trace_is_a_forge_error():

@@ -91,6 +91,9 @@ class Graph:
     profiled_fraction: float = 0.0  # of compute nodes matched to a profiler event
     forward_us: float = 0.0  # measured per forward by the profiler (0 when not profiled)
     notes: list[str] = field(default_factory=list)
+    # The captured graph's outputs against the eager forward's: "equal", "max abs diff X", or why
+    # they were not compared. A graph that computes something else would give wrong regions.
+    output_check: str = ""
 
     def fx_node(self, name: str) -> torch.fx.Node:
         for n in self.gm.graph.nodes:
@@ -115,6 +118,7 @@ class Graph:
         return {"route": self.route, "device": self.device, "attempts": [list(a) for a in self.attempts],
                 "time_source": self.time_source, "profiled_fraction": self.profiled_fraction,
                 "forward_us": self.forward_us, "total_us": self.total_us, "notes": self.notes,
+                "output_check": self.output_check,
                 "nodes": [n.to_json() for n in self.nodes.values()]}
 
 
@@ -151,8 +155,10 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
             attempts.append((route, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"))
             continue
         attempts.append((route, "ok"))
-        graph = _build(gm, values, sources, route, device)
+        graph, outputs = _build(gm, values, sources, route, device)
         graph.attempts = attempts
+        graph.output_check = _check_outputs(outputs, module, args, kwargs)
+        del outputs
         if profile:
             from forge_pack.graph.timing import attach_times
             attach_times(graph, module, args, kwargs, iterations)
@@ -313,12 +319,13 @@ def _build(gm, values, sources, route: str, device: str) -> Graph:
     _drop_bookkeeping(gm)
     specs: dict[str, tuple] = {}
     notes: list[str] = []
+    outputs: Any = None
     if values is not None:
         rec = _Recorder(gm, set())
         try:
             with torch.no_grad():
                 rec.run(*values)
-            specs = rec.specs
+            specs, outputs = rec.specs, rec.result
         except Exception as e:  # the capture is kept; specs fall back to the tracer's fake values
             notes.append(f"running the captured graph failed ({type(e).__name__}: {e}); specs from meta")
     nodes: dict[str, GraphNode] = {}
@@ -340,5 +347,26 @@ def _build(gm, values, sources, route: str, device: str) -> Graph:
         inputs = tuple(a.name for a in n.all_input_nodes)
         nodes[n.name] = GraphNode(n.name, name, kind, inputs, tuple(outs), tuple(u.name for u in n.users),
                                   _module_path(n), source)
-    return Graph(gm, nodes, values, route, device, notes=notes)
+    return Graph(gm, nodes, values, route, device, notes=notes), outputs
+
+
+def _check_outputs(outputs: Any, module, args: tuple, kwargs: dict) -> str:
+    """Compare the graph's outputs with one eager forward's, tensor by tensor in pytree order."""
+    if outputs is None:
+        return "not compared: the graph was not run on real values"
+    with torch.no_grad():
+        eager = module(*args, **kwargs)
+    got = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    want = [t for t in pytree.tree_leaves(eager) if isinstance(t, torch.Tensor)]
+    if len(got) < len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+        return f"not compared: {len(got)} graph outputs against {len(want)} eager ones"
+    worst = 0.0
+    for g, w in zip(got, want):  # the graph may also return mutated buffers after the user outputs
+        if g.is_floating_point() or w.is_floating_point():
+            diff = (g.double() - w.double()).abs().nan_to_num(nan=float("inf"), posinf=0.0, neginf=0.0)
+            same_nan = torch.equal(g.isnan(), w.isnan())
+            worst = max(worst, float(diff.max()) if diff.numel() else 0.0, 0.0 if same_nan else float("inf"))
+        elif not torch.equal(g, w):
+            worst = float("inf")
+    return "equal" if worst == 0.0 else f"max abs diff {worst:.3g}"
 

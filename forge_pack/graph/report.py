@@ -50,6 +50,7 @@ def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
     return {"route": graph.route, "attempts": [list(a) for a in graph.attempts], "device": graph.device,
             "time_source": graph.time_source, "profiled_fraction": graph.profiled_fraction,
             "forward_us": graph.forward_us, "attributed_us": graph.total_us, "region_share": covered,
+            "output_check": graph.output_check,
             "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions),
             "notes": graph.notes}
 
@@ -81,6 +82,8 @@ def format_regions(graph: Graph, regions: list[Region] | None = None, top: int =
         for u in doc["uncovered"]:
             ops = ", ".join(f"{k} x{v}" for k, v in sorted(u["ops"].items(), key=lambda kv: -kv[1])[:6])
             lines.append(f"  {u['time_share'] * 100:5.1f}%  {u['reason']}  ({ops})")
+    if graph.output_check != "equal":
+        lines.append(f"Captured graph vs eager outputs: {graph.output_check}")
     failed = [f"{r}: {why}" for r, why in graph.attempts if why != "ok"]
     if failed:
         lines.append("Capture routes that failed first: " + "; ".join(failed))

@@ -9,7 +9,8 @@ Routes, tried in this order (the first that succeeds is recorded in ``Graph.rout
    flow simply runs, so anything eager can run traces (specialised to these inputs). Composite
    ops come out decomposed (``native_group_norm``, ``addmm``, ``_softmax``).
 3. ``dynamo``: ``torch.compile`` with an AOT backend that keeps every forward graph; graph breaks
-   give several graphs, joined into one. Its placeholders are fake, so the graph has no values.
+   give several graphs, joined into one. Dynamo hands its backend the real tensors of the call,
+   which feed the AOT graph when its inputs are exactly dynamo's (else the graph has no values).
 
 Every node's output dtype, shape and strides come from running the graph once on the real
 tensors (from the fake ``meta['val']`` on the dynamo route). Per-node time comes from a
@@ -83,7 +84,7 @@ class GraphNode:
 class Graph:
     gm: torch.fx.GraphModule
     nodes: dict[str, GraphNode]  # in graph (topological) order
-    values: list[Any] | None  # real placeholder values in order; None on the dynamo route
+    values: list[Any] | None  # real placeholder values in order; None when the route could not keep them
     route: str
     device: str
     attempts: list[tuple[str, str]] = field(default_factory=list)  # (route, "ok" or why it failed)
@@ -157,7 +158,7 @@ def capture(module: torch.nn.Module, args: tuple, kwargs: dict | None = None,
         attempts.append((route, "ok"))
         graph, outputs = _build(gm, values, sources, route, device)
         graph.attempts = attempts
-        graph.output_check = _check_outputs(outputs, module, args, kwargs)
+        graph.output_check = _check_outputs(outputs, module, args, kwargs, gm.meta.get("forge_graph_count", 1))
         del outputs
         if profile:
             from forge_pack.graph.timing import attach_times
@@ -241,20 +242,49 @@ def _trace_dynamo(module, args, kwargs):
     from torch._dynamo.backends.common import aot_autograd
 
     graphs: list[torch.fx.GraphModule] = []
+    feeds: list[list | None] = []
+    names: list[list[str]] = []
 
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
+    def backend(gm, example_inputs):
+        real = list(example_inputs)  # dynamo hands the backend the real tensors of this call
+        dynamo_names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+
+        def keep(fw_gm, fake_inputs):
+            graphs.append(fw_gm)
+            feeds.append(real if _inputs_fit(fw_gm, real) else None)
+            names.append(dynamo_names)
+            return fw_gm.forward
+
+        return aot_autograd(fw_compiler=keep)(gm, example_inputs)
 
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(module, backend=aot_autograd(fw_compiler=keep), dynamic=False)
+        compiled = torch.compile(module, backend=backend, dynamic=False)
         compiled(*args, **kwargs)
     finally:
         torch._dynamo.reset()
     if not graphs:
         raise RuntimeError("dynamo produced no graph")
-    return _join(graphs), None, None
+    joined = _join(graphs)
+    joined.meta["forge_graph_count"] = len(graphs)
+    if any(f is None for f in feeds):
+        return joined, None, None
+    sources = [f"dynamo:{n}" for ns in names for n in ns]
+    return joined, [t for f in feeds for t in f], sources
+
+
+def _inputs_fit(gm: torch.fx.GraphModule, real: list) -> bool:
+    """Whether the AOT graph takes exactly dynamo's inputs, in order (so the real ones feed it)."""
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(ph) != len(real):
+        return False
+    for n, t in zip(ph, real):
+        val = n.meta.get("val")
+        if isinstance(t, torch.Tensor) != isinstance(val, torch.Tensor):
+            return False
+        if isinstance(t, torch.Tensor) and (tuple(t.shape) != tuple(val.shape) or t.dtype != val.dtype):
+            return False
+    return True
 
 
 def _join(graphs: list[torch.fx.GraphModule]) -> torch.fx.GraphModule:
@@ -350,10 +380,12 @@ def _build(gm, values, sources, route: str, device: str) -> Graph:
     return Graph(gm, nodes, values, route, device, notes=notes), outputs
 
 
-def _check_outputs(outputs: Any, module, args: tuple, kwargs: dict) -> str:
+def _check_outputs(outputs: Any, module, args: tuple, kwargs: dict, module_graphs: int = 1) -> str:
     """Compare the graph's outputs with one eager forward's, tensor by tensor in pytree order."""
     if outputs is None:
         return "not compared: the graph was not run on real values"
+    if module_graphs > 1:
+        return f"not compared: {module_graphs} graphs around graph breaks (their outputs include intermediates)"
     with torch.no_grad():
         eager = module(*args, **kwargs)
     got = [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]

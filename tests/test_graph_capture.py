@@ -14,7 +14,7 @@ from forge_pack.graph import opclass
 from forge_pack.graph.capture import GraphNode, capture
 from forge_pack.graph.timing import align, match
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
 import llama_regions  # noqa: E402
 

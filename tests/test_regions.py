@@ -17,7 +17,8 @@ from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import Region, find_regions, pattern_name, uncovered
 from forge_pack.graph.report import format_regions, group_regions, regions_json
 
-MODELS = Path(__file__).resolve().parent / "models"
+# Not in tests/models/ itself: the GPU build round trip (test_pack_cuda) builds every file there.
+MODELS = Path(__file__).resolve().parent / "models" / "regions"
 sys.path.insert(0, str(MODELS))
 import conv_bn_block  # noqa: E402
 import llama_regions  # noqa: E402
@@ -276,7 +277,8 @@ def test_cli_profile_regions_prints_the_region_table(tmp_path):
     assert "Regions (export graph" in r.stdout
     assert "batch_norm+add+relu: _native_batch_norm_legit_no_training getitem add relu" in r.stdout
     r = subprocess.run([sys.executable, "-m", "forge_pack", "profile", str(MODELS / "kb_gemm_gelu_softmax.py"),
-                        "--device", "cpu", "--regions", "--json", "--iterations", "1", "--run-dir", str(tmp_path / "kb")],
+                        "--device", "cpu", "--regions", "--json", "--iterations", "1",
+                        "--run-dir", str(tmp_path / "kb")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     (group,) = json.loads(r.stdout)["regions"]["regions"]

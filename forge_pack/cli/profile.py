@@ -62,6 +62,8 @@ def register(app: typer.Typer) -> None:
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where captures and profile.json go."),
         iterations: int = typer.Option(3, "--iterations", min=1, help="Profiled forward passes."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
+        regions: bool = typer.Option(False, "--regions", help="Also capture the ATen graph and list its fusable "
+                                     "regions (share, ops, what no region covers)."),
     ) -> None:
         """Profile MODEL on its own inputs: time per target call signature, with real tensors captured."""
         from forge_pack.profile.load import load
@@ -70,7 +72,17 @@ def register(app: typer.Typer) -> None:
         target = load(model, device, dtype)
         out_dir = run_dir or default_run_dir(model)
         result = profile(target, out_dir, ProfileConfig(iterations=iterations))
+        if not as_json:
+            typer.echo(format_profile(result, top))  # before the graph capture, which may fail
+        doc = result.to_json()
+        if regions:
+            from forge_pack.graph.capture import capture
+            from forge_pack.graph.report import format_regions, regions_json
+
+            graph = capture(target.module, target.args, target.kwargs, iterations=iterations)
+            if as_json:
+                doc["regions"] = regions_json(graph)
+            else:
+                typer.echo(format_regions(graph, top=top))
         if as_json:
-            typer.echo(json.dumps(result.to_json()))
-        else:
-            typer.echo(format_profile(result, top))
+            typer.echo(json.dumps(doc))

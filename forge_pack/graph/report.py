@@ -1,0 +1,98 @@
+"""The region table: regions grouped by signature with their share, ops and shapes, and the time
+no region covers, with the reason. Used by ``forge-pack profile --regions``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from forge_pack.graph.capture import Graph
+from forge_pack.graph.regions import Region, find_regions, uncovered
+
+
+@dataclass
+class RegionGroup:
+    """The instances of one region signature in a forward: one search target."""
+
+    regions: list[Region]
+
+    @property
+    def first(self) -> Region:
+        return self.regions[0]
+
+    @property
+    def time_us(self) -> float:
+        return sum(r.time_us for r in self.regions)
+
+    @property
+    def time_share(self) -> float:
+        return sum(r.time_share for r in self.regions)
+
+    def to_json(self) -> dict:
+        r = self.first
+        return {"name": r.name, "pattern": r.pattern, "kind": r.kind, "calls": len(self.regions),
+                "time_us": self.time_us, "time_share": self.time_share, "ops": list(r.short_ops),
+                "modules": sorted({x.module for x in self.regions if x.module}),
+                "region": r.to_json()}
+
+
+def group_regions(regions: list[Region]) -> list[RegionGroup]:
+    """Instances with the same signature key together, largest share first."""
+    by_key: dict[str, list[Region]] = {}
+    for r in regions:
+        by_key.setdefault(r.key, []).append(r)
+    return sorted((RegionGroup(v) for v in by_key.values()), key=lambda g: -g.time_us)
+
+
+def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
+    regions = find_regions(graph) if regions is None else regions
+    groups = group_regions(regions)
+    covered = sum(g.time_share for g in groups)
+    return {"route": graph.route, "attempts": [list(a) for a in graph.attempts], "device": graph.device,
+            "time_source": graph.time_source, "profiled_fraction": graph.profiled_fraction,
+            "forward_us": graph.forward_us, "attributed_us": graph.total_us, "region_share": covered,
+            "output_check": graph.output_check,
+            "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions),
+            "notes": graph.notes}
+
+
+def _us(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+def format_regions(graph: Graph, regions: list[Region] | None = None, top: int = 20) -> str:
+    doc = regions_json(graph, regions)
+    time_note = {"profile": "profiled (eager, per node)",
+                 "profile+estimate": f"profiled, {100 * (1 - graph.profiled_fraction):.0f}% of nodes estimated "
+                                     "from bytes moved",
+                 "estimate": "estimated from bytes moved (no profile)"}[graph.time_source]
+    lines = [f"Regions ({graph.route} graph, {len(graph.nodes)} nodes, time {time_note}): "
+             f"{len(doc['regions'])} signatures, {doc['region_share'] * 100:.1f}% of the attributed "
+             f"{_us(graph.total_us)} per forward"]
+    lines.append(f"{'#':>2}  {'share':>6}  {'per fwd':>9}  {'calls':>5}  {'kind':<9}  pattern: ops  [input shapes]")
+    for i, g in enumerate(doc["regions"][:top], 1):
+        r = g["region"]
+        shapes = ", ".join(_spec_text(s) for s in r["input_specs"][:4]) + (" ..." if len(r["input_specs"]) > 4 else "")
+        lines.append(f"{i:>2}  {g['time_share'] * 100:5.1f}%  {_us(g['time_us']):>9}  {g['calls']:>5}  "
+                     f"{g['kind']:<9}  {g['pattern']}: {' '.join(g['ops'])}  [{shapes}]")
+    if len(doc["regions"]) > top:
+        rest = sum(g["time_share"] for g in doc["regions"][top:])
+        lines.append(f"    ... {len(doc['regions']) - top} more signatures, {rest * 100:.1f}% together")
+    if doc["uncovered"]:
+        lines.append("Not covered by any region:")
+        for u in doc["uncovered"]:
+            ops = ", ".join(f"{k} x{v}" for k, v in sorted(u["ops"].items(), key=lambda kv: -kv[1])[:6])
+            lines.append(f"  {u['time_share'] * 100:5.1f}%  {u['reason']}  ({ops})")
+    if graph.output_check != "equal":
+        lines.append(f"Captured graph vs eager outputs: {graph.output_check}")
+    failed = [f"{r}: {why}" for r, why in graph.attempts if why != "ok"]
+    if failed:
+        lines.append("Capture routes that failed first: " + "; ".join(failed))
+    return "\n".join(lines)
+
+
+def _spec_text(s: dict) -> str:
+    from forge_pack.signature import TensorSpec
+
+    if s.get("dtype") == "?":
+        return "?"
+    return TensorSpec.from_json(s).pretty()

@@ -1,0 +1,301 @@
+"""Regions: the fused chains found in small models, their references against the model's own
+intermediates, and the stability of their signatures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+from forge_pack.graph import canonical, opclass
+from forge_pack.graph.capture import capture
+from forge_pack.graph.regions import Region, find_regions, pattern_name, uncovered
+from forge_pack.graph.report import format_regions, group_regions, regions_json
+
+# Not in tests/models/ itself: the GPU build round trip (test_pack_cuda) builds every file there.
+MODELS = Path(__file__).resolve().parent / "models" / "regions"
+sys.path.insert(0, str(MODELS))
+import conv_bn_block  # noqa: E402
+import llama_regions  # noqa: E402
+import vae_resblock  # noqa: E402
+
+RMS_OPS = ("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul")
+
+
+def _regions(model, inputs, **kw):
+    g = capture(model, inputs, profile=False, **kw)
+    return g, find_regions(g)
+
+
+def _table(regions):
+    return sorted((r.pattern, r.compute_ops) for r in regions)
+
+
+def _hooked(model, points):
+    """Run the eager model and keep the tensors at points: {name: (module, "in" | "out")}."""
+    seen, handles = {}, []
+    for name, (mod, where) in points.items():
+        if where == "in":
+            handles.append(mod.register_forward_pre_hook(lambda m, a, name=name: seen.__setitem__(name, a[0])))
+        else:
+            handles.append(mod.register_forward_hook(lambda m, a, o, name=name: seen.__setitem__(name, o)))
+    return seen, handles
+
+
+def _region_output(graph, region):
+    vals = graph.run(keep=region.inputs)
+    return region.reference()(*[vals[n] for n in region.inputs]), [vals[n] for n in region.inputs]
+
+
+def test_llama_block_regions_are_the_rms_norms_mask_softmax_and_silu_gate():
+    g, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
+    assert _table(regions) == sorted([
+        ("rms_norm", RMS_OPS), ("rms_norm", RMS_OPS),
+        ("div+add+softmax+cast", ("div", "add", "softmax", "_to_copy")),
+        ("silu+mul", ("silu", "mul")),
+        ("add", ("add",)), ("add", ("add",)),  # the residuals: their sums feed the next norm too
+        ("clone", ("clone",)),  # transpose(1, 2).reshape: the head merge copy
+    ])
+    kinds = {r.pattern: r.kind for r in regions}
+    assert kinds["rms_norm"] == "row" and kinds["div+add+softmax+cast"] == "row" and kinds["silu+mul"] == "pointwise"
+    # the rms norm reads the block input and its weight, nothing else
+    first = next(r for r in regions if r.pattern == "rms_norm")
+    assert first.inputs == ("x", "p_input_weight")
+    assert [s.shape for s in first.input_specs] == [(2, 16, 64), (64,)]
+
+
+def test_llama_regions_on_the_make_fx_route_are_the_same_chains_in_decomposed_ops():
+    g, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs(), routes=("make_fx",))
+    table = _table(regions)
+    assert ("rms_norm", RMS_OPS) in table
+    assert ("div+add+cast+softmax+cast", ("div", "add", "_to_copy", "_softmax", "_to_copy")) in table
+    assert ("silu+mul", ("silu", "mul")) in table
+
+
+def test_llama_sdpa_leaves_attention_out_and_says_why():
+    g, regions = _regions(llama_regions.get_model("sdpa"), llama_regions.get_inputs())
+    assert "div+add+softmax+cast" not in {r.pattern for r in regions}
+    reasons = {u["reason"]: u["ops"] for u in uncovered(g, regions)}
+    assert reasons["attention (sdpa): bounds a region (attention regions are not built yet)"] == {
+        "scaled_dot_product_attention": 1}
+
+
+def test_llama_region_references_equal_the_models_intermediates():
+    model, inputs = llama_regions.get_model(), llama_regions.get_inputs()
+    seen, handles = _hooked(model, {"normed": (model.self_attn, "in"), "probs": (model.self_attn.attn_dropout, "in"),
+                                    "gated": (model.mlp.down_proj, "in")})
+    with torch.no_grad():
+        model(*inputs)
+    for h in handles:
+        h.remove()
+    g, regions = _regions(model, inputs)
+    by_pattern = {}
+    for r in regions:
+        by_pattern.setdefault(r.pattern, r)
+    for pattern, point in (("rms_norm", "normed"), ("div+add+softmax+cast", "probs"), ("silu+mul", "gated")):
+        out, ins = _region_output(g, by_pattern[pattern])
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, seen[point], rtol=0, atol=0)
+        f64 = by_pattern[pattern].reference_f64()(*ins)
+        assert f64.dtype == torch.float64
+        torch.testing.assert_close(f64.to(torch.bfloat16), out, rtol=2e-2, atol=2e-2)  # bf16: 8 mantissa bits
+
+
+def test_vae_resblock_regions_and_references():
+    model, inputs = vae_resblock.get_model(), vae_resblock.get_inputs()
+    seen, handles = _hooked(model, {"act1": (model.conv1, "in"), "act2": (model.conv2, "in"), "out": (model, "out")})
+    with torch.no_grad():
+        model(*inputs)
+    for h in handles:
+        h.remove()
+    g, regions = _regions(model, inputs)
+    assert _table(regions) == sorted([
+        ("group_norm+silu", ("group_norm", "silu")),
+        ("add+group_norm+silu", ("add", "group_norm", "silu")),  # the time embedding added before norm2
+        ("add+div", ("add", "div")),  # residual / output_scale_factor
+        ("silu", ("silu",)),  # silu(temb) before the projection
+    ])
+    assert {r.pattern: r.kind for r in regions}["add+group_norm+silu"] == "group"
+    for pattern, point in (("group_norm+silu", "act1"), ("add+group_norm+silu", "act2"), ("add+div", "out")):
+        region = next(r for r in regions if r.pattern == pattern)
+        out, _ = _region_output(g, region)
+        torch.testing.assert_close(out, seen[point], rtol=0, atol=0)
+
+
+def test_conv_bn_block_regions_are_batch_norm_relu_and_batch_norm_add_relu():
+    model, inputs = conv_bn_block.get_model(), conv_bn_block.get_inputs()
+    seen, handles = _hooked(model, {"r1": (model.relu1, "out"), "r2": (model.relu2, "out")})
+    with torch.no_grad():
+        model(*inputs)
+    for h in handles:
+        h.remove()
+    g, regions = _regions(model, inputs)
+    bn = "_native_batch_norm_legit_no_training"
+    assert _table(regions) == [("batch_norm+add+relu", (bn, "add", "relu")), ("batch_norm+relu", (bn, "relu"))]
+    for pattern, point in (("batch_norm+relu", "r1"), ("batch_norm+add+relu", "r2")):
+        out, _ = _region_output(g, next(r for r in regions if r.pattern == pattern))
+        torch.testing.assert_close(out, seen[point], rtol=0, atol=0)
+
+
+def test_kernelbench_file_loads_and_its_gelu_scale_softmax_is_one_row_region():
+    from forge_pack.load import load
+
+    target = load(MODELS / "kb_gemm_gelu_softmax.py", "cpu")
+    g = capture(target.module, target.args, target.kwargs, profile=False)
+    (region,) = find_regions(g)
+    assert (region.pattern, region.compute_ops, region.kind) == ("gelu+mul+softmax", ("gelu", "mul", "softmax"), "row")
+    out, _ = _region_output(g, region)
+    with torch.no_grad():
+        torch.testing.assert_close(out, target.forward(), rtol=0, atol=0)
+
+
+def test_region_signatures_are_equal_across_captures_and_differ_when_a_shape_changes():
+    def digests(seq):
+        _, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs(seq))
+        return {r.pattern: r.digest for r in regions}, [r.name for r in regions]
+
+    first, names1 = digests(16)
+    again, names2 = digests(16)
+    longer, _ = digests(24)
+    assert first == again and names1 == names2
+    for pattern in ("rms_norm", "silu+mul", "div+add+softmax+cast"):
+        assert longer[pattern] != first[pattern]
+
+
+def test_identical_layers_share_one_signature_and_group_into_one_target():
+    _, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
+    groups = {g.first.pattern: g for g in group_regions(regions)}
+    assert len(groups["rms_norm"].regions) == 2  # input and post-attention norms: same shapes, same eps
+    assert groups["rms_norm"].time_share == pytest.approx(sum(r.time_share for r in regions if r.pattern == "rms_norm"))
+
+
+def test_region_form_alone_rebuilds_the_subgraph_after_a_json_round_trip():
+    g, regions = _regions(vae_resblock.get_model(), vae_resblock.get_inputs())
+    region = next(r for r in regions if r.pattern == "add+group_norm+silu")
+    body = json.loads(json.dumps(region.form))
+    assert canonical.digest(body) == region.digest and region.name.endswith(region.digest[:10])
+    vals = g.run(keep=region.inputs)
+    ins = [vals[n] for n in region.inputs]
+    torch.testing.assert_close(canonical.rebuild(body)(*ins), region.reference()(*ins), rtol=0, atol=0)
+    back = Region.from_json(json.loads(json.dumps(region.to_json())))
+    assert back.key == region.key and back.env() == region.env() and back.tensor_names() == ["in0", "in1", "in2",
+                                                                                              "in3", "out"]
+
+
+def test_region_env_gives_the_size_variables_of_its_reduction():
+    _, regions = _regions(vae_resblock.get_model(), vae_resblock.get_inputs())
+    gn = next(r for r in regions if r.pattern == "group_norm+silu")
+    assert gn.env() == {"numel": 2 * 64 * 64, "N": 2, "C": 64, "G": 32, "HW": 64, "CPG": 2, "GROUP_SIZE": 128}
+    assert gn.unsupported() == ""
+    _, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
+    rms = next(r for r in regions if r.pattern == "rms_norm")
+    assert rms.env() == {"numel": 2 * 16 * 64, "rows": 32, "cols": 64}
+    assert rms.bytes_moved() == 2 * 16 * 64 * 2 + 64 * 2 + 2 * 16 * 64 * 2  # bf16 x and weight in, bf16 out
+
+
+class Rules(nn.Module):
+    def forward(self, x):
+        y = x.exp()  # read by two ops: its own region
+        a = y.sum(-1)
+        b = (y * 2).softmax(-1).sum(1)  # two reductions over different dims: two regions
+        c = (x + 1).transpose(1, 2).contiguous() * 3  # a layout-changing view ends a region
+        return a, b, c
+
+
+def test_region_boundaries_other_consumers_other_reduction_dims_and_layout_views():
+    g, regions = _regions(Rules(), (torch.randn(2, 3, 4),))
+    assert _table(regions) == sorted([
+        ("exp", ("exp",)), ("sum", ("sum",)), ("mul+softmax", ("mul", "softmax")), ("sum", ("sum",)),
+        ("add", ("add",)), ("clone+mul", ("clone", "mul")),
+    ])
+    kinds = sorted((r.pattern, r.kind) for r in regions if r.compute_ops[-1] == "sum")
+    assert kinds == [("sum", "row"), ("sum", "strided")]  # sum(-1) of exp; sum(1) of the softmax
+
+
+@pytest.mark.parametrize("ops,name", [
+    (("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"), "rms_norm"),  # Llama
+    (("_to_copy", "pow", "mean", "add", "pow", "mul", "mul", "type_as"), "rms_norm"),  # Gemma: pow(var + eps, -0.5)
+    (("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul", "_to_copy", "silu", "mul"),
+     "rms_norm+silu"),  # gated RMSNorm (Qwen3.5 linear attention)
+    (("pow", "mean", "add", "rsqrt", "mul", "add", "pow", "mean", "add", "rsqrt", "mul"), "rms_norm x2"),
+    (("amax", "sub", "exp", "sum", "div"), "softmax"),
+    (("var_mean", "getitem", "getitem", "sub", "add", "rsqrt", "mul", "mul", "add"), "layer_norm"),
+    (("div", "add", "softmax", "_to_copy"), "div+add+softmax+cast"),
+    (("native_group_norm", "getitem", "silu"), "group_norm+silu"),
+])
+def test_pattern_names_recognise_norms_written_as_eager_ops(ops, name):
+    assert pattern_name(ops) == name
+
+
+class MaskFill(nn.Module):
+    def forward(self, x, keep):
+        scores = x.masked_fill(~keep, torch.finfo(x.dtype).min)  # the largest negative float32 as a constant
+        return scores.softmax(-1), torch.empty_like(x)
+
+
+def test_a_float32_min_constant_survives_the_canonical_form_and_allocations_are_not_regions():
+    x, keep = torch.randn(2, 5, 5), torch.rand(2, 5, 5) > 0.3
+    g, regions = _regions(MaskFill(), (x, keep))
+    assert _table(regions) == [("bitwise_not+masked_fill+softmax", ("bitwise_not", "masked_fill", "softmax"))]
+    (region,) = regions
+    out, _ = _region_output(g, region)
+    torch.testing.assert_close(out, MaskFill()(x, keep)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape,strides,dims,kind", [
+    ((2, 8, 4, 4), (128, 16, 4, 1), [2, 3], "row"),  # NCHW spatial mean
+    ((2, 8, 4, 4), (128, 1, 32, 8), [2, 3], "strided"),  # channels_last spatial mean
+    ((2, 8, 4, 4), (128, 16, 4, 1), [1], "strided"),  # over channels
+    ((2, 8, 4, 4), (128, 16, 4, 1), None, "global"),
+])
+def test_reduction_kind_follows_the_memory_order_of_the_reduced_dims(shape, strides, dims, kind):
+    args = ("x",) if dims is None else ("x", dims)
+    assert opclass.reduction_domain("aten.mean.dim", args, {}, shape, strides, 1 if dims is None else 2)[0] == kind
+
+
+def test_report_lists_regions_and_uncovered_time_with_reasons():
+    g = capture(vae_resblock.get_model(), vae_resblock.get_inputs(), iterations=1)
+    text = format_regions(g)
+    assert "group_norm+silu: group_norm silu" in text
+    assert "convolution: bounds a region" in text and "(conv2d x2)" in text
+    doc = regions_json(g)
+    assert doc["route"] == "export" and doc["time_source"] == "profile"
+    assert 0 < doc["region_share"] < 1
+    assert sum(r["calls"] for r in doc["regions"]) == 4
+
+
+def test_cli_profile_regions_prints_the_region_table(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "forge_pack", "profile", str(MODELS / "conv_bn_block.py"), "--device",
+                        "cpu", "--regions", "--iterations", "1", "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Regions (export graph" in r.stdout
+    assert "batch_norm+add+relu: _native_batch_norm_legit_no_training getitem add relu" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "forge_pack", "profile", str(MODELS / "kb_gemm_gelu_softmax.py"),
+                        "--device", "cpu", "--regions", "--json", "--iterations", "1",
+                        "--run-dir", str(tmp_path / "kb")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (group,) = json.loads(r.stdout)["regions"]["regions"]
+    assert (group["pattern"], group["ops"], group["calls"]) == ("gelu+mul+softmax", ["gelu", "mul", "softmax"], 1)
+
+
+@pytest.mark.gpu
+def test_llama_block_regions_on_cuda_have_device_times_and_exact_references():
+    model = llama_regions.get_model().cuda()
+    inputs = tuple(t.cuda() for t in llama_regions.get_inputs())
+    g = capture(model, inputs, iterations=2)
+    regions = find_regions(g)
+    assert g.device == "cuda" and g.time_source == "profile"
+    assert ("rms_norm", RMS_OPS) in _table(regions)
+    for r in regions:
+        assert r.time_us > 0 and r.device == "cuda"
+        vals = g.run(keep=(*r.inputs, r.nodes[-1]))
+        out = r.reference()(*[vals[n] for n in r.inputs])
+        assert out.is_cuda
+        torch.testing.assert_close(out, vals[r.nodes[-1]], rtol=0, atol=0)

@@ -12,11 +12,11 @@ of seconds), then the merge:
     (the same for sd35_vae_decode, gemma4_prefill, qwen35_moe_prefill)
     python bench/regions_probe.py --merge regions_*.json    # -> bench/results/regions.{md,json}
 
-Per model: load it (forge_pack.load: get_model()/get_inputs() or a KernelBench file), capture the
+Per model: load it (forge_pack.profile.load: get_model()/get_inputs() or a KernelBench file), capture the
 ATen graph with per-node eager profile times (forge_pack.graph.capture), find its regions, group
 instances by signature, and for the largest groups (by share of the attributed eager time, at
 least --min-share, at most --top) take the first instance and its real input tensors from the
-captured graph. Each is timed with forge_pack.timing's protocol (L2 flush before every call,
+captured graph. Each is timed with forge_pack.evaluate.timing's protocol (L2 flush before every call,
 rotated input copies, CUDA events, median of >= 30): the eager subgraph (one ATen call per op)
 and torch.compile(mode=--mode) of the same subgraph (Inductor's fused kernel, the bar a region
 kernel must clear). Reported per region: ops, share, calls per forward, both medians, the ratio
@@ -47,8 +47,8 @@ from _common import environment, write  # noqa: E402
 from forge_pack.graph.capture import capture  # noqa: E402
 from forge_pack.graph.regions import find_regions  # noqa: E402
 from forge_pack.graph.report import group_regions, regions_json  # noqa: E402
-from forge_pack.load import load  # noqa: E402
-from forge_pack.timing import Flusher, TimingConfig, copy_bandwidth_gbs, rotation_count, time_calls  # noqa: E402
+from forge_pack.profile.load import load  # noqa: E402
+from forge_pack.evaluate.timing import Flusher, TimingConfig, copy_bandwidth_gbs, rotation_count, time_calls  # noqa: E402
 
 
 def draw_inputs(region, device: str) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from forge_pack.errors import ForgeError
+from forge_pack.core.errors import ForgeError
 from forge_pack.graph import opclass
 from forge_pack.graph.capture import GraphNode, capture
 from forge_pack.graph.timing import align, match

@@ -143,7 +143,7 @@ def test_conv_bn_block_regions_are_batch_norm_relu_and_batch_norm_add_relu():
 
 
 def test_kernelbench_file_loads_and_its_gelu_scale_softmax_is_one_row_region():
-    from forge_pack.load import load
+    from forge_pack.profile.load import load
 
     target = load(MODELS / "kb_gemm_gelu_softmax.py", "cpu")
     g = capture(target.module, target.args, target.kwargs, profile=False)

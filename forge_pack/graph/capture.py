@@ -28,9 +28,9 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from forge_pack.errors import ForgeError
+from forge_pack.core.errors import ForgeError
 from forge_pack.graph import opclass
-from forge_pack.signature import TensorSpec
+from forge_pack.core.signature import TensorSpec
 
 ROUTES = ("export", "make_fx", "dynamo")
 ELEMENT_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,

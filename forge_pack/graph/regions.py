@@ -22,7 +22,7 @@ import torch.fx
 
 from forge_pack.graph import canonical, opclass
 from forge_pack.graph.capture import Graph, op_name, spec_bytes
-from forge_pack.signature import TensorSpec
+from forge_pack.core.signature import TensorSpec
 
 FUSABLE = ("pointwise", "reduction", "view")
 # Display labels of ops inside a region's pattern name (the rest use their ATen name).

@@ -91,7 +91,7 @@ def format_regions(graph: Graph, regions: list[Region] | None = None, top: int =
 
 
 def _spec_text(s: dict) -> str:
-    from forge_pack.signature import TensorSpec
+    from forge_pack.core.signature import TensorSpec
 
     if s.get("dtype") == "?":
         return "?"

@@ -18,13 +18,13 @@ import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
 from forge_pack import abi
 from forge_pack.candidate import Candidate
 from forge_pack.signature import Signature
 from forge_pack.timing import TimingConfig
 from forge_pack.verdict import Baseline, Timing, Verdict
+
 
 class Session:
     """The worker's evaluation state: device, copy bandwidth, cached input sets per hotspot."""
@@ -90,7 +90,7 @@ class Session:
             return False
 
 
-def session(ctx) -> Session:
+def _session(ctx) -> Session:
     """The worker's Session (created by the first job that needs one, normally ``Startup``)."""
     s = ctx.state.get("session")
     if s is None:
@@ -103,7 +103,7 @@ class Startup:
     """The pool's first job in each worker: import torch, set the threads, report the device."""
 
     def run(self, ctx) -> dict:
-        return session(ctx).hello()
+        return _session(ctx).hello()
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class LoadInputs:
     final: bool = False
 
     def run(self, ctx) -> Loaded:
-        return session(ctx).load(self)
+        return _session(ctx).load(self)
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,10 @@ class JudgeCandidate:
     bounds: bool = False
 
     def run(self, ctx) -> Judged:
-        return judge(session(ctx), self)
+        return judge(_session(ctx), self)
 
     def usable_after_error(self, ctx) -> bool:
-        return session(ctx).healthy()
+        return _session(ctx).healthy()
 
 
 @dataclass(frozen=True)
@@ -165,13 +165,14 @@ class MeasureBaseline:
     compile_error: str = ""  # why an earlier attempt with torch.compile was given up
 
     def run(self, ctx) -> Baseline:
-        return measure_baseline(session(ctx), self)
+        return measure_baseline(_session(ctx), self)
 
 
 # ====================================================================== judging
 
 
 def judge(session: Session, job: JudgeCandidate) -> Judged:
+    """Load, verify, bounds-check and time one candidate in this process (its CPU code in a runner)."""
     from forge_pack.launch import LaunchError, load_module
     from forge_pack.timing import cache_bytes, cold_cache
     from forge_pack.verify import derived_sets, fingerprint, fresh_sets, launch_error_verdict, verify

@@ -197,9 +197,9 @@ def _account() -> None:
 
     The judge reads the runner's process CPU clock from outside, and Linux (since 4.8) sums each
     thread's runtime as last accounted, leaving out what a thread still on a CPU has run since its
-    last tick (4 ms at HZ=250) or context switch. Read right after DONE, the clock could miss up to
-    a whole call; that time then appeared between DONE and the next call (work_after_return for
-    an honest kernel) and was missing from the call's own CPU time. Reading its own thread clock
+    last tick (4 ms at HZ=250) or context switch. Read right after DONE, the clock would miss up
+    to a whole call: that time would show between DONE and the next call (work_after_return for
+    an honest kernel) and be missing from the call's own CPU time. Reading its own thread clock
     makes the kernel account the pending time (task_sched_runtime -> update_curr)."""
     time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
 

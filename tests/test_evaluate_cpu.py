@@ -92,7 +92,7 @@ def _t(us, clock="cuda_events"):
 
 
 def test_implausible_judges_every_size_after_a_cache_flush():
-    from forge_pack.evaluate.evaluator import implausible
+    from forge_pack.evaluate.judge import implausible
     from forge_pack.targets.sigparse import parse_signature
     from forge_pack.targets.ops import with_output
 
@@ -111,7 +111,7 @@ def test_implausible_judges_every_size_after_a_cache_flush():
 
 
 def test_implausible_without_a_flush_judges_only_working_sets_far_larger_than_the_cache():
-    from forge_pack.evaluate.evaluator import implausible
+    from forge_pack.evaluate.judge import implausible
     from forge_pack.targets.ops import with_output
     from forge_pack.targets.sigparse import parse_signature
 
@@ -123,7 +123,7 @@ def test_implausible_without_a_flush_judges_only_working_sets_far_larger_than_th
 
 
 def test_implausible_gate_rejects_a_verified_kernel_end_to_end(tmp_path):
-    """The gate in worker_evaluate: with a margin no kernel can meet, a correct kernel timed after
+    """The gate in the worker-side judge: with a margin no kernel can meet, a correct kernel timed after
     cache flushes is implausible_speedup; with the default margin the same kernel passes."""
     h = hotspot("softmax", "x: f32[64,1000], dim=-1")
     ref = reference_candidate(h.signature, "cpu")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import platform
+import select
 import shutil
 import signal
 import subprocess
@@ -190,6 +191,74 @@ extern "C" void later(float* out) {
         assert e.value.reason == "work_after_return"
         assert f"allowed: {IDLE_CPU_NS / 1e6:g} ms" in str(e.value)
     finally:
+        m.close()
+
+
+def test_work_after_return_is_detected_before_a_setup_command(tmp_path):
+    """A bind (PROGRAM, PROTECT) resets the idle baseline after the runner's own work for it: the
+    stretch before the command is checked first, so binding again cannot launder hidden work."""
+    so = build(tmp_path, r"""
+#include <chrono>
+#include <thread>
+extern "C" void later(float* out) {
+  out[0] = 1.f;
+  std::thread([] {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    volatile unsigned long n = 0;
+    while (std::chrono::steady_clock::now() < end) ++n;
+  }).detach();
+}
+""")
+    m = RemoteCpuModule(so, ["later"])
+    try:
+        m.bind(out_plan("later"), {"out": torch.zeros(4)})()
+        time.sleep(0.3)
+        with pytest.raises(LaunchError) as e:
+            m.bind(out_plan("later"), {"out": torch.zeros(4)}, guard="end")  # PROGRAM and PROTECT requests
+        assert e.value.reason == "work_after_return"
+    finally:
+        m.close()
+
+
+def test_a_calls_cpu_time_is_accounted_before_done_arrives(tmp_path):
+    """The judge reads the runner's CPU clock from outside, where Linux leaves out what a thread
+    still on a CPU has run since its last tick; the runner has its thread accounted before it
+    answers. Otherwise a judge reading at once missed the call (the kernel here makes no system
+    call, which would account it too) and saw it a moment later as idle time: with the judge
+    polling on one CPU and the runner on another, 60% of 1 ms calls then showed 0.5-1.4 ms of
+    "work after return"; accounted, the most was 92 us (the runner's loop back into read())."""
+    so = build(tmp_path, r"""
+extern "C" void work(float* out) {  // about 1 ms of arithmetic, no system call
+  volatile double acc = 1.0;
+  for (long i = 0; i < 250000; ++i) acc = acc * 0.9999999 + 1e-9;
+  out[0] = (float)acc;
+}
+""")
+    cpus = sorted(os.sched_getaffinity(0))
+    m = RemoteCpuModule(so, ["work"])
+    receive = m._receive
+
+    def polling(timeout, what):  # see DONE the moment it is sent, while the runner is still on its CPU
+        while not select.select([m._sock], [], [], 0)[0]:
+            pass
+        return receive(timeout, what)
+
+    m._receive = polling
+    try:
+        if len(cpus) >= 2:
+            os.sched_setaffinity(0, {cpus[0]})
+            os.sched_setaffinity(m.pid, {cpus[1]})
+        run = m.bind(out_plan("work"), {"out": torch.zeros(4)})
+        idle_us = []
+        for _ in range(100):
+            run()
+            done = m._cpu_done
+            time.sleep(0.002)  # the runner is asleep in read() by now
+            idle_us.append((m._cpu_ns() - done) / 1e3)
+            m._cpu_done = m._cpu_ns()
+        assert max(idle_us) < 500, sorted(idle_us)[-5:]
+    finally:
+        os.sched_setaffinity(0, cpus)
         m.close()
 
 

@@ -150,25 +150,24 @@ def test_a_stray_write_through_a_kept_pointer_is_input_mutated(evaluator):
 
 
 def test_a_cached_set_changed_during_an_evaluation_is_caught_by_the_fingerprint(monkeypatch):
-    """Guard alone: worker_evaluate compares every cached set's content fingerprint after the
+    """Guard alone: the worker-side judge compares every cached set's content fingerprint after the
     evaluation. A CPU kernel no longer reaches the judge's cached buffers (the sandbox hands it arena
     copies; a CUDA kernel keeping a device pointer still could), so the write is simulated here,
     after verification's own per-call checks, where only the fingerprint can see it."""
     from forge_pack.evaluate import verify as verify_mod
     from forge_pack.evaluate.compile import compile_candidate
-    from forge_pack.evaluate.evaluator import worker_evaluate
+    from forge_pack.evaluate.judge import JudgeCandidate, LoadInputs, Session, judge
     from forge_pack.targets.ops import with_output
-    from forge_pack.evaluate.worker import Session
 
     monkeypatch.setenv("FORGE_PACK_THREADS", "1")
     sig = with_output(hotspot("softmax", CPU_SIGNATURE).signature)
     cand = reference_candidate(sig, "cpu")
     build = compile_candidate(cand)
     assert build.ok, build.log
-    req = {"cmd": "evaluate", "key": "k", "signature": sig.to_json(), "captures": [], "run_dir": None, "seed": 0,
-           "final": False, "candidate": cand.to_json(), "artifact": build.path, "timing": FAST.to_json()}
+    inputs = LoadInputs("k", sig)
+    job = JudgeCandidate(inputs, cand, build.path, FAST)
     session = Session("cpu")
-    session.load(req)
+    session.load(inputs)
     static = session.sets["k"][0]
     real_verify = verify_mod.verify
 
@@ -178,13 +177,13 @@ def test_a_cached_set_changed_during_an_evaluation_is_caught_by_the_fingerprint(
         return verdict
 
     monkeypatch.setattr(verify_mod, "verify", verify_then_stray_write)
-    reply = worker_evaluate(session, req)
-    assert reply["verdict"]["reason"] == "input_mutated", reply["verdict"]
-    assert "fingerprint" in reply["verdict"]["detail"]
-    assert reply["sets_dropped"] is True and "k" not in session.sets  # reloaded for the next candidate
+    judged = judge(session, job)
+    assert judged.verdict.reason == "input_mutated", judged.verdict
+    assert "fingerprint" in judged.verdict.detail
+    assert judged.sets_dropped is True and "k" not in session.sets  # reloaded for the next candidate
     monkeypatch.setattr(verify_mod, "verify", real_verify)
-    session.load(req)
-    assert worker_evaluate(session, req)["verdict"]["ok"] is True
+    session.load(inputs)
+    assert judge(session, job).verdict.ok is True
 
 
 def test_fresh_and_derived_sets_are_seeded_by_the_candidates_own_hash():
@@ -304,7 +303,7 @@ class _FakeCpuModule:
 def _time_fake(misbehave, reps=6):
     import torch
 
-    from forge_pack.evaluate.evaluator import time_candidate
+    from forge_pack.evaluate.judge import time_candidate
     from forge_pack.targets.ops import with_output
     from forge_pack.targets.sigparse import parse_signature
     from forge_pack.evaluate.verify import fresh_sets

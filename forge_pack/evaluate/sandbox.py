@@ -29,8 +29,12 @@ in the memfd), so each timed call's output costs its first touch exactly when a 
 allocated tensor does in eager PyTorch.
 
 Work after return: the runner must be idle between DONE and the next GO. The judge reads the
-runner's CPU time (all threads, alive or exited) at DONE and again before the next staging and
-in ``settle()``; growth beyond ``IDLE_CPU_NS`` raises ``LaunchError(reason="work_after_return")``.
+runner's CPU time (all threads, alive or exited) at each answer (DONE, ACK) and again before the
+next staging, before each setup command and in ``settle()``; growth beyond ``IDLE_CPU_NS`` raises
+``LaunchError(reason="work_after_return")``. The runner has the kernel account its own thread's
+CPU time before each answer (``runner._account``): Linux sums another process's threads as last
+accounted, so a runner still on a CPU when the judge reads would otherwise show up to a tick
+(4 ms at HZ=250) of its call late, as idle time.
 """
 
 from __future__ import annotations
@@ -199,6 +203,7 @@ class RemoteCpuModule:
         return self._seq
 
     def _request(self, op: int, a: int = 0, b: int = 0, c: int = 0, payload: bytes = b"") -> int:
+        self._check_idle(self._cpu_ns())  # the stretch since the last answer, before the reset below
         seq = self._send(op, a, b, c, payload)
         kind, rseq, value = self._receive(None, "setting up")
         self._cpu_done = self._cpu_ns()  # the runner's own work for the command is not the candidate's

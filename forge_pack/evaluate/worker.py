@@ -1,18 +1,22 @@
-"""Isolated worker processes: candidates never run in the caller's process.
+"""Isolated worker processes that run typed jobs: candidates never run in the caller's process.
 
 An illegal memory access poisons the CUDA context of the whole process and a hung kernel can
 only be stopped by killing its process, so each worker is a ``python -m forge_pack.evaluate.worker``
-child in its own session (process group), talking over a socketpair with pickled messages. A
-worker kills its own group when the process that started it dies (``watch_parent``); a CPU
-candidate's runner (``forge_pack.evaluate.sandbox``) lives in that group and also dies with the worker.
+child in its own session (process group), talking over a socketpair. A worker kills its own
+group when the process that started it dies (``watch_parent``); a CPU candidate's runner
+(``forge_pack.evaluate.sandbox``) lives in that group and also dies with the worker.
 
-Parent side: ``WorkerProcess`` (start, request with a timeout, kill) and ``WorkerPool`` (one
-worker per GPU on cuda, ``--workers`` on cpu; a dead worker is replaced). Child side:
-``Session`` keeps the hotspot's input sets loaded between candidates (loading captured tensors
-per candidate would kill throughput), verifies and times candidates, and measures baselines.
+The worker knows nothing about what it runs. A job is a frozen dataclass with a
+``run(ctx: Context)`` method, pickled to the child (unpickling imports the job's module there);
+what ``run`` returns is pickled back. ``Context.state`` keeps what a job loaded for the next
+ones (the evaluator's input sets: ``forge_pack.evaluate.judge``). The pool's ``startup`` job runs first,
+before the worker counts as ready; its result is ``WorkerProcess.ready()``.
 
-Messages: {"cmd": "load" | "evaluate" | "baseline" | "exit", ...} -> dict reply. A reply with
-``poisoned: True`` means the CUDA context is unusable; the child exits right after sending it.
+Parent side: ``WorkerProcess.run(job, timeout)`` returns the job's result or, never raising for
+them, ``JobError`` (the job raised: its traceback) or ``WorkerLost`` (the child crashed, did not
+answer in time and was killed, or failed to start). A result whose ``retire`` is true, or a
+``JobError`` from a job whose ``usable_after_error(ctx)`` says no, makes the child exit right
+after sending it (a poisoned CUDA context cannot be recovered in-process); the pool replaces it.
 """
 
 from __future__ import annotations
@@ -26,22 +30,40 @@ import sys
 import tempfile
 import time
 import traceback
-from collections import OrderedDict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 STARTUP_TIMEOUT_S = 300.0  # importing torch and initialising CUDA on a busy machine
 
 
-class WorkerDied(Exception):
-    def __init__(self, message: str, log_tail: str = ""):
-        super().__init__(message)
-        self.log_tail = log_tail
+@dataclass(frozen=True)
+class JobError:
+    """The job raised in the child: its traceback (text for a verdict or an error, never parsed)."""
+
+    traceback: str
+    retire: bool = False  # the child exits after sending it (the job found the process unusable)
 
 
-class WorkerTimeout(Exception):
-    pass
+@dataclass(frozen=True)
+class WorkerLost:
+    """No result: the child died (``crash``), did not answer within the timeout and was killed
+    (``timeout``), or failed to start (``start``)."""
+
+    kind: str
+    detail: str
+    log_tail: str = ""
+
+
+class Context:
+    """What the child keeps between jobs: its backend and ``state``, a dict jobs use to hold what
+    they loaded (the parent mirrors what it needs in ``WorkerProcess.memo``)."""
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self.state: dict[str, Any] = {}
 
 
 def _signal_name(code: int | None) -> str:
@@ -58,8 +80,8 @@ def _signal_name(code: int | None) -> str:
 class WorkerProcess:
     """One child process; not thread-safe (the pool hands it to one thread at a time)."""
 
-    def __init__(self, backend: str, index: int, env: dict[str, str], log_dir: str | None = None):
-        self.backend, self.index, self.env = backend, index, env
+    def __init__(self, backend: str, index: int, env: dict[str, str], startup: Any, log_dir: str | None = None):
+        self.backend, self.index, self.env, self.startup = backend, index, env, startup
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="forge-workers-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.generation = 0
@@ -78,9 +100,13 @@ class WorkerProcess:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         child_sock.close()
         self.conn = Connection(parent_sock.detach())
-        self.info: dict | None = None
-        self.loaded: OrderedDict = OrderedDict()  # hotspot keys whose input sets the child holds (its LRU)
+        self.info: Any = None
+        self.memo: dict[str, Any] = {}  # the parent's notes about what this child holds; a new child starts empty
         self.dead = False
+        try:
+            self.conn.send(self.startup)  # runs while the caller goes on (the child imports torch meanwhile)
+        except (OSError, ConnectionError):
+            self.dead = True
 
     @property
     def alive(self) -> bool:
@@ -93,46 +119,53 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def _recv(self, timeout: float):
+    def _recv(self, timeout: float) -> Any:
+        """The child's next message, or WorkerLost."""
         try:
             ready = self.conn.poll(timeout)
         except (OSError, ValueError):  # the connection is gone (a failed restart)
             self.dead = True
-            raise WorkerDied("worker connection closed", self.log_tail())
+            return WorkerLost("crash", "worker connection closed", self.log_tail())
         if not ready:
             self.kill()
-            raise WorkerTimeout(f"no answer within {timeout:.0f} s")
+            return WorkerLost("timeout", f"no answer within {timeout:.0f} s")
         try:
             return self.conn.recv()
         except (EOFError, OSError, ConnectionError):
             code = self.proc.wait(timeout=30) if self.proc else None
             self.dead = True
-            raise WorkerDied(f"worker {_signal_name(code)}", self.log_tail())
+            return WorkerLost("crash", f"worker {_signal_name(code)}", self.log_tail())
 
-    def ready(self) -> dict:
+    def ready(self) -> Any:
+        """The startup job's result, or WorkerLost (kind ``start`` when the startup job raised)."""
         if self.info is None:
-            msg = self._recv(STARTUP_TIMEOUT_S)
-            if "hello" not in msg:
+            got = self._recv(STARTUP_TIMEOUT_S)
+            if isinstance(got, WorkerLost):
+                return got
+            if isinstance(got, JobError):
                 self.kill()
-                raise WorkerDied(f"worker failed to start: {msg.get('error', msg)}", self.log_tail())
-            self.info = msg["hello"]
+                return WorkerLost("start", f"worker failed to start: {got.traceback}", self.log_tail())
+            self.info = got
         return self.info
 
-    def request(self, msg: dict, timeout: float) -> dict:
-        self.ready()
+    def run(self, job: Any, timeout: float) -> Any:
+        """Run one job in the child: its result, JobError or WorkerLost (never raises for them)."""
+        ready = self.ready()
+        if isinstance(ready, WorkerLost):
+            return ready
         try:
-            self.conn.send(msg)
+            self.conn.send(job)
         except (OSError, ConnectionError):
             self.dead = True
-            raise WorkerDied("worker gone before the request", self.log_tail())
-        reply = self._recv(timeout)
-        if reply.get("poisoned"):
+            return WorkerLost("crash", "worker gone before the job", self.log_tail())
+        result = self._recv(timeout)
+        if getattr(result, "retire", False):  # the child exits right after sending it
             self.dead = True
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
-        return reply
+        return result
 
     def kill(self) -> None:
         self.dead = True
@@ -147,13 +180,6 @@ class WorkerProcess:
         except OSError:
             pass
 
-    def mark_loaded(self, key: str) -> None:
-        """Mirror the child's LRU of loaded hotspots (Session.MAX_CACHED)."""
-        self.loaded[key] = True
-        self.loaded.move_to_end(key)
-        while len(self.loaded) > Session.MAX_CACHED:
-            self.loaded.popitem(last=False)
-
     def restart(self) -> None:
         self.kill()
         self.start()
@@ -161,7 +187,7 @@ class WorkerProcess:
     def close(self) -> None:
         if self.alive:
             try:
-                self.conn.send({"cmd": "exit"})
+                self.conn.send(None)  # no job: exit
                 self.proc.wait(timeout=10)
             except (OSError, ConnectionError, subprocess.TimeoutExpired):
                 pass
@@ -169,13 +195,15 @@ class WorkerProcess:
 
 
 class WorkerPool:
-    def __init__(self, backend: str, workers: int, log_dir: str | None = None):
+    """``workers`` children (cuda: one per visible GPU), each started with ``startup``."""
+
+    def __init__(self, backend: str, workers: int, startup: Any, log_dir: str | None = None):
         self.backend = backend
         self.workers: list[WorkerProcess] = []
         self.idle: queue.Queue[WorkerProcess] = queue.Queue()
         envs = worker_envs(backend, workers)
         for i, env in enumerate(envs):
-            w = WorkerProcess(backend, i, env, log_dir)
+            w = WorkerProcess(backend, i, env, startup, log_dir)
             self.workers.append(w)
             self.idle.put(w)
 
@@ -189,9 +217,10 @@ class WorkerPool:
                 if not w.alive:
                     w.restart()  # the replacement boots while the next candidate compiles
             finally:
-                self.idle.put(w)  # never shrink the pool, even if a restart failed (the next request says why)
+                self.idle.put(w)  # never shrink the pool, even if a restart failed (the next job says why)
 
-    def info(self) -> dict:
+    def info(self) -> Any:
+        """A worker's startup result, or WorkerLost."""
         with self.acquire() as w:
             return w.ready()
 
@@ -226,80 +255,19 @@ def worker_envs(backend: str, workers: int) -> list[dict[str, str]]:
 # ====================================================================== child side
 
 
-class Session:
-    """Worker-side state: device, copy bandwidth, cached input sets per hotspot."""
-
-    MAX_CACHED = 2  # hotspots whose sets stay loaded (captured tensors can be hundreds of MB)
-
-    def __init__(self, backend: str):
-        import torch
-
-        self.torch = torch
-        self.backend = backend
-        self.device = "cuda" if backend == "cuda" else "cpu"
-        if backend == "cpu" and os.environ.get("FORGE_PACK_THREADS"):
-            torch.set_num_threads(int(os.environ["FORGE_PACK_THREADS"]))
-        self.copy_bw: float | None = None
-        self.sets: OrderedDict = OrderedDict()
-
-    def hello(self) -> dict:
-        torch = self.torch
-        info = {"backend": self.backend, "pid": os.getpid(), "torch": torch.__version__}
-        if self.backend == "cuda":
-            from forge_pack.evaluate.launch import DEV_SMEM_OPTIN, Driver
-
-            props = torch.cuda.get_device_properties(0)
-            Driver.get().ensure_context()
-            info.update(name=props.name, capability=f"{props.major}.{props.minor}", arch=f"sm_{props.major}{props.minor}",
-                        sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
-                        l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
-                        smem_optin_bytes=Driver.get().device_attribute(DEV_SMEM_OPTIN),
-                        cuda=torch.version.cuda)
-        else:
-            info.update(name="cpu", threads=torch.get_num_threads())
-        return info
-
-    def bandwidth(self, cfg) -> float:
-        if self.copy_bw is None:
-            from forge_pack.evaluate.timing import copy_bandwidth_gbs
-
-            self.copy_bw = copy_bandwidth_gbs(self.device, cfg)
-        return self.copy_bw
-
-    def load(self, req: dict) -> dict:
-        from forge_pack.core.signature import Signature
-        from forge_pack.evaluate.verify import static_sets
-
-        key = req["key"]
-        if key not in self.sets:
-            sig = Signature.from_json(req["signature"])
-            sets, skipped = static_sets(sig, req.get("captures", []), req.get("run_dir"), self.device,
-                                        req.get("seed", 0), req.get("final", False))
-            self.sets[key] = (sets, skipped)
-            while len(self.sets) > self.MAX_CACHED:
-                self.sets.popitem(last=False)
-        self.sets.move_to_end(key)
-        return {"ok": True, "sets": [s.kind for s in self.sets[key][0]], "skipped": self.sets[key][1]}
-
-    def evaluate(self, req: dict) -> dict:
-        from forge_pack.evaluate.evaluator import worker_evaluate
-
-        return worker_evaluate(self, req)
-
-    def baseline(self, req: dict) -> dict:
-        from forge_pack.evaluate.evaluator import worker_baseline
-
-        return worker_baseline(self, req)
-
-    def healthy(self) -> bool:
-        """After a CUDA error: is the context still usable? (sticky errors poison it for good)"""
-        if self.backend != "cuda":
-            return True
+def run_job(job: Any, ctx: Context) -> Any:
+    """The job's result, or JobError when it raised (``retire`` when the job finds the process
+    unusable afterwards, e.g. a CUDA context poisoned by a sticky error)."""
+    try:
+        return job.run(ctx)
+    except Exception:
+        text = traceback.format_exc()[-6000:]
+        usable = getattr(job, "usable_after_error", None)
         try:
-            self.torch.cuda.synchronize()
-            return float(self.torch.ones(1, device="cuda").add_(1).item()) == 2.0
+            retire = usable is not None and not usable(ctx)
         except Exception:
-            return False
+            retire = True
+        return JobError(text, retire)
 
 
 PARENT_POLL_S = 0.2  # how soon an orphaned worker notices; a getppid() every 0.2 s costs nothing
@@ -322,36 +290,34 @@ def watch_parent(parent: int) -> None:
 
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[0]))
-    backend = argv[1]
+    ctx = Context(argv[1])
     if len(argv) > 2:
         watch_parent(int(argv[2]))
-    try:
-        session = Session(backend)
-        conn.send({"hello": session.hello()})
-    except Exception:
-        conn.send({"error": traceback.format_exc()})
-        return 2
-    while True:
+    while True:  # the first job is the pool's startup job
         try:
-            msg = conn.recv()
+            job = conn.recv()
         except (EOFError, OSError):
             return 0
-        cmd = msg.get("cmd")
-        if cmd == "exit":
-            return 0
-        t0 = time.perf_counter()
+        except Exception:  # a job that cannot be unpickled here (its module failed to import)
+            result: Any = JobError(traceback.format_exc()[-6000:])
+        else:
+            if job is None:
+                return 0
+            result = run_job(job, ctx)
         try:
-            reply = getattr(session, cmd)(msg)
-        except Exception:
-            reply = {"error": traceback.format_exc()[-6000:]}
-            if not session.healthy():
-                reply["poisoned"] = True
-        reply["worker_s"] = time.perf_counter() - t0
-        conn.send(reply)
+            conn.send(result)
+        except (OSError, ConnectionError):
+            return 0
+        except Exception:  # a result that cannot be pickled
+            conn.send(JobError(traceback.format_exc()[-6000:], getattr(result, "retire", False)))
         sys.stdout.flush()
-        if reply.get("poisoned"):
+        if getattr(result, "retire", False):
             os._exit(3)  # a poisoned CUDA context cannot be recovered in-process
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # through the module's real name: a JobError pickled from here must be forge_pack.evaluate.worker's
+    # class, which the parent can unpickle, not __main__'s
+    from forge_pack.evaluate.worker import main as _main
+
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,505 @@
+"""The worker side of evaluation: typed jobs the evaluator hands to ``forge_pack.evaluate.worker``, and the
+code that judges a candidate in the worker (verify, out-of-bounds run, timing, plausibility).
+
+Jobs (frozen dataclasses, pickled to the worker; each ``run(ctx)`` returns a typed result):
+``Startup`` (import torch, report the device), ``LoadInputs`` -> ``Loaded`` (the hotspot's
+static input sets, kept in the worker between candidates: loading captured tensors per candidate
+would kill throughput), ``JudgeCandidate`` -> ``Judged`` (the verdict, timing and what the
+parent records) and ``MeasureBaseline`` -> ``verdict.Baseline``. A ``Judged`` with ``retire``
+set means the CUDA context is unusable: the worker exits after sending it.
+
+Nothing here imports ``forge_pack.evaluate.evaluator`` (the parent side) or is imported by the worker's
+own module; ``tests/test_worker_jobs.py`` keeps it so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from forge_pack.targets import abi
+from forge_pack.core.candidate import Candidate
+from forge_pack.core.signature import Signature
+from forge_pack.evaluate.timing import TimingConfig
+from forge_pack.core.verdict import Baseline, Timing, Verdict
+
+
+class Session:
+    """The worker's evaluation state: device, copy bandwidth, cached input sets per hotspot."""
+
+    MAX_CACHED = 2  # hotspots whose sets stay loaded (captured tensors can be hundreds of MB)
+
+    def __init__(self, backend: str):
+        import torch
+
+        self.torch = torch
+        self.backend = backend
+        self.device = "cuda" if backend == "cuda" else "cpu"
+        if backend == "cpu" and os.environ.get("FORGE_PACK_THREADS"):
+            torch.set_num_threads(int(os.environ["FORGE_PACK_THREADS"]))
+        self.copy_bw: float | None = None
+        self.sets: OrderedDict = OrderedDict()
+
+    def hello(self) -> dict:
+        torch = self.torch
+        info = {"backend": self.backend, "pid": os.getpid(), "torch": torch.__version__}
+        if self.backend == "cuda":
+            from forge_pack.evaluate.launch import DEV_SMEM_OPTIN, Driver
+
+            props = torch.cuda.get_device_properties(0)
+            Driver.get().ensure_context()
+            info.update(name=props.name, capability=f"{props.major}.{props.minor}", arch=f"sm_{props.major}{props.minor}",
+                        sm_count=props.multi_processor_count, memory_bytes=props.total_memory,
+                        l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
+                        smem_optin_bytes=Driver.get().device_attribute(DEV_SMEM_OPTIN),
+                        cuda=torch.version.cuda)
+        else:
+            info.update(name="cpu", threads=torch.get_num_threads())
+        return info
+
+    def bandwidth(self, cfg) -> float:
+        if self.copy_bw is None:
+            from forge_pack.evaluate.timing import copy_bandwidth_gbs
+
+            self.copy_bw = copy_bandwidth_gbs(self.device, cfg)
+        return self.copy_bw
+
+    def load(self, inputs: "LoadInputs") -> "Loaded":
+        from forge_pack.evaluate.verify import static_sets
+
+        key = inputs.key
+        if key not in self.sets:
+            sets, skipped = static_sets(inputs.signature, list(inputs.captures), inputs.run_dir, self.device,
+                                        inputs.seed, inputs.final)
+            self.sets[key] = (sets, skipped)
+            while len(self.sets) > self.MAX_CACHED:
+                self.sets.popitem(last=False)
+        self.sets.move_to_end(key)
+        return Loaded(tuple(s.kind for s in self.sets[key][0]), tuple(self.sets[key][1]))
+
+    def healthy(self) -> bool:
+        """After a CUDA error: is the context still usable? (sticky errors poison it for good)"""
+        if self.backend != "cuda":
+            return True
+        try:
+            self.torch.cuda.synchronize()
+            return float(self.torch.ones(1, device="cuda").add_(1).item()) == 2.0
+        except Exception:
+            return False
+
+
+def _session(ctx) -> Session:
+    """The worker's Session (created by the first job that needs one, normally ``Startup``)."""
+    s = ctx.state.get("session")
+    if s is None:
+        s = ctx.state["session"] = Session(ctx.backend)
+    return s
+
+
+@dataclass(frozen=True)
+class Startup:
+    """The pool's first job in each worker: import torch, set the threads, report the device."""
+
+    def run(self, ctx) -> dict:
+        return _session(ctx).hello()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    sets: tuple[str, ...]  # the kinds of the static sets now held
+    skipped: tuple = ()  # captures that could not be used, with why
+
+
+@dataclass(frozen=True)
+class LoadInputs:
+    """Load (or touch, in the worker's LRU) one hotspot's static input sets under ``key``."""
+
+    key: str
+    signature: Signature
+    captures: tuple[str, ...] = ()
+    run_dir: str | None = None
+    seed: int = 0
+    final: bool = False
+
+    def run(self, ctx) -> Loaded:
+        return _session(ctx).load(self)
+
+
+@dataclass(frozen=True)
+class Judged:
+    verdict: Verdict
+    timing: Timing | None = None
+    floor_us: float | None = None
+    copy_bandwidth_gbs: float | None = None
+    attributes: dict = field(default_factory=dict)  # CUDA: each kernel's function attributes
+    sets_dropped: bool = False  # a cached set changed: the worker dropped it (reloaded next time)
+    retire: bool = False  # the CUDA context is poisoned: the worker exits after sending this
+
+
+@dataclass(frozen=True)
+class JudgeCandidate:
+    """Verify, bounds-check (``bounds`` or a final check) and time one built candidate."""
+
+    inputs: LoadInputs
+    candidate: Candidate
+    artifact: str
+    timing: TimingConfig
+    bounds: bool = False
+
+    def run(self, ctx) -> Judged:
+        return judge(_session(ctx), self)
+
+    def usable_after_error(self, ctx) -> bool:
+        return _session(ctx).healthy()
+
+
+@dataclass(frozen=True)
+class MeasureBaseline:
+    """Time eager (and, with ``timing.compile_baseline``, torch.compile) on fresh inputs."""
+
+    signature: Signature
+    timing: TimingConfig
+    seed: int = 0
+    compile_error: str = ""  # why an earlier attempt with torch.compile was given up
+
+    def run(self, ctx) -> Baseline:
+        return measure_baseline(_session(ctx), self)
+
+
+# ====================================================================== judging
+
+
+def judge(session: Session, job: JudgeCandidate) -> Judged:
+    """Load, verify, bounds-check and time one candidate in this process (its CPU code in a runner)."""
+    from forge_pack.evaluate.launch import LaunchError, load_module
+    from forge_pack.evaluate.timing import cache_bytes, cold_cache
+    from forge_pack.evaluate.verify import derived_sets, fingerprint, fresh_sets, launch_error_verdict, verify
+
+    cand, cfg, inputs = job.candidate, job.timing, job.inputs
+    sig = inputs.signature
+    session.load(inputs)  # a no-op (LRU touch) when the parent already had the sets loaded
+    static, _ = session.sets[inputs.key]
+    names = [k.name for k in cand.spec.kernels]
+    timing = floor = bw = None
+    attributes: dict = {}
+    try:
+        if cand.backend == "cpu":
+            from forge_pack.evaluate.sandbox import default_memory_cap
+
+            cap = cfg.cpu_memory_cap or default_memory_cap(abi.bytes_moved(sig))
+            module = load_module(cand.backend, job.artifact, names, memory_cap=cap)
+        else:
+            module = load_module(cand.backend, job.artifact, names)
+    except LaunchError as e:
+        return Judged(_launch_verdict(e, launch_error_verdict, "loading the module"),
+                      retire=e.sticky and not session.healthy())
+    poisoned = False
+    try:
+        seed, final = inputs.seed, inputs.final
+        fresh = fresh_sets(sig, session.device, seed, cand.content_hash, final)
+        captured = [s for s in static if s.kind.startswith("captured")]
+        derived = derived_sets(sig, session.device, seed, cand.content_hash, final, captured or fresh)
+        order = {"fresh": 0, "derived": 1, "odd": 2, "adversarial": 3, "captured": 4}  # cheap, likely failures first
+        sets = sorted(fresh + derived + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
+        verdict = verify(module, cand, sets, session.device)
+        if verdict.ok and (final or job.bounds) and getattr(module, "supports_guard", False):
+            check_bounds(module, cand, fresh[0], session.device)  # a fault: LaunchError(out_of_bounds)
+        if verdict.ok:
+            timing, timed_verdict = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
+            bw = session.bandwidth(cfg)
+            floor = abi.floor_us(sig, bw)
+            if timed_verdict is not None:
+                verdict = Verdict(False, timed_verdict.reason, timed_verdict.detail, verdict.max_abs_err,
+                                  verdict.max_rel_err, verdict.checks + timed_verdict.checks)
+            why = None
+            if verdict.ok and timing is not None:
+                why = implausible(timing, floor, bw, sig, cfg, cold_cache(session.device, cfg),
+                                  cache_bytes(session.device))
+            if why:
+                verdict = Verdict(False, "implausible_speedup", why, verdict.max_abs_err, verdict.max_rel_err,
+                                  verdict.checks)
+        if cand.backend == "cuda":
+            attributes = module.attributes()
+        settle = getattr(module, "settle", None)
+        if settle is not None:
+            settle()  # a CPU runner busy after the last call returned: work_after_return
+    except LaunchError as e:
+        verdict = _launch_verdict(e, launch_error_verdict)
+        poisoned = e.sticky or not session.healthy()
+    except RuntimeError as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
+        if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():
+            raise
+        verdict = launch_error_verdict(e)
+        poisoned = not session.healthy()
+    finally:
+        if not poisoned:
+            module.close()
+    dropped = False
+    if not poisoned and any(fingerprint(s) != s.fingerprint for s in static):
+        session.sets.pop(inputs.key, None)  # a stray write hit the cached inputs: reload them next time
+        dropped = True
+        if verdict.ok:  # the per-call checks missed it (a write outside the calls' view): still a mutation
+            verdict = Verdict(False, "input_mutated", "a cached input set changed during the evaluation (its "
+                                                      "content fingerprint differs afterwards)",
+                              verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
+    return Judged(verdict, timing, floor, bw, attributes, dropped, poisoned)
+
+
+def _launch_verdict(err, make, where: str = "") -> Verdict:
+    """A LaunchError as a verdict: its own reason (crash, out_of_bounds, work_after_return, ...)."""
+    v = make(err, where) if where else make(err)
+    reason = getattr(err, "reason", "launch_error")
+    return v if reason == v.reason else Verdict(False, reason, v.detail)
+
+
+def check_bounds(module, cand: Candidate, base, device: str) -> None:
+    """Run the candidate once with every tensor flush against inaccessible memory after its end and
+    once before its start (guard pages; a fault raises LaunchError(reason="out_of_bounds")). The
+    outputs are not judged here: verification did that."""
+    import torch
+
+    from forge_pack.targets import ops
+    from forge_pack.evaluate.launch import plan
+
+    p = plan(cand.spec, base.sig)
+    for guard in ("end", "start"):
+        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        ws = {name: torch.zeros(max(n, 1), dtype=torch.uint8, device=device)[:n] for name, n, _ in p.workspaces}
+        run = module.bind(p, {**tensors, "out": ops.empty_like_spec(base.sig.output, device), **ws}, guard=guard)
+        run()
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+
+def implausible(timing: Timing, floor_us: float, bw_gbs: float, sig: Signature, cfg: TimingConfig,
+                cold: bool, cache: int) -> str | None:
+    """Why a verified kernel's time cannot be believed (faster than copying its bytes), else None.
+
+    Judged where the working set cannot sit in cache: always when every timed call starts from a
+    flushed cache (``timing.cold_cache``), otherwise only for a working set of at least
+    ``implausible_uncached_factor`` x all the cache there is. Every timed call's output is also
+    checked, so a time this low means work done outside the timed region, or a broken timer."""
+    moved = abi.bytes_moved(sig)
+    if not cold and moved < cfg.implausible_uncached_factor * cache:
+        return None
+    # CUDA events resolve about 0.5 us: a time that short of the floor is not yet proof
+    resolution = 0.5 if timing.clock == "cuda_events" else 0.0
+    if timing.median_us + resolution >= cfg.implausible_margin * floor_us:
+        return None
+    where = "after a cache flush" if cold else f"a working set of {moved / cache:.0f}x the cache"
+    return (f"median {timing.median_us:.2f} us is below {cfg.implausible_margin:g}x the bandwidth floor "
+            f"{floor_us:.2f} us ({moved} bytes at {bw_gbs:.0f} GB/s, {where}): no kernel moves its bytes "
+            f"faster than a copy (work done outside the timed calls?)")
+
+
+def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str
+                   ) -> tuple[Timing | None, Verdict | None]:
+    """Time the bound launch over rotating copies of one verified input set and check every call
+    it makes, warm-up included: (timing, None), or (timing so far, the verdict that rejects it).
+
+    Calls run in batches of one call per copy. Outside the timed region, ahead of every call: one
+    element of x changes (a kernel caching results keyed on its input returns a stale answer),
+    the non-zeroed workspaces get new garbage, and on CUDA out is prepared as in verification:
+    the sentinel in even batches, finite garbage in odd ones (a kernel that works only while it
+    sees the sentinel fails the odd ones, as it fails every verified set's second run). On CPU
+    each call allocates its output, as eager and the shipped package do (fresh pages cost their
+    first touch), which verification's second run does too. After each batch (untimed, after a
+    device-wide synchronisation), for every copy: its inputs byte for byte against a shadow
+    holding exactly the judge's own changes (``input_mutated``), canaries, the sentinel
+    (``unwritten_output``), and the output against the float64 reference of the inputs that call
+    had, with the set's eager allowance (``mismatch``)."""
+    import random
+
+    import torch
+
+    from forge_pack.evaluate.launch import plan
+    from forge_pack.evaluate.timing import rotation_count, time_calls
+    from forge_pack.evaluate.verify import guarded_empty, guarded_like, seed_for, set_canaries
+
+    p = plan(cand.spec, sig)
+    ws_bytes = sum(n for _, n, _ in p.workspaces)
+    k = rotation_count(abi.bytes_moved(sig) + ws_bytes, cfg)
+    rng = random.Random(seed_for("timing", cand.content_hash, sig.key()))
+    gen = torch.Generator(device=device).manual_seed(seed_for("timing-garbage", cand.content_hash, sig.key()))
+    out_spec = sig.output
+    state = {"batch": 0, "calls": 0, "verdict": None}
+    calls, befores, slots = [], [], []
+    for i in range(k):
+        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        out, out_whole = guarded_like(out_spec, device)
+        ws, wholes = {}, [out_whole]
+        for name, n, _ in p.workspaces:
+            ws[name], whole = guarded_empty(max(n, 1), device)
+            wholes.append(whole)
+        for whole in wholes:
+            set_canaries(whole)
+        run = module.bind(p, {**tensors, "out": out, **ws})
+        zeroed = [ws[name] for name, _, zero in p.workspaces if zero]
+        garbage = [ws[name] for name, _, zero in p.workspaces if not zero]
+        slot = {"index": i, "tensors": tensors, "shadow": {n: (t.clone() if t is not None else None)
+                                                           for n, t in tensors.items()},
+                "pending": [], "out": out, "wholes": wholes if device == "cuda" else wholes[1:], "called": False}
+        slots.append(slot)
+        befores.append(_before_timed_call(slot, out if device == "cuda" else None, garbage, rng, gen, state))
+        calls.append(_marking(_with_zeroing(run, zeroed), slot) if device == "cuda"
+                     else _allocating(run, zeroed, slot, out_spec))
+
+    def after(phase: str) -> bool:
+        state["verdict"] = _check_batch(slots, sig, base, phase, state)
+        state["batch"] += 1
+        return state["verdict"] is not None
+
+    timing = time_calls(calls, device, cfg, before=befores, after=after)
+    return timing, state["verdict"]
+
+
+def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> Verdict | None:
+    """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
+    from forge_pack.targets import ops
+    from forge_pack.evaluate.tolerance import compare, surely_within
+    from forge_pack.evaluate.verdict_rules import bitwise_equal, first_diff, magnitude
+    from forge_pack.evaluate.verify import canaries_intact, count_sentinel, set_canaries
+
+    for slot in slots:
+        if not slot["called"]:
+            continue
+        slot["called"] = False
+        state["calls"] += 1
+        what = f"call {state['calls']} of the timing loop ({phase}, copy {slot['index']})"
+        for idx, value in slot["pending"]:  # the judge's own changes, made on the shadow too
+            slot["shadow"]["x"][idx] = value
+        slot["pending"].clear()
+        for n, want in slot["shadow"].items():
+            got = slot["tensors"][n]
+            if want is not None and not bitwise_equal(got, want):
+                return Verdict(False, "input_mutated", f"{what}: input `{n}` changed during the call "
+                                                       f"({first_diff(got, want)})")
+        if not all(canaries_intact(w) for w in slot["wholes"]):
+            return Verdict(False, "mismatch", f"{what}: out-of-bounds write past the end of out or a workspace")
+        for w in slot["wholes"]:
+            set_canaries(w)
+        out = slot["out"]
+        unwritten, where = count_sentinel(out)
+        if unwritten:
+            return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
+                                                      f"not written ({where})")
+        ref = ops.reference64(sig, slot["tensors"])
+        if surely_within(out, ref, sig.output.dtype, sig.op):
+            continue
+        check = compare(out, ref, sig.output.dtype, sig.op, atol_floor=base.atol_floor,
+                        input_kind=f"timed[{slot['index']}]", magnitude=magnitude(sig.op, slot["tensors"]))
+        if not check.passed:
+            return Verdict(False, "mismatch", f"{what}: the output is wrong for its inputs ({check.mismatches} of "
+                                              f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "
+                                              f"differently when timed (cached or skipped work?)", checks=(check,))
+    return None
+
+
+def _before_timed_call(slot: dict, out, garbage: list, rng, gen, state: dict):
+    """The untimed preparation of one call (see time_candidate): change one element of x to a
+    value far from the standard-normal draws and from the previous change (recorded for the
+    shadow), prepare out (CUDA) as verification does, garble the workspaces."""
+    from forge_pack.evaluate.verify import garble, prefill
+
+    x = slot["tensors"]["x"]
+    sign = [1.0]
+
+    def before() -> None:
+        idx = tuple(rng.randrange(n) for n in x.shape)
+        sign[0] = -sign[0]
+        value = sign[0] * (4.0 + 2.0 * rng.random())
+        x[idx] = value
+        slot["pending"].append((idx, value))
+        if out is not None:
+            prefill(out, "sentinel" if state["batch"] % 2 == 0 else "stale", gen)
+        for g in garbage:
+            garble(g, gen)
+
+    return before
+
+
+def _marking(run, slot: dict):
+    def call() -> None:
+        run()
+        slot["called"] = True
+
+    return call
+
+
+def _allocating(run, zeroed: list, slot: dict, spec):
+    """CPU (the sandbox, ``forge_pack.evaluate.sandbox``): a new output per call, as eager and the shipped
+    package allocate theirs; the runner's output slot is marked fresh (a large one gets
+    never-touched pages, so its first touch is timed). ``call.stage`` stages the call ahead of the
+    cache flush; ``call.elapsed_s`` is the judge's measurement of the launch plus the zeroing of
+    ``zero`` workspaces (which the shipped launcher does per call)."""
+    import torch
+
+    from forge_pack.targets import ops
+
+    dtype = ops.TORCH_DTYPES[spec.dtype]
+    stage = run.stage
+    pending = [False]
+    zeroing_s = [0.0]
+
+    def prepare() -> None:
+        out = torch.empty_strided(spec.shape, spec.strides, dtype=dtype)
+        run.retarget("out", out, fresh=True)
+        t0 = time.perf_counter()
+        for z in zeroed:  # the shipped launcher zeroes them per call too: its time is added below
+            z.zero_()
+        zeroing_s[0] = time.perf_counter() - t0
+        stage()
+        slot["out"] = out
+        pending[0] = True
+
+    def sandboxed() -> None:
+        if not pending[0]:
+            prepare()
+        pending[0] = False
+        run()
+        slot["called"] = True
+
+    sandboxed.stage = prepare  # type: ignore[attr-defined]
+    sandboxed.elapsed_s = lambda: run.elapsed_s() + zeroing_s[0]  # type: ignore[attr-defined]
+    return sandboxed
+
+
+def _with_zeroing(run, zeroed):
+    if not zeroed:
+        return run
+
+    def call() -> None:
+        for z in zeroed:  # the shipped launcher zeroes them per call too: it counts
+            z.zero_()
+        run()
+
+    return call
+
+
+def measure_baseline(session: Session, job: MeasureBaseline) -> Baseline:
+    from forge_pack.targets import ops
+    from forge_pack.evaluate.timing import Flusher, rotation_count, time_calls
+    from forge_pack.evaluate.verify import seed_for
+
+    torch = session.torch
+    sig, cfg = job.signature, job.timing
+    device = session.device
+    gen = torch.Generator().manual_seed(seed_for(job.seed, "baseline", sig.key()))
+    base = ops.make_inputs(sig, "fresh", gen, device)
+    k = rotation_count(abi.bytes_moved(sig), cfg)
+    slots = [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k)]
+    fn = ops.eager(sig)
+    flusher = Flusher(device, cfg)
+    eager = time_calls([lambda t=t: fn(t) for t in slots], device, cfg, flusher)
+    compiled, error = None, job.compile_error
+    if cfg.compile_baseline:
+        try:
+            cfn = torch.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=False)
+            cfn(slots[0])
+            compiled = time_calls([lambda t=t: cfn(t) for t in slots], device, cfg, flusher)
+        except Exception as e:  # torch.compile failing is a fact about the baseline, not a crash
+            error = f"{type(e).__name__}: {str(e)[:2000]}"
+    bw = session.bandwidth(cfg)
+    return Baseline(eager, compiled, error, abi.floor_us(sig, bw), bw)

@@ -23,7 +23,7 @@ allocation; CUDA: finite garbage), so seeing the sentinel tells a kernel nothing
 | NaN/Inf as a wildcard                | NaN/Inf parity position by position                            |
 | races, uninitialised workspaces      | second run with new garbage in workspaces: bitwise equal output|
 | side-stream / deferred work          | device-wide synchronisation before any check                   |
-| behaving only while verified         | evaluate.time_candidate checks every warm-up and timed call    |
+| behaving only while verified         | judge.time_candidate checks every warm-up and timed call       |
 |                                      | the same way, with the buffer preparation used here            |
 
 The first failing check decides the verdict; every check made is kept in ``Verdict.checks``.

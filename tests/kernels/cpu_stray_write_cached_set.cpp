@@ -3,7 +3,7 @@
 // sets) and, on a later call for another set, writes into that old buffer: after the 37-row set's
 // own checks, so no per-call input comparison sees it; the next candidate would be judged on
 // corrupted inputs. Guard: every cached set's content fingerprint is compared after the
-// evaluation (worker_evaluate); a change is input_mutated and the sets are reloaded.
+// evaluation (judge.judge); a change is input_mutated and the sets are reloaded.
 #include <cmath>
 static float* remembered = nullptr;
 static bool done = false;

@@ -38,6 +38,7 @@ def backend_for(kernel: Path, device: str | None) -> str:
 
 
 def hotspot_from_run(run_dir: Path, ref: str) -> Hotspot:
+    from forge_pack.store.run_queries import hotspots
     from forge_pack.store.run_store import check_store, open_readonly
 
     if not (run_dir / "run.db").is_file():
@@ -45,7 +46,7 @@ def hotspot_from_run(run_dir: Path, ref: str) -> Hotspot:
     check_store(run_dir)
     conn = open_readonly(run_dir)
     try:
-        rows = conn.execute("SELECT id, rank, hotspot_json FROM hotspots ORDER BY rank").fetchall()
+        rows = hotspots(conn)
     finally:
         conn.close()
     for row in rows:

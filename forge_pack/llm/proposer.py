@@ -27,8 +27,7 @@ from forge_pack.llm.client import (Budget, ChatResult, LLMCallError, LLMClient, 
                             format_summary, redact, safe_url, summary_from_rows)
 from forge_pack.llm.check import ReplyError, parse_reply, static_check
 from forge_pack.search.propose import Move, ProposeRequest
-from forge_pack.store.run_queries import LLM_CONFIG_KEY
-from forge_pack.store.vocabulary import LLMOutcome
+from forge_pack.store.vocabulary import LLMOutcome, MetaKey
 
 # Consecutive calls that got no reply (no answer at all, or an HTTP error that outlived its retries)
 # before LLM moves stop for the run: one slow reply is noise, three in a row is an endpoint that is
@@ -69,7 +68,7 @@ class LLMProposer:
         if store is None:
             return
         if hasattr(store, "set_meta"):
-            store.set_meta(LLM_CONFIG_KEY, json.dumps(self.config.to_json(), sort_keys=True))
+            store.set_meta(MetaKey.LLM_CONFIG, json.dumps(self.config.to_json(), sort_keys=True))
         try:  # a resumed run: earlier runs' spending and moves count against the same bounds
             self.budget.spent_usd, self.budget.spent_tokens = store.llm_spending()
             moves = store.llm_moves(("new_family", "rewrite", "repair"))

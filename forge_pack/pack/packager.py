@@ -36,7 +36,7 @@ from forge_pack.core.hotspot import Hotspot
 from forge_pack.core.winner import WIN_MARGIN, is_winner
 from forge_pack.store import run_queries
 from forge_pack.store.run_store import check_store, open_readonly
-from forge_pack.store.vocabulary import HotspotStatus
+from forge_pack.store.vocabulary import HotspotStatus, MetaKey
 from forge_pack.core.verdict import Baseline, Evaluation
 
 # Fixtures ship inside the package: keep it small (a VAE group_norm capture alone is 0.5 GiB).
@@ -187,7 +187,7 @@ def read_run(run_dir: str | Path) -> RunInfo:
         conn.close()
     if row is None:
         raise ForgeError(f"{rd} holds no run yet", "run `forge-pack search` or `forge-pack build` first")
-    forward = meta.get("forward_us")
+    forward = meta.get(MetaKey.FORWARD_US)
     return RunInfo(rd, row["model_path"] or "", row["model_hash"] or None, row["device"] or "cpu", row["dtype"] or None,
                    json.loads(row["env_json"] or "{}"), json.loads(row["config_json"] or "{}"),
                    float(forward) if forward not in (None, "") else None)

@@ -12,9 +12,7 @@ import json
 import sqlite3
 from typing import Any
 
-from forge_pack.store.vocabulary import EventKind, LLMOutcome, MoveKind
-
-LLM_CONFIG_KEY = "llm_config"  # meta key: the effective LLM configuration (never the key), as JSON
+from forge_pack.store.vocabulary import EventKind, LLMOutcome, MetaKey, MoveKind
 
 
 def _loads(text: str | None) -> Any:
@@ -69,7 +67,7 @@ def evaluation_json(conn: sqlite3.Connection, node_id: int) -> dict | None:
 
 def llm_config(conn: sqlite3.Connection) -> dict:
     """The LLM configuration the run was last started with ({} when it had none)."""
-    return _loads(meta_value(conn, LLM_CONFIG_KEY)) or {}
+    return _loads(meta_value(conn, MetaKey.LLM_CONFIG)) or {}
 
 
 def has_llm_calls(conn: sqlite3.Connection) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from forge_pack.core.errors import ForgeError
-from forge_pack.store.vocabulary import HOTSPOT_EVENT, EventKind, LLMOutcome, MoveKind, NodeStatus, RunStatus
+from forge_pack.store.vocabulary import HOTSPOT_EVENT, EventKind, LLMOutcome, MetaKey, NodeStatus, RunStatus
 
 SCHEMA_VERSION = 1
 STORE_FILE = "run.db"
@@ -191,8 +191,8 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against process death
         self.conn.executescript(DDL)
         self._add_missing_columns()
-        self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
-                          (str(SCHEMA_VERSION),))
+        self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
+                          (MetaKey.SCHEMA_VERSION, str(SCHEMA_VERSION)))
 
     def _add_missing_columns(self) -> None:
         """Columns added after a run store was first written (CREATE TABLE IF NOT EXISTS keeps the old

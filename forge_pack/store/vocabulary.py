@@ -100,3 +100,12 @@ class LLMOutcome:
     ALL = (OK, HTTP_ERROR, TIMEOUT, CONNECTION, AUTH, UNPARSEABLE, REFUSED, STATIC_CHECK, DUPLICATE, BUDGET, ERROR)
     # Rows that record a request never sent: no call, no tokens, not a failure of the endpoint.
     NOT_SENT = (BUDGET,)
+
+
+class MetaKey:
+    """``meta.key``: small facts about the run."""
+
+    SCHEMA_VERSION = "schema_version"
+    FORWARD_US = "forward_us"  # the profiled forward time, for the summary on resume
+    PROFILED = "profiled"  # "1" once every hotspot row is written: a resume need not profile again
+    LLM_CONFIG = "llm_config"  # the effective LLM configuration (never the key), as JSON

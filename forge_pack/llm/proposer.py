@@ -27,7 +27,7 @@ from forge_pack.llm.client import (Budget, ChatResult, LLMCallError, LLMClient, 
                             format_summary, redact, safe_url, summary_from_rows)
 from forge_pack.llm.check import ReplyError, parse_reply, static_check
 from forge_pack.search.propose import Move, ProposeRequest
-from forge_pack.store.vocabulary import LLMOutcome, MetaKey
+from forge_pack.store.vocabulary import EventKind, LLMOutcome, MetaKey, MoveKind
 
 # Consecutive calls that got no reply (no answer at all, or an HTTP error that outlived its retries)
 # before LLM moves stop for the run: one slow reply is noise, three in a row is an endpoint that is
@@ -71,7 +71,7 @@ class LLMProposer:
             store.set_meta(MetaKey.LLM_CONFIG, json.dumps(self.config.to_json(), sort_keys=True))
         try:  # a resumed run: earlier runs' spending and moves count against the same bounds
             self.budget.spent_usd, self.budget.spent_tokens = store.llm_spending()
-            moves = store.llm_moves(("new_family", "rewrite", "repair"))
+            moves = store.llm_moves(llm_prompts.PURPOSES)
         except (AttributeError, sqlite3.Error):
             moves = []
         with self._lock:
@@ -193,7 +193,7 @@ class LLMProposer:
         label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
                  "new_family": "llm new family"}[purpose]
         self._record(request, call_purpose, outcome=LLMOutcome.OK, cand_hash=cand.content_hash, **base)
-        return [Move(cand, label, "repair" if purpose == "repair" else "llm")], ""
+        return [Move(cand, label, MoveKind.REPAIR if purpose == "repair" else MoveKind.LLM)], ""
 
     def _call(self, request: ProposeRequest, purpose: str, messages: list[dict]) -> tuple[ChatResult, dict] | None:
         """One chat completion within the budget; None (recorded) when it gave no reply."""
@@ -248,7 +248,7 @@ class LLMProposer:
     def _note_disabled(self) -> None:
         if self.store is not None and not self._noted_disabled:
             self._noted_disabled = True
-            self.store.event("note", payload={"llm": "disabled", "reason": self.disabled_reason})
+            self.store.event(EventKind.NOTE, payload={"llm": "disabled", "reason": self.disabled_reason})
 
     def _remember(self, key: tuple[str, int | None], text: str) -> None:
         with self._lock:

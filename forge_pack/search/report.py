@@ -115,7 +115,7 @@ class RunSummary:
     device: str
     forward_us: float
     outcomes: list[HotspotOutcome]
-    status: str  # finished | interrupted
+    status: str  # RunStatus.FINISHED | RunStatus.INTERRUPTED
     elapsed_s: float
 
     @property

@@ -1,9 +1,11 @@
-"""The run store's writer: one SQLite database (WAL) per run directory. No torch import.
+"""The run store: one SQLite database (WAL) per run directory; its schema, its checks, its writer
+(``Store``, used by the search) and read-only connections for everything else. No torch import.
 
-Tables: runs, hotspots, nodes, evaluations, node_stats, events, llm_calls. Every write commits
-at once, so a process killed between evaluations loses nothing (``kill -9`` included), and a
-reader (the dashboard) opens the file read-only while the search writes. ``events.seq`` is a
-monotonic cursor: the dashboard polls ``events WHERE seq > ?``.
+Tables: runs, hotspots, nodes, evaluations, node_stats, events, llm_calls; the words of their
+status and kind columns are in ``vocabulary``. Every write commits at once, so a process killed
+between evaluations loses nothing (``kill -9`` included), and a reader (the dashboard) opens the
+file read-only while the search writes. ``events.seq`` is a monotonic cursor: the dashboard polls
+``events WHERE seq > ?``.
 """
 
 from __future__ import annotations

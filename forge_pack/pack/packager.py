@@ -35,7 +35,7 @@ from forge_pack.core.errors import ForgeError
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.core.winner import WIN_MARGIN, is_winner
 from forge_pack.store import run_queries
-from forge_pack.store.run_store import check_store, open_readonly
+from forge_pack.store.run_store import STORE_FILE, check_store, open_readonly
 from forge_pack.store.vocabulary import HotspotStatus, MetaKey
 from forge_pack.core.verdict import Baseline, Evaluation
 
@@ -175,7 +175,7 @@ def write_marker(directory: Path, name: str) -> None:
 
 def read_run(run_dir: str | Path) -> RunInfo:
     rd = Path(run_dir)
-    if not (rd / "run.db").is_file():
+    if not (rd / STORE_FILE).is_file():
         raise ForgeError(f"{rd} is not a forge-pack run directory (no run.db)",
                          "pass the run directory printed by `forge-pack search` or `forge-pack build`")
     check_store(rd)

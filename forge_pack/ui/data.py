@@ -196,7 +196,7 @@ def tree(conn: sqlite3.Connection, hotspot_id: str) -> dict:
     out = []
     for r in q.tree_nodes(conn, hotspot_id):
         n, mean, uct = scores.get(r["id"], (0, None, None))
-        verdict = None if r["ok"] is None else ("ok" if r["ok"] else r["reason"])
+        verdict = None if r["ok"] is None else (q.VERDICT_OK if r["ok"] else r["reason"])
         out.append([r["id"], r["parent_id"], r["depth"], r["move"], r["move_kind"], r["status"], verdict,
                     _round(r["speedup_vs_eager"]), n, _round(mean), _round(uct), r["family"], _round(r["median_us"], 2)])
     return {"cursor": seq, "hotspot_id": hotspot_id, "best_node_id": best, "exploration": c, "max_weight": w,

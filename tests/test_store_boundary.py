@@ -11,8 +11,8 @@ PACKAGE = ROOT / "forge_pack"
 STORE = PACKAGE / "store"
 
 # Statements as forge-pack writes them (upper case, as SQL is spelled throughout the store).
-SQL = re.compile(r"\b(SELECT\s|INSERT\s+(OR\s+\w+\s+)?INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s|CREATE\s+(TABLE|INDEX)\s"
-                 r"|ALTER\s+TABLE\s|PRAGMA\s|BEGIN\s+IMMEDIATE\b)")
+SQL = re.compile(r"\b(SELECT\s|INSERT\s+(OR\s+\w+\s+)?INTO\s|UPDATE\s+\w+\s+SET\s|DELETE\s+FROM\s"
+                 r"|CREATE\s+(TABLE|INDEX)\s|ALTER\s+TABLE\s|PRAGMA\s|BEGIN\s+IMMEDIATE\b)")
 EXECUTE = {"execute", "executemany", "executescript"}
 
 

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from pipeline_fakes import fake_toolkit  # noqa: E402
 
-from forge_pack.search import pipeline# noqa: E402
+from forge_pack.search import pipeline, run_lock  # noqa: E402
 from forge_pack.search.control import write_control  # noqa: E402
 from forge_pack.core.errors import ForgeError  # noqa: E402
 from forge_pack.store.run_store import open_readonly  # noqa: E402
@@ -359,13 +359,13 @@ def test_resume_with_new_proposers_reopens_hotspots_whose_proposers_ran_dry(tmp_
 def test_a_filesystem_without_flock_runs_unlocked_with_a_warning(tmp_path, monkeypatch):
     import errno
 
-    if pipeline.fcntl is None:
+    if run_lock.fcntl is None:
         pytest.skip("no fcntl")
 
     def no_locks(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(pipeline.fcntl, "flock", no_locks)
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_locks)
     with pytest.warns(RuntimeWarning, match="cannot lock"):
         s = pipeline.run(pipeline.RunConfig(model="m.py", budget=2, run_dir=str(tmp_path / "run")),
                          toolkit=fake_toolkit(), say=lambda s: None)

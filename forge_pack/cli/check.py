@@ -38,14 +38,15 @@ def backend_for(kernel: Path, device: str | None) -> str:
 
 
 def hotspot_from_run(run_dir: Path, ref: str) -> Hotspot:
-    from forge_pack.store.run_store import check_store, open_readonly
+    from forge_pack.store.run_queries import hotspots
+    from forge_pack.store.run_store import STORE_FILE, check_store, open_readonly
 
-    if not (run_dir / "run.db").is_file():
+    if not (run_dir / STORE_FILE).is_file():
         raise ForgeError(f"{run_dir} is not a run directory (no run.db)", "pass the folder `forge-pack build` wrote")
     check_store(run_dir)
     conn = open_readonly(run_dir)
     try:
-        rows = conn.execute("SELECT id, rank, hotspot_json FROM hotspots ORDER BY rank").fetchall()
+        rows = hotspots(conn)
     finally:
         conn.close()
     for row in rows:

@@ -38,13 +38,6 @@ def debug_enabled() -> bool:
     return os.environ.get("FORGE_DEBUG") == "1" or "--debug" in sys.argv
 
 
-def fail(err: ForgeError) -> "typer.Exit":
-    typer.echo(f"error: {err.message}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
-    return typer.Exit(1)
-
-
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 

@@ -15,7 +15,8 @@ from typing import Callable, Optional, TextIO
 import typer
 
 from forge_pack.core.errors import ForgeError
-from forge_pack.search.pipeline import WIN_MARGIN, HotspotOutcome, RunConfig, RunSummary, Toolkit, load_config, run, \
+from forge_pack.core.winner import WIN_MARGIN
+from forge_pack.search.pipeline import HotspotOutcome, RunConfig, RunSummary, Toolkit, load_config, run, \
     with_overrides
 from forge_pack.search.mcts import Progress
 

@@ -19,9 +19,13 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from forge_pack.core.errors import ForgeError
+from forge_pack.store import run_queries
+from forge_pack.store.run_store import STORE_FILE, open_readonly
+from forge_pack.store.vocabulary import LLMOutcome
 
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 
@@ -39,8 +43,7 @@ PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
 DEFAULT_PRICE_USD_PER_MTOK = (15.0, 60.0)
 
 # Outcomes recorded per call in the run store's llm_calls table.
-OUTCOMES = ("ok", "http_error", "timeout", "connection", "auth", "unparseable", "refused", "static_check",
-            "duplicate", "budget", "error")
+OUTCOMES = LLMOutcome.ALL
 
 
 @dataclass(frozen=True)
@@ -482,7 +485,7 @@ def summary_from_rows(rows: list[dict]) -> dict:
     outcomes: dict[str, int] = {}
     for r in rows:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
-    sent = [r for r in rows if r["outcome"] not in ("budget", "duplicate_skip")]
+    sent = [r for r in rows if r["outcome"] not in LLMOutcome.NOT_SENT]
     return {
         "calls": len(sent),
         "prompt_tokens": sum(int(r.get("prompt_tokens") or 0) for r in rows),
@@ -497,38 +500,26 @@ def summary_from_rows(rows: list[dict]) -> dict:
 def summary_from_store(conn) -> dict:
     """The same summary from a run store connection (``Store.conn`` or ``store.open_readonly``), plus
     how the LLM's kernels fared in evaluation."""
-    rows = [dict(r) for r in conn.execute("SELECT model, outcome, prompt_tokens, completion_tokens, cost_usd,"
-                                          " latency_s FROM llm_calls").fetchall()]
-    s = summary_from_rows(rows)
-    ev = conn.execute("SELECT COUNT(*), COALESCE(SUM(e.ok), 0), MAX(CASE WHEN e.ok THEN e.speedup_vs_eager END)"
-                      " FROM nodes n JOIN evaluations e ON e.node_id = n.id WHERE n.move_kind IN ('llm', 'repair')"
-                      ).fetchone()
-    s.update(kernels_evaluated=int(ev[0] or 0), kernels_passed=int(ev[1] or 0), best_speedup_vs_eager=ev[2])
+    s = summary_from_rows(run_queries.llm_call_rows(conn))
+    evaluated, passed, best = run_queries.llm_kernel_results(conn)
+    s.update(kernels_evaluated=evaluated, kernels_passed=passed, best_speedup_vs_eager=best)
     return s
 
 
 def run_summary_text(run_dir) -> str:
     """The LLM accounting of a run directory as printed at the end of ``forge-pack search``
     ("" when the run made no LLM calls and had no LLM configured)."""
-    import json
-    from pathlib import Path
-
-    from forge_pack.store.run_store import open_readonly
-
-    if not (Path(run_dir) / "run.db").is_file():
+    if not (Path(run_dir) / STORE_FILE).is_file():
         return ""
     conn = open_readonly(run_dir)
     try:
-        config = conn.execute("SELECT value FROM meta WHERE key='llm_config'").fetchone()
-        config = json.loads(config[0]) if config else {}
-        if not config and not conn.execute("SELECT 1 FROM llm_calls LIMIT 1").fetchone():
+        config = run_queries.llm_config(conn)
+        if not config and not run_queries.has_llm_calls(conn):
             return ""
         s = summary_from_store(conn)
-        notes = conn.execute("SELECT payload_json FROM events WHERE kind='note' AND payload_json LIKE '%\"llm\"%'"
-                             " ORDER BY seq DESC LIMIT 1").fetchone()
+        disabled = run_queries.llm_disabled_reason(conn)
     finally:
         conn.close()
-    disabled = json.loads(notes[0]).get("reason", "") if notes else ""
     if not s["models"] and config.get("model"):
         s["models"] = [config["model"]]
     return format_summary(s, config.get("budget_usd"), disabled)

@@ -27,6 +27,7 @@ from forge_pack.llm.client import (Budget, ChatResult, LLMCallError, LLMClient, 
                             format_summary, redact, safe_url, summary_from_rows)
 from forge_pack.llm.check import ReplyError, parse_reply, static_check
 from forge_pack.search.propose import Move, ProposeRequest
+from forge_pack.store.vocabulary import EventKind, LLMOutcome, MetaKey, MoveKind
 
 # Consecutive calls that got no reply (no answer at all, or an HTTP error that outlived its retries)
 # before LLM moves stop for the run: one slow reply is noise, three in a row is an endpoint that is
@@ -67,13 +68,10 @@ class LLMProposer:
         if store is None:
             return
         if hasattr(store, "set_meta"):
-            store.set_meta("llm_config", json.dumps(self.config.to_json(), sort_keys=True))
+            store.set_meta(MetaKey.LLM_CONFIG, json.dumps(self.config.to_json(), sort_keys=True))
         try:  # a resumed run: earlier runs' spending and moves count against the same bounds
-            row = store.query("SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(prompt_tokens + completion_tokens), 0)"
-                              " FROM llm_calls")[0]
-            self.budget.spent_usd, self.budget.spent_tokens = float(row[0]), int(row[1])
-            moves = store.query("SELECT hotspot_id, node_id, purpose, COUNT(*) AS n FROM llm_calls"
-                                " WHERE purpose IN ('new_family', 'rewrite', 'repair') GROUP BY 1, 2, 3")
+            self.budget.spent_usd, self.budget.spent_tokens = store.llm_spending()
+            moves = store.llm_moves(llm_prompts.PURPOSES)
         except (AttributeError, sqlite3.Error):
             moves = []
         with self._lock:
@@ -104,7 +102,7 @@ class LLMProposer:
             return self._move(request, purpose, attempt)
         except Exception as e:  # a bug here must not stop the search: record it and go on with templates
             try:
-                self._record(request, purpose, outcome="error", error=f"{type(e).__name__}: {e}")
+                self._record(request, purpose, outcome=LLMOutcome.ERROR, error=f"{type(e).__name__}: {e}")
             except Exception:
                 pass
             return []
@@ -154,7 +152,8 @@ class LLMProposer:
             try:
                 moves, problem = self._take(request, purpose, call_purpose, attempt, result, base)
             except Exception as e:  # the call was made and paid for: its row keeps tokens, cost, prompt and reply
-                self._record(request, call_purpose, outcome="error", error=f"{type(e).__name__}: {e}", **base)
+                self._record(request, call_purpose, outcome=LLMOutcome.ERROR, error=f"{type(e).__name__}: {e}",
+                             **base)
                 return []
             if not problem:
                 return moves
@@ -171,21 +170,21 @@ class LLMProposer:
             parsed = parse_reply(result.text, request.backend)
             problems = static_check(parsed.source, parsed.spec, request.hotspot.signature, request.backend)
             if problems:
-                raise ReplyError("static_check", "; ".join(problems))
+                raise ReplyError(LLMOutcome.STATIC_CHECK, "; ".join(problems))
         except ReplyError as e:
             message = e.message
-            if result.finish_reason == "length" and e.outcome == "unparseable":
+            if result.finish_reason == "length" and e.outcome == LLMOutcome.UNPARSEABLE:
                 message += f" (the reply hit the {self.config.max_tokens}-token limit)"
             self._remember(fkey, f"{purpose} #{attempt} rejected before compiling ({e.outcome}): {message[:300]}")
             self._record(request, call_purpose, outcome=e.outcome, error=message, **base)
-            fixable = e.outcome in ("unparseable", "static_check") and result.text.strip()
+            fixable = e.outcome in (LLMOutcome.UNPARSEABLE, LLMOutcome.STATIC_CHECK) and result.text.strip()
             return [], message if fixable else ""
         params = {"move": purpose}  # the model is in llm_calls; labels stay short in tables
         cand = Candidate(op=request.hotspot.op, backend=request.backend, source=parsed.source, spec=parsed.spec,
                          family="llm", params=params, origin="repair" if purpose == "repair" else "llm")
         if cand.content_hash in request.tried_hashes:
             self._remember(fkey, f"{purpose} #{attempt} repeated a kernel already tried")
-            self._record(request, call_purpose, outcome="duplicate", cand_hash=cand.content_hash,
+            self._record(request, call_purpose, outcome=LLMOutcome.DUPLICATE, cand_hash=cand.content_hash,
                          error="the reply repeats a kernel already in the tree", **base)
             return [], ""
         if purpose == "repair":
@@ -193,15 +192,15 @@ class LLMProposer:
                 self._repair_gen[cand.content_hash] = attempt
         label = {"rewrite": f"llm rewrite #{attempt}", "repair": f"llm repair #{attempt}",
                  "new_family": "llm new family"}[purpose]
-        self._record(request, call_purpose, outcome="ok", cand_hash=cand.content_hash, **base)
-        return [Move(cand, label, "repair" if purpose == "repair" else "llm")], ""
+        self._record(request, call_purpose, outcome=LLMOutcome.OK, cand_hash=cand.content_hash, **base)
+        return [Move(cand, label, MoveKind.REPAIR if purpose == "repair" else MoveKind.LLM)], ""
 
     def _call(self, request: ProposeRequest, purpose: str, messages: list[dict]) -> tuple[ChatResult, dict] | None:
         """One chat completion within the budget; None (recorded) when it gave no reply."""
         prompt = llm_prompts.prompt_text(messages)
         reservation = self.budget.reserve(estimate_tokens(prompt), self.config.max_tokens)
         if isinstance(reservation, str):
-            self._disable(reservation, request, purpose, outcome="budget")
+            self._disable(reservation, request, purpose, outcome=LLMOutcome.BUDGET)
             return None
         used = (0, 0)
         try:
@@ -222,13 +221,14 @@ class LLMProposer:
     # ---------------------------------------------------------------- bookkeeping
 
     def _after_failure(self, err: LLMCallError, request: ProposeRequest, purpose: str) -> None:
-        if err.outcome == "auth":
+        if err.outcome == LLMOutcome.AUTH:
             self._disable(f"the endpoint refused the API key: {err.message}", request, purpose)
             return
         if err.permanent:  # no quota left, no such model: every later move would pay for the same error
             self._disable(err.message, request, purpose)
             return
-        if err.outcome in ("connection", "timeout", "http_error"):  # an HTTP error that outlived its retries too
+        # no answer at all, or an HTTP error that outlived its retries
+        if err.outcome in (LLMOutcome.CONNECTION, LLMOutcome.TIMEOUT, LLMOutcome.HTTP_ERROR):
             with self._lock:
                 self._unreachable += 1
                 down = self._unreachable >= UNREACHABLE_LIMIT
@@ -248,7 +248,7 @@ class LLMProposer:
     def _note_disabled(self) -> None:
         if self.store is not None and not self._noted_disabled:
             self._noted_disabled = True
-            self.store.event("note", payload={"llm": "disabled", "reason": self.disabled_reason})
+            self.store.event(EventKind.NOTE, payload={"llm": "disabled", "reason": self.disabled_reason})
 
     def _remember(self, key: tuple[str, int | None], text: str) -> None:
         with self._lock:

@@ -33,11 +33,12 @@ from forge_pack.pack import binding, manifest as manifest_mod
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.store.run_store import check_store, open_readonly
+from forge_pack.core.winner import WIN_MARGIN, is_winner
+from forge_pack.store import run_queries
+from forge_pack.store.run_store import STORE_FILE, check_store, open_readonly
+from forge_pack.store.vocabulary import HotspotStatus, MetaKey
 from forge_pack.core.verdict import Baseline, Evaluation
 
-# A kernel must beat eager by this factor in the search to be packed (the pipeline's own margin).
-WIN_MARGIN = 1.02
 # Fixtures ship inside the package: keep it small (a VAE group_norm capture alone is 0.5 GiB).
 FIXTURE_BYTES_PER_TARGET = 16 << 20
 FIXTURE_BYTES_TOTAL = 64 << 20
@@ -174,19 +175,19 @@ def write_marker(directory: Path, name: str) -> None:
 
 def read_run(run_dir: str | Path) -> RunInfo:
     rd = Path(run_dir)
-    if not (rd / "run.db").is_file():
+    if not (rd / STORE_FILE).is_file():
         raise ForgeError(f"{rd} is not a forge-pack run directory (no run.db)",
                          "pass the run directory printed by `forge-pack search` or `forge-pack build`")
     check_store(rd)
     conn = open_readonly(rd)
     try:
-        row = conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
-        meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        row = run_queries.latest_run(conn)
+        meta = run_queries.meta(conn)
     finally:
         conn.close()
     if row is None:
         raise ForgeError(f"{rd} holds no run yet", "run `forge-pack search` or `forge-pack build` first")
-    forward = meta.get("forward_us")
+    forward = meta.get(MetaKey.FORWARD_US)
     return RunInfo(rd, row["model_path"] or "", row["model_hash"] or None, row["device"] or "cpu", row["dtype"] or None,
                    json.loads(row["env_json"] or "{}"), json.loads(row["config_json"] or "{}"),
                    float(forward) if forward not in (None, "") else None)
@@ -197,14 +198,14 @@ def collect(run_dir: str | Path) -> tuple[list[Winner], list[dict]]:
     conn = open_readonly(run_dir)
     winners, dropped = [], []
     try:
-        for row in conn.execute("SELECT * FROM hotspots ORDER BY rank").fetchall():
-            if row["status"] == "skipped":
+        for row in run_queries.hotspots(conn):
+            if row["status"] == HotspotStatus.SKIPPED:
                 continue
             h = Hotspot.from_json(json.loads(row["hotspot_json"]))
-            evals = conn.execute("SELECT node_id, reason FROM evaluations WHERE hotspot_id=?", (h.id,)).fetchall()
+            evals = run_queries.verdict_reasons(conn, h.id)
             verdicts: dict[str, int] = {}
-            for e in evals:
-                verdicts[e["reason"]] = verdicts.get(e["reason"], 0) + 1
+            for reason in evals:
+                verdicts[reason] = verdicts.get(reason, 0) + 1
             stats = {"evaluations": len(evals), "verdicts": verdicts}
             note = {"hotspot_id": h.id, "op": h.op, "pretty": h.signature.pretty()}
             best = row["best_node_id"]
@@ -212,18 +213,18 @@ def collect(run_dir: str | Path) -> tuple[list[Winner], list[dict]]:
                 if evals:
                     dropped.append({**note, "reason": f"no candidate passed verification in {len(evals)} evaluations"})
                 continue
-            node = conn.execute("SELECT candidate_json FROM nodes WHERE id=?", (best,)).fetchone()
-            ev = conn.execute("SELECT evaluation_json FROM evaluations WHERE node_id=?", (best,)).fetchone()
+            node = run_queries.candidate_json(conn, best)
+            ev = run_queries.evaluation_json(conn, best)
             if node is None or ev is None:
                 continue
-            evaluation = Evaluation.from_json(json.loads(ev["evaluation_json"]))
+            evaluation = Evaluation.from_json(ev)
             speedup = evaluation.speedup_vs_eager or 0.0
-            if not evaluation.verdict.ok or speedup < WIN_MARGIN:
+            if not evaluation.verdict.ok or not is_winner(speedup):
                 dropped.append({**note, "reason": f"the best correct kernel ran at {speedup:.2f}x eager, under the "
                                                   f"{WIN_MARGIN:.2f}x needed to count as faster"})
                 continue
             base = Baseline.from_json(json.loads(row["baseline_json"])) if row["baseline_json"] else None
-            winners.append(Winner(h, row["rank"], best, Candidate.from_json(json.loads(node["candidate_json"])),
+            winners.append(Winner(h, row["rank"], best, Candidate.from_json(node),
                                   evaluation, base, stats))
     finally:
         conn.close()

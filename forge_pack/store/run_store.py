@@ -1,9 +1,11 @@
-"""The run store: one SQLite database (WAL) per run directory. No torch import.
+"""The run store: one SQLite database (WAL) per run directory; its schema, its checks, its writer
+(``Store``, used by the search) and read-only connections for everything else. No torch import.
 
-Tables: runs, hotspots, nodes, evaluations, node_stats, events, llm_calls. Every write commits
-at once, so a process killed between evaluations loses nothing (``kill -9`` included), and a
-reader (the dashboard) opens the file read-only while the search writes. ``events.seq`` is a
-monotonic cursor: the dashboard polls ``events WHERE seq > ?``.
+Tables: runs, hotspots, nodes, evaluations, node_stats, events, llm_calls; the words of their
+status and kind columns are in ``vocabulary``. Every write commits at once, so a process killed
+between evaluations loses nothing (``kill -9`` included), and a reader (the dashboard) opens the
+file read-only while the search writes. ``events.seq`` is a monotonic cursor: the dashboard polls
+``events WHERE seq > ?``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from forge_pack.core.errors import ForgeError
+from forge_pack.store.vocabulary import HOTSPOT_EVENT, EventKind, LLMOutcome, MetaKey, NodeStatus, RunStatus
 
 SCHEMA_VERSION = 1
 STORE_FILE = "run.db"
@@ -86,7 +89,7 @@ CREATE TABLE IF NOT EXISTS node_stats (
 CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
-    kind TEXT NOT NULL,                           -- run_start | hotspot_start | node_added | eval_start | eval_done | hotspot_done | run_end | heartbeat | llm_call | control | note
+    kind TEXT NOT NULL,                           -- vocabulary.EventKind
     hotspot_id TEXT, node_id INTEGER,
     payload_json TEXT
 );
@@ -97,7 +100,7 @@ CREATE TABLE IF NOT EXISTS llm_calls (
     prompt TEXT, reply TEXT,
     prompt_tokens INTEGER, completion_tokens INTEGER,
     latency_s REAL, cost_usd REAL,
-    outcome TEXT,                                 -- ok | http_error | timeout | connection | auth | unparseable | refused | static_check | duplicate | budget | error
+    outcome TEXT,                                 -- vocabulary.LLMOutcome
     error TEXT,
     cand_hash TEXT,                               -- the candidate the reply became (outcome ok), to link the call to its node
     created_at REAL NOT NULL
@@ -190,8 +193,8 @@ class Store:
         self.conn.execute("PRAGMA synchronous=NORMAL")  # with WAL: durable against process death
         self.conn.executescript(DDL)
         self._add_missing_columns()
-        self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
-                          (str(SCHEMA_VERSION),))
+        self.conn.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)",
+                          (MetaKey.SCHEMA_VERSION, str(SCHEMA_VERSION)))
 
     def _add_missing_columns(self) -> None:
         """Columns added after a run store was first written (CREATE TABLE IF NOT EXISTS keeps the old
@@ -236,22 +239,35 @@ class Store:
         row = self.query("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
         if row:  # resuming: the run row stays, its status goes back to running
             run_id = row[0]["id"]
-            self.execute("UPDATE runs SET status='running', heartbeat_at=?, env_json=?, config_json=? WHERE id=?",
-                         (now, _json(env), _json(config), run_id))
+            self.execute("UPDATE runs SET status=?, heartbeat_at=?, env_json=?, config_json=? WHERE id=?",
+                         (RunStatus.RUNNING, now, _json(env), _json(config), run_id))
         else:
             run_id = self.execute(
                 "INSERT INTO runs(created_at, model_path, model_hash, device, dtype, status, heartbeat_at, env_json,"
-                " config_json) VALUES (?,?,?,?,?, 'running', ?,?,?)",
-                (now, model_path, model_hash, device, dtype, now, _json(env), _json(config))).lastrowid
-        self.event("run_start", payload={"run_id": run_id})
+                " config_json) VALUES (?,?,?,?,?,?,?,?,?)",
+                (now, model_path, model_hash, device, dtype, RunStatus.RUNNING, now, _json(env),
+                 _json(config))).lastrowid
+        self.event(EventKind.RUN_START, payload={"run_id": run_id})
         return int(run_id)
+
+    def latest_run(self) -> sqlite3.Row | None:
+        """The run row (a run directory holds one; resume reuses it)."""
+        rows = self.query("SELECT * FROM runs ORDER BY id DESC LIMIT 1")
+        return rows[0] if rows else None
+
+    def running_run_id(self) -> int | None:
+        """The id of the run while its status is running (the heartbeat thread beats only that)."""
+        rows = self.query("SELECT id FROM runs WHERE status=? ORDER BY id DESC LIMIT 1", (RunStatus.RUNNING,))
+        return int(rows[0]["id"]) if rows else None
 
     def heartbeat(self, run_id: int) -> None:
         self.execute("UPDATE runs SET heartbeat_at=? WHERE id=?", (time.time(), run_id))
 
-    def finish_run(self, run_id: int, status: str = "finished") -> None:
+    def finish_run(self, run_id: int, status: str = RunStatus.FINISHED) -> None:
+        if status not in RunStatus.ALL:
+            raise ValueError(f"unknown run status {status!r}")
         self.execute("UPDATE runs SET status=?, heartbeat_at=? WHERE id=?", (status, time.time(), run_id))
-        self.event("run_end", payload={"status": status})
+        self.event(EventKind.RUN_END, payload={"status": status})
 
     # ---- hotspots
     def add_hotspot(self, run_id: int, rank: int, hotspot_json: dict, budget: int) -> str:
@@ -263,14 +279,24 @@ class Store:
              hotspot_json["time_share"], budget))
         return hid
 
+    def set_hotspot_budget(self, hotspot_id: str, budget: int) -> None:
+        """The evaluation budget of the search about to run (a resume may raise it)."""
+        self.execute("UPDATE hotspots SET budget=? WHERE id=?", (budget, hotspot_id))
+
     def set_baseline(self, hotspot_id: str, baseline_json: dict) -> None:
         self.execute("UPDATE hotspots SET baseline_json=? WHERE id=?", (_json(baseline_json), hotspot_id))
 
+    def baseline(self, hotspot_id: str) -> dict | None:
+        """The stored Baseline.to_json() of a hotspot; None until it was measured."""
+        rows = self.query("SELECT baseline_json FROM hotspots WHERE id=?", (hotspot_id,))
+        return json.loads(rows[0]["baseline_json"]) if rows and rows[0]["baseline_json"] else None
+
     def set_hotspot_status(self, hotspot_id: str, status: str, best_node_id: int | None = None) -> None:
+        if status not in HOTSPOT_EVENT:  # pending is the column's default, never set
+            raise ValueError(f"a hotspot's status cannot be set to {status!r}")
         self.execute("UPDATE hotspots SET status=?, best_node_id=COALESCE(?, best_node_id) WHERE id=?",
                      (status, best_node_id, hotspot_id))
-        self.event("hotspot_" + ("start" if status == "searching" else "done" if status == "done" else status),
-                   hotspot_id=hotspot_id, payload={"best_node_id": best_node_id})
+        self.event(HOTSPOT_EVENT[status], hotspot_id=hotspot_id, payload={"best_node_id": best_node_id})
 
     def set_hotspot_search(self, hotspot_id: str, search_s: float, stop_reason: str | None = None) -> None:
         """The search time used so far and how the search ended (None while it runs: a process that
@@ -282,17 +308,17 @@ class Store:
                  candidate_json: dict) -> int:
         node_id = self.execute(
             "INSERT INTO nodes(hotspot_id, parent_id, depth, move, move_kind, family, params_json, origin, cand_hash,"
-            " candidate_json, status, created_at) VALUES (?,?,?,?,?,?,?,?,?,?, 'pending', ?)",
+            " candidate_json, status, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (hotspot_id, parent_id, depth, move, move_kind, candidate_json.get("family"),
              _json(candidate_json.get("params", {})), candidate_json.get("origin"), candidate_json["hash"],
-             _json(candidate_json), time.time())).lastrowid
-        self.event("node_added", hotspot_id=hotspot_id, node_id=node_id,
+             _json(candidate_json), NodeStatus.PENDING, time.time())).lastrowid
+        self.event(EventKind.NODE_ADDED, hotspot_id=hotspot_id, node_id=node_id,
                    payload={"parent_id": parent_id, "move": move, "move_kind": move_kind})
         return int(node_id)
 
     def mark_evaluating(self, node_id: int, hotspot_id: str) -> None:
-        self.execute("UPDATE nodes SET status='evaluating' WHERE id=?", (node_id,))
-        self.event("eval_start", hotspot_id=hotspot_id, node_id=node_id)
+        self.execute("UPDATE nodes SET status=? WHERE id=?", (NodeStatus.EVALUATING, node_id))
+        self.event(EventKind.EVAL_START, hotspot_id=hotspot_id, node_id=node_id)
 
     def record_evaluation(self, node_id: int, hotspot_id: str, evaluation_json: dict, reward: float) -> None:
         v = evaluation_json["verdict"]
@@ -312,10 +338,10 @@ class Store:
                      finite(evaluation_json.get("bandwidth_fraction")), reward,
                      evaluation_json.get("compile_s"), evaluation_json.get("eval_s"), _json(evaluation_json),
                      time.time()))
-                self.conn.execute("UPDATE nodes SET status='done' WHERE id=?", (node_id,))
+                self.conn.execute("UPDATE nodes SET status=? WHERE id=?", (NodeStatus.DONE, node_id))
                 self.conn.execute(
                     "INSERT INTO events(at, kind, hotspot_id, node_id, payload_json) VALUES (?,?,?,?,?)",
-                    (time.time(), "eval_done", hotspot_id, node_id,
+                    (time.time(), EventKind.EVAL_DONE, hotspot_id, node_id,
                      _json({"ok": v["ok"], "reason": v["reason"], "reward": reward,
                             "speedup_vs_eager": evaluation_json.get("speedup_vs_eager"),
                             "median_us": t.get("median_us")})))
@@ -337,17 +363,33 @@ class Store:
     # ---- events and LLM calls
     def event(self, kind: str, hotspot_id: str | None = None, node_id: int | None = None,
               payload: dict | None = None) -> int:
+        if kind not in EventKind.ALL:
+            raise ValueError(f"unknown event kind {kind!r}")
         return int(self.execute("INSERT INTO events(at, kind, hotspot_id, node_id, payload_json) VALUES (?,?,?,?,?)",
                                 (time.time(), kind, hotspot_id, node_id, _json(payload or {}))).lastrowid)
 
     def record_llm_call(self, **fields: Any) -> int:
+        if fields.get("outcome") not in LLMOutcome.ALL:
+            raise ValueError(f"unknown LLM call outcome {fields.get('outcome')!r}")
         fields.setdefault("created_at", time.time())
         cols = ",".join(fields)
         marks = ",".join("?" for _ in fields)
         call_id = int(self.execute(f"INSERT INTO llm_calls({cols}) VALUES ({marks})", fields.values()).lastrowid)
-        self.event("llm_call", hotspot_id=fields.get("hotspot_id"), node_id=fields.get("node_id"),
+        self.event(EventKind.LLM_CALL, hotspot_id=fields.get("hotspot_id"), node_id=fields.get("node_id"),
                    payload={"id": call_id, "outcome": fields.get("outcome"), "purpose": fields.get("purpose")})
         return call_id
+
+    def llm_spending(self) -> tuple[float, int]:
+        """(USD, tokens) all recorded LLM calls cost: a resumed run's budget counts them."""
+        row = self.query("SELECT COALESCE(SUM(cost_usd), 0), COALESCE(SUM(prompt_tokens + completion_tokens), 0)"
+                         " FROM llm_calls")[0]
+        return float(row[0]), int(row[1])
+
+    def llm_moves(self, purposes: Iterable[str]) -> list[sqlite3.Row]:
+        """(hotspot_id, node_id, purpose, n): how many calls of each purpose each node's expansion made."""
+        purposes = tuple(purposes)
+        return self.query("SELECT hotspot_id, node_id, purpose, COUNT(*) AS n FROM llm_calls"
+                          f" WHERE purpose IN ({','.join('?' * len(purposes))}) GROUP BY 1, 2, 3", purposes)
 
     # ---- reads used by resume and reporting
     def nodes(self, hotspot_id: str) -> list[sqlite3.Row]:
@@ -367,4 +409,5 @@ def open_readonly(run_dir: str | Path) -> sqlite3.Connection:
     # as_uri() percent-quotes the path: a '#', '?' or '%' in a directory name would end or garble the URI
     conn = sqlite3.connect(path.as_uri() + "?mode=ro", uri=True, check_same_thread=False)
     conn.row_factory = sqlite3.Row
+    conn.execute("PRAGMA query_only=1")  # a second lock beside mode=ro: no statement on it may write
     return conn

@@ -1,8 +1,9 @@
-"""Queries behind the dashboard: small JSON-ready dicts read from a run store. No torch import.
+"""The dashboard's answers: small JSON-ready dicts built from a run store's rows. No torch import.
 
-Every function takes a read-only sqlite3 connection (``store.open_readonly``) and returns plain
-data; the HTTP layer (``ui_server``) serialises it. Summary endpoints stay small at any run size
-(aggregates, one row per hotspot); per-candidate detail is read only for the node asked for.
+Every function takes a read-only sqlite3 connection (``store.run_store.open_readonly``) and returns
+plain data; the rows come from ``store.dashboard_queries`` and the HTTP layer (``ui.server``)
+serialises the result. Summary endpoints stay small at any run size (aggregates, one row per
+hotspot); per-candidate detail is read only for the node asked for.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ import sqlite3
 import time
 from typing import Any
 
+from forge_pack.search.mcts import SearchConfig
+from forge_pack.store import dashboard_queries as q
+from forge_pack.store import run_queries
+from forge_pack.store.vocabulary import NodeStatus, RunStatus
+
 # A running run whose heartbeat is older than this is shown as stalled (crashed or hung).
 # The search heartbeats every few seconds; two minutes leaves room for a slow compile.
 STALE_AFTER_S = 120.0
-# UCT constants for the tooltip when the run's config does not record them: search.SearchConfig's defaults
-# (copied, not imported: the dashboard does not load the search).
-DEFAULT_EXPLORATION = 0.3
-DEFAULT_MAX_WEIGHT = 0.9
-MAX_PAGE = 500
-VERDICT_ORDER = ("ok", "pending", "evaluating")
+# UCT constants for the tooltip when the run's config does not record them: the search's defaults.
+DEFAULT_EXPLORATION = SearchConfig.exploration
+DEFAULT_MAX_WEIGHT = SearchConfig.max_weight
+MAX_PAGE = q.MAX_PAGE
 
 
 def _loads(text: str | None, default: Any = None) -> Any:
@@ -56,13 +60,8 @@ def _find_key(obj: Any, names: tuple[str, ...]) -> Any:
     return None
 
 
-def cursor(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT MAX(seq) FROM events").fetchone()
-    return int(row[0] or 0)
-
-
-def _run_row(conn: sqlite3.Connection) -> sqlite3.Row | None:
-    return conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT 1").fetchone()
+cursor = q.cursor
+_run_row = run_queries.latest_run
 
 
 def uct_constants(conn: sqlite3.Connection) -> tuple[float, float]:
@@ -79,9 +78,7 @@ def uct_scores(conn: sqlite3.Connection, hotspot_id: str) -> dict[int, tuple[int
     the virtual loss of evaluations in flight): value = (1 - w) * mean + w * best reward in the subtree,
     UCT = value + c * sqrt(ln(parent visits + 1) / visits)."""
     c, w = uct_constants(conn)
-    rows = conn.execute("SELECT n.id, n.parent_id, s.visits, s.value_sum, e.reward FROM nodes n"
-                        " LEFT JOIN node_stats s ON s.node_id=n.id LEFT JOIN evaluations e ON e.node_id=n.id"
-                        " WHERE n.hotspot_id=? ORDER BY n.id", (hotspot_id,)).fetchall()
+    rows = q.tree_stats(conn, hotspot_id)
     parent = {r[0]: r[1] for r in rows}
     best: dict[int, float] = {}
     for r in rows:  # propagate each reward up its path
@@ -106,15 +103,7 @@ def uct_scores(conn: sqlite3.Connection, hotspot_id: str) -> dict[int, tuple[int
     return out
 
 
-def _best_nodes(conn: sqlite3.Connection) -> dict[str, int]:
-    """hotspot id -> best node id: the search's own choice, else the fastest correct candidate."""
-    # SQLite returns the bare column (node_id) of the row that holds the MAX().
-    best: dict[str, int] = {r[0]: r[1] for r in conn.execute(
-        "SELECT hotspot_id, node_id, MAX(speedup_vs_eager) FROM evaluations WHERE ok=1 AND speedup_vs_eager"
-        " IS NOT NULL GROUP BY hotspot_id")}
-    for r in conn.execute("SELECT id, best_node_id FROM hotspots WHERE best_node_id IS NOT NULL"):
-        best[r["id"]] = r["best_node_id"]
-    return best
+_best_nodes = q.best_nodes
 
 
 def projected_speedup(parts: list[tuple[float, float | None]]) -> float:
@@ -137,32 +126,26 @@ def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
         beat = run["heartbeat_at"] or run["created_at"]
         age = now - beat
         state = status
-        if status == "running" and age > STALE_AFTER_S:
+        if status == RunStatus.RUNNING and age > STALE_AFTER_S:
             state = "stalled"
-        end = now if state == "running" else beat
+        end = now if state == RunStatus.RUNNING else beat
         header = {"model_path": run["model_path"], "model_hash": run["model_hash"], "device": run["device"],
                   "dtype": run["dtype"], "status": status, "state": state, "created_at": run["created_at"],
                   "heartbeat_at": beat, "heartbeat_age_s": age, "elapsed_s": max(0.0, end - run["created_at"]),
                   "env": _loads(run["env_json"], {}), "stale_after_s": STALE_AFTER_S}
-    counts = {r[0]: r[1] for r in conn.execute(
-        "SELECT CASE WHEN ok=1 THEN 'ok' ELSE reason END, COUNT(*) FROM evaluations GROUP BY 1")}
-    n_nodes = {r[0]: r[1] for r in conn.execute("SELECT status, COUNT(*) FROM nodes GROUP BY status")}
-    llm = conn.execute("SELECT COUNT(*), COALESCE(SUM(prompt_tokens),0), COALESCE(SUM(completion_tokens),0),"
-                       " COALESCE(SUM(cost_usd),0), COALESCE(SUM(outcome!='ok'),0) FROM llm_calls").fetchone()
+    counts = q.verdict_counts(conn)
+    n_nodes = q.node_status_counts(conn)
     best = _best_nodes(conn)
-    spent = {r[0]: (r[1], r[2]) for r in conn.execute(
-        "SELECT hotspot_id, COUNT(*), SUM(ok=0) FROM evaluations GROUP BY hotspot_id")}
-    evaluating = {r[0]: r[1] for r in conn.execute(
-        "SELECT hotspot_id, COUNT(*) FROM nodes WHERE status='evaluating' GROUP BY hotspot_id")}
+    spent = q.evaluations_per_hotspot(conn)
+    evaluating = q.evaluating_per_hotspot(conn)
     rows = []
-    for h in conn.execute("SELECT * FROM hotspots ORDER BY rank"):
+    for h in run_queries.hotspots(conn):
         base = _loads(h["baseline_json"], {}) or {}
         eager = _num(((base.get("eager") or {}).get("median_us")))
         compiled = _num(((base.get("compiled") or {}).get("median_us")))
         b = None
         if h["id"] in best:
-            b = conn.execute("SELECT node_id, median_us, speedup_vs_eager, speedup_vs_compile FROM evaluations"
-                             " WHERE node_id=?", (best[h["id"]],)).fetchone()
+            b = q.best_timing(conn, best[h["id"]])
         hs = _loads(h["hotspot_json"], {}) or {}
         n_eval, n_fail = spent.get(h["id"], (0, 0))
         s_eager = _num(b["speedup_vs_eager"]) if b else None
@@ -179,10 +162,9 @@ def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
     return {
         "cursor": seq, "server_time": now, "run": header,
         "evaluations": sum(counts.values()), "budget": sum(r["budget"] or 0 for r in rows),
-        "nodes": sum(n_nodes.values()), "pending": n_nodes.get("pending", 0),
-        "evaluating": n_nodes.get("evaluating", 0), "verdicts": counts,
-        "llm": {"calls": llm[0], "prompt_tokens": llm[1], "completion_tokens": llm[2], "cost_usd": llm[3],
-                "failed": llm[4]},
+        "nodes": sum(n_nodes.values()), "pending": n_nodes.get(NodeStatus.PENDING, 0),
+        "evaluating": n_nodes.get(NodeStatus.EVALUATING, 0), "verdicts": counts,
+        "llm": run_queries.llm_totals(conn),
         "hotspots": rows,
         "projected_model_speedup": projected_speedup([(r["time_share"] or 0.0, r["speedup_vs_eager"]) for r in rows]),
     }
@@ -193,11 +175,10 @@ def progress(conn: sqlite3.Connection) -> dict:
     seq = cursor(conn)
     run = _run_row(conn)
     start = run["created_at"] if run else 0.0
-    hotspots: list[str] = [r[0] for r in conn.execute("SELECT id FROM hotspots ORDER BY rank")]
+    hotspots: list[str] = q.hotspot_ids(conn)
     index = {h: i for i, h in enumerate(hotspots)}
     rows = []
-    for r in conn.execute("SELECT node_id, hotspot_id, finished_at, ok, reason, speedup_vs_eager FROM evaluations"
-                          " ORDER BY finished_at, node_id"):
+    for r in q.evaluations_in_order(conn):
         if r[1] not in index:
             index[r[1]] = len(hotspots)
             hotspots.append(r[1])
@@ -212,14 +193,10 @@ def tree(conn: sqlite3.Connection, hotspot_id: str) -> dict:
     c, w = uct_constants(conn)
     scores = uct_scores(conn, hotspot_id)
     best = _best_nodes(conn).get(hotspot_id)
-    rows = conn.execute(
-        "SELECT n.id, n.parent_id, n.depth, n.move, n.move_kind, n.status, n.family, e.ok, e.reason,"
-        " e.speedup_vs_eager, e.median_us FROM nodes n LEFT JOIN evaluations e ON e.node_id=n.id"
-        " WHERE n.hotspot_id=? ORDER BY n.id", (hotspot_id,)).fetchall()
     out = []
-    for r in rows:
+    for r in q.tree_nodes(conn, hotspot_id):
         n, mean, uct = scores.get(r["id"], (0, None, None))
-        verdict = None if r["ok"] is None else ("ok" if r["ok"] else r["reason"])
+        verdict = None if r["ok"] is None else (q.VERDICT_OK if r["ok"] else r["reason"])
         out.append([r["id"], r["parent_id"], r["depth"], r["move"], r["move_kind"], r["status"], verdict,
                     _round(r["speedup_vs_eager"]), n, _round(mean), _round(uct), r["family"], _round(r["median_us"], 2)])
     return {"cursor": seq, "hotspot_id": hotspot_id, "best_node_id": best, "exploration": c, "max_weight": w,
@@ -227,16 +204,11 @@ def tree(conn: sqlite3.Connection, hotspot_id: str) -> dict:
                      "mean", "uct", "family", "median_us"], "nodes": out}
 
 
-_SORTS = {"id": "n.id", "speedup": "e.speedup_vs_eager", "median": "e.median_us", "depth": "n.depth",
-          "visits": "s.visits", "verdict": "verdict", "hotspot": "n.hotspot_id"}
-
-
 def record_setters(conn: sqlite3.Connection) -> set[int]:
     """Nodes that raised their hotspot's best speedup when they finished (the 'best only' filter)."""
     out: set[int] = set()
     best: dict[str, float] = {}
-    for r in conn.execute("SELECT node_id, hotspot_id, speedup_vs_eager FROM evaluations WHERE ok=1"
-                          " AND speedup_vs_eager IS NOT NULL ORDER BY finished_at, node_id"):
+    for r in q.correct_speedups_in_order(conn):
         if r[2] > best.get(r[1], 0.0):
             best[r[1]] = r[2]
             out.add(r[0])
@@ -247,42 +219,10 @@ def candidates(conn: sqlite3.Connection, hotspot: str | None = None, verdict: st
                depth: int | None = None, best_only: bool = False, sort: str = "id", desc: bool = False,
                offset: int = 0, limit: int = 100) -> dict:
     seq = cursor(conn)
-    where, args = [], []
-    if hotspot:
-        where.append("n.hotspot_id=?")
-        args.append(hotspot)
-    if verdict:
-        if verdict in ("pending", "evaluating"):
-            where.append("e.node_id IS NULL AND n.status=?")
-            args.append(verdict)
-        elif verdict == "ok":
-            where.append("e.ok=1")
-        elif verdict == "failed":
-            where.append("e.ok=0")
-        else:
-            where.append("e.ok=0 AND e.reason=?")
-            args.append(verdict)
-    if depth is not None:
-        where.append("n.depth=?")
-        args.append(depth)
-    if best_only:
-        ids = sorted(record_setters(conn))
-        where.append(f"n.id IN ({','.join('?' * len(ids))})" if ids else "0")
-        args.extend(ids)
-    cond = (" WHERE " + " AND ".join(where)) if where else ""
-    base = (" FROM nodes n LEFT JOIN evaluations e ON e.node_id=n.id LEFT JOIN node_stats s ON s.node_id=n.id"
-            + cond)
-    total = conn.execute("SELECT COUNT(*)" + base, args).fetchone()[0]
-    order = _SORTS.get(sort, "n.id")
-    # NULLs (pending, failed) always last, whichever the direction.
-    order_sql = f"{order} IS NULL, {order} {'DESC' if desc else 'ASC'}, n.id"
     limit = max(1, min(int(limit), MAX_PAGE))
-    rows = conn.execute(
-        "SELECT n.id, n.hotspot_id, n.parent_id, n.depth, n.move, n.move_kind, n.family, n.status,"
-        " CASE WHEN e.node_id IS NULL THEN n.status WHEN e.ok=1 THEN 'ok' ELSE e.reason END AS verdict,"
-        " e.speedup_vs_eager, e.speedup_vs_compile, e.median_us, e.iqr_us, e.max_abs_err, e.max_rel_err,"
-        " s.visits, substr(e.detail, 1, 160) AS detail" + base + f" ORDER BY {order_sql} LIMIT ? OFFSET ?",
-        [*args, limit, max(0, int(offset))]).fetchall()
+    total, rows = q.candidate_page(conn, hotspot=hotspot, verdict=verdict, depth=depth,
+                                   node_ids=sorted(record_setters(conn)) if best_only else None, sort=sort,
+                                   desc=desc, offset=max(0, int(offset)), limit=limit)
     best = set(_best_nodes(conn).values())
     items = [{"id": r["id"], "hotspot_id": r["hotspot_id"], "parent_id": r["parent_id"], "depth": r["depth"],
               "move": r["move"], "move_kind": r["move_kind"], "family": r["family"], "status": r["status"],
@@ -291,10 +231,8 @@ def candidates(conn: sqlite3.Connection, hotspot: str | None = None, verdict: st
               "iqr_us": _num(r["iqr_us"]), "max_abs_err": _num(r["max_abs_err"]),
               "max_rel_err": _num(r["max_rel_err"]), "visits": r["visits"] or 0,
               "detail": (r["detail"] or "").split("\n", 1)[0], "best": r["id"] in best} for r in rows]
-    depths = [r[0] for r in conn.execute("SELECT DISTINCT depth FROM nodes ORDER BY depth")]
-    reasons = [r[0] for r in conn.execute("SELECT DISTINCT reason FROM evaluations WHERE ok=0 ORDER BY reason")]
     return {"cursor": seq, "total": total, "offset": offset, "limit": limit, "items": items,
-            "depths": depths, "reasons": reasons}
+            "depths": q.depths(conn), "reasons": q.failure_reasons(conn)}
 
 
 _PTXAS_ENTRY = re.compile(r"(?:Compiling entry function|Function properties for) '?([A-Za-z_]\w*)'?")
@@ -331,19 +269,13 @@ def resources(evaluation: dict) -> list[dict]:
 
 
 def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
-    n = conn.execute("SELECT * FROM nodes WHERE id=?", (node_id,)).fetchone()
+    n = q.node(conn, node_id)
     if n is None:
         return None
-    e = conn.execute("SELECT * FROM evaluations WHERE node_id=?", (node_id,)).fetchone()
-    s = conn.execute("SELECT * FROM node_stats WHERE node_id=?", (node_id,)).fetchone()
-    h = conn.execute("SELECT pretty, baseline_json FROM hotspots WHERE id=?", (n["hotspot_id"],)).fetchone()
-    path, cur, seen = [], n["parent_id"], set()
-    while cur is not None and cur not in seen and len(path) < 10000:  # guard against a corrupt cycle
-        seen.add(cur)
-        path.append(cur)
-        p = conn.execute("SELECT parent_id FROM nodes WHERE id=?", (cur,)).fetchone()
-        cur = p[0] if p else None
-    path.reverse()
+    e = q.evaluation(conn, node_id)
+    s = q.node_stats(conn, node_id)
+    h = q.hotspot_header(conn, n["hotspot_id"])
+    path = q.ancestors(conn, node_id, n["parent_id"])
     evaluation = None
     if e is not None:
         evaluation = _loads(e["evaluation_json"], {}) or {}
@@ -355,19 +287,11 @@ def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
         stats = {"visits": visits, "value_sum": s["value_sum"], "mean": mean, "uct": uct}
     # LLM calls: the one whose reply became this candidate (llm_calls.cand_hash), and those made while
     # expanding this node (llm_calls.node_id is the parent being expanded).
-    has_hash = any(r[1] == "cand_hash" for r in conn.execute("PRAGMA table_info(llm_calls)"))
-    cols = ("id, model, purpose, prompt, reply, prompt_tokens, completion_tokens, latency_s, cost_usd, outcome,"
-            " error, created_at, node_id")
-    llm = []
-    if has_hash:
-        # outcome 'ok' only: a 'duplicate' row also carries the hash, of the kernel it repeated
-        llm += [dict(r, relation="produced this candidate") for r in conn.execute(
-            f"SELECT {cols} FROM llm_calls WHERE cand_hash=? AND hotspot_id=? AND outcome='ok' ORDER BY id",
-            (n["cand_hash"], n["hotspot_id"]))]
+    produced, expanding = q.llm_calls_of_node(conn, node_id, n["hotspot_id"], n["cand_hash"])
+    llm = [dict(r, relation="produced this candidate") for r in produced]
     seen_ids = {c["id"] for c in llm}
-    llm += [dict(r, relation="made while expanding this node") for r in conn.execute(
-        f"SELECT {cols} FROM llm_calls WHERE node_id=? ORDER BY id", (node_id,)) if r["id"] not in seen_ids]
-    children = [r[0] for r in conn.execute("SELECT id FROM nodes WHERE parent_id=? ORDER BY id", (node_id,))]
+    llm += [dict(r, relation="made while expanding this node") for r in expanding if r["id"] not in seen_ids]
+    children = q.child_ids(conn, node_id)
     return {"id": n["id"], "hotspot_id": n["hotspot_id"], "hotspot_pretty": h["pretty"] if h else "",
             "parent_id": n["parent_id"], "depth": n["depth"], "move": n["move"], "move_kind": n["move_kind"],
             "family": n["family"], "params": _loads(n["params_json"], {}), "origin": n["origin"],
@@ -378,7 +302,7 @@ def node_detail(conn: sqlite3.Connection, node_id: int) -> dict | None:
 
 
 def source(conn: sqlite3.Connection, node_id: int) -> dict | None:
-    n = conn.execute("SELECT id, move, candidate_json FROM nodes WHERE id=?", (node_id,)).fetchone()
+    n = q.node_source(conn, node_id)
     if n is None:
         return None
     cand = _loads(n["candidate_json"], {}) or {}
@@ -400,13 +324,8 @@ def failure_message(detail: str | None) -> str:
 
 def failures(conn: sqlite3.Connection, hotspot: str | None = None, examples: int = 8) -> dict:
     seq = cursor(conn)
-    sql = "SELECT node_id, hotspot_id, reason, detail FROM evaluations WHERE ok=0"
-    args: list[Any] = []
-    if hotspot:
-        sql += " AND hotspot_id=?"
-        args.append(hotspot)
     groups: dict[tuple[str, str], dict] = {}
-    for r in conn.execute(sql + " ORDER BY node_id", args):
+    for r in q.rejected_evaluations(conn, hotspot):
         key = (r["reason"], failure_message(r["detail"]))
         g = groups.get(key)
         if g is None:
@@ -425,12 +344,11 @@ def failures(conn: sqlite3.Connection, hotspot: str | None = None, examples: int
 
 
 def events(conn: sqlite3.Connection, after: int, limit: int = 1000) -> dict:
-    limit = max(1, min(int(limit), 5000))
-    rows = conn.execute("SELECT seq, at, kind, hotspot_id, node_id, payload_json FROM events WHERE seq>?"
-                        " ORDER BY seq LIMIT ?", (int(after), limit + 1)).fetchall()
+    limit = max(1, min(int(limit), q.MAX_EVENTS))
+    rows = q.events_after(conn, after, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
-    out = [[r[0], r[1], r[2], r[3], r[4], _loads(r[5], {})] for r in rows if r[2] != "heartbeat"]
+    out = [[r[0], r[1], r[2], r[3], r[4], _loads(r[5], {})] for r in rows]
     last = rows[-1][0] if rows else int(after)
     return {"cursor": last, "more": more, "cols": ["seq", "at", "kind", "hotspot_id", "node_id", "payload"],
             "events": out}

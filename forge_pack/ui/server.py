@@ -32,7 +32,8 @@ from urllib.parse import parse_qs, urlsplit
 from forge_pack.search import control
 from forge_pack.ui import data as ui_data
 from forge_pack.core.errors import ForgeError
-from forge_pack.store.run_store import check_store, finite, open_readonly
+from forge_pack.store.run_queries import check_readable
+from forge_pack.store.run_store import STORE_FILE, check_store, finite, open_readonly
 
 DEFAULT_PORT = 8765
 PORT_TRIES = 50  # a busy default port moves up to this many ports on
@@ -129,7 +130,6 @@ class UIApp:
     def query(self, path: str, q: dict) -> tuple[int, Any]:
         conn = open_readonly(self.run_dir)
         try:
-            conn.execute("PRAGMA query_only=1")
             result = self.routes[path](conn, q)
         finally:
             conn.close()
@@ -280,13 +280,13 @@ class UIServer(http.server.ThreadingHTTPServer):
 
 def _check_run_dir(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
-    if not (run_dir / "run.db").is_file():
+    if not (run_dir / STORE_FILE).is_file():
         raise ForgeError(f"no run store in {run_dir} (run.db is missing)",
                          "pass the run directory that `forge-pack search` or `build` wrote")
     check_store(run_dir)  # empty, truncated, not SQLite: the same error + hint as every other command
     try:
         conn = open_readonly(run_dir)
-        conn.execute("SELECT 1 FROM runs LIMIT 1").fetchall()
+        check_readable(conn)
         conn.close()
     except sqlite3.Error as e:
         raise ForgeError(f"cannot read the run store {run_dir / 'run.db'}: {e}",

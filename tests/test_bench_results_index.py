@@ -62,5 +62,4 @@ def test_no_doc_points_outside_the_repository():
     docs = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md",
             RESULTS / "README.md", *(ROOT / "bench").glob("*.py")]
     outside = [f"{d.relative_to(ROOT)}: {m}" for d in docs for m in re.findall(r"\.\./shared/\S+", d.read_text())]
-    # docs/architecture.md is being rewritten as the map of the new layout; it is checked once it is
-    assert [o for o in outside if not o.startswith("docs/architecture.md")] == []
+    assert outside == []

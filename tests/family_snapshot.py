@@ -135,12 +135,13 @@ def _proposals(api, sig, backend: str, gpu: dict) -> dict:
 
 
 def snapshot(api) -> dict:
-    """{"families": metadata per backend, "cases": one entry per backend/GPU/op/signature}."""
+    """{"families": metadata per backend and op, "cases": one entry per backend/GPU/op/signature}."""
     meta = {}
     for backend in ("cuda", "cpu"):
-        meta[backend] = [{"ops": list(f.ops), "name": f.name, "template": f.template, "doc": f.doc,
-                          "knobs": [[k.name, list(k.values), k.doc] for k in f.knobs]}
-                         for f in api.families(backend)]
+        for op in SIGNATURES:
+            meta[f"{backend}|{op}"] = [{"name": f.name, "template": f.template, "doc": f.doc,
+                                        "knobs": [[k.name, list(k.values), k.doc] for k in f.knobs]}
+                                       for f in api.families(backend) if op in f.ops]
     cases = {}
     for backend in ("cuda", "cpu"):
         for gpu_name, gpu in (GPUS.items() if backend == "cuda" else [("default", {})]):

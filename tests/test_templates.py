@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -180,6 +181,31 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
         instantiate("softmax", "cuda", "block_row", {"vec": 8}, sm)  # 32 bytes per f32 load
     with pytest.raises(KeyError):
         instantiate("softmax", "cuda", "no_such_family", None, sm)
+
+
+def test_the_family_registry_and_proposer_import_without_torch():
+    code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
+            "assert len(r.backend_families('cuda')) == 24 and len(r.backend_families('cpu')) == 10; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_registry_finds_families_by_kind_or_op_and_reference_kernels_by_op():
+    assert [f.name for f in registry.families("softmax", "cuda")] == \
+        ["warp_row", "multi_row", "block_row", "online", "split_row", "split_sync"]
+    assert registry.families("log_softmax", "cpu") == registry.families("softmax", "cpu")
+    assert registry.families("adaptive_avg_pool2d", "cuda") == registry.families("avg_pool", "cuda")
+    assert registry.kind_of("adaptive_avg_pool2d") == "avg_pool" and registry.kind_of("conv2d") is None
+    assert registry.families("conv2d", "cuda") == () and registry.families("softmax", "rocm") == ()
+    assert [f.name for f in registry.backend_families("cuda") if f.co_resident] == ["resident"]
+    assert registry.is_co_resident("group_norm", "cuda", "resident")
+    assert not registry.is_co_resident("group_norm", "cuda", "split_sync")
+    assert not registry.is_co_resident("group_norm", "cpu", "resident")
+    assert registry.reference_ops() == ("softmax", "log_softmax", "group_norm", "adaptive_avg_pool2d")
+    assert registry.reference_candidate(_sig("layer_norm", SIGS["layer_norm"][1]), "cpu") is None
+    ref = registry.reference_candidate(_sig("log_softmax", SIGS["log_softmax"][0]), "cuda")
+    assert (ref.op, ref.family, ref.origin) == ("log_softmax", "reference", "reference")
+    assert ref.source.startswith("// forge-pack: element types for ") and "#define OUT_T float\n" in ref.source
 
 
 # ---------------------------------------------------------------- compilation

@@ -45,7 +45,7 @@ class Gpu:
 
     sm_count: int = 132
     smem_per_block: int = 227 * 1024  # opt-in maximum, static plus dynamic (cudaDevAttrMaxSharedMemoryPerBlockOptin)
-    smem_per_sm: int = 228 * 1024  # per SM: the per-block maximum plus the runtime's 1 KB per block
+    smem_per_sm: int = 227 * 1024 + SMEM_BLOCK_RESERVE  # per SM: the per-block maximum plus the runtime's reserve
 
     @classmethod
     def from_report(cls, report: Mapping[str, Any] | None) -> "Gpu":

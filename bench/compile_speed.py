@@ -29,7 +29,7 @@ def main() -> None:
     from forge_pack.evaluate import compile as fcompile
     from forge_pack.core.candidate import Candidate
     from forge_pack.evaluate.launch import CudaModule
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.targets.sigparse import parse_signature
 
     base = out_path("compile_speed")
@@ -37,7 +37,7 @@ def main() -> None:
     arch = fcompile.cuda_arch() if has_gpu else "sm_90"
     rows, doc = [], {"environment": environment(), "arch": arch, "results": []}
     for op, text in SIGS:
-        ref = reference_candidate(op, "cuda", parse_signature(op, text))
+        ref = reference_candidate(parse_signature(op, text), "cuda")
         for tool in ("nvrtc", "nvcc"):
             if tool == "nvcc":
                 saved = fcompile._nvrtc

@@ -48,7 +48,7 @@ def main() -> None:
     from forge_pack.evaluate.evaluator import Evaluator
     from forge_pack.core.hotspot import Hotspot
     from forge_pack.targets.ops import eager, make_inputs
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.targets.sigparse import parse_signature
     from forge_pack.evaluate.timing import TimingConfig
 
@@ -72,7 +72,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 base = ev.baseline(h)
                 baseline_s = time.perf_counter() - t0
-                cands = variants(reference_candidate(op, backend, sig), blocks, n)
+                cands = variants(reference_candidate(sig, backend), blocks, n)
                 t0 = time.perf_counter()
                 first = ev.evaluate(cands[0], h, base)  # loads the hotspot's input sets into the worker
                 first_s = time.perf_counter() - t0

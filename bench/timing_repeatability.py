@@ -41,7 +41,7 @@ def main() -> None:
 
     from forge_pack.evaluate.evaluator import Evaluator
     from forge_pack.core.hotspot import Hotspot
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.targets.sigparse import parse_signature
     from forge_pack.evaluate.timing import TimingConfig
 
@@ -60,7 +60,7 @@ def main() -> None:
             b1 = ev.baseline(h)
             ev._baselines.clear()  # time eager (and torch.compile) a second time
             b2 = ev.baseline(h)
-            cand = reference_candidate(op, "cuda", sig)
+            cand = reference_candidate(sig, "cuda")
             k1, k2 = ev.evaluate(cand, h, b1), ev.evaluate(cand, h, b1)
             def diff(a, b):
                 return abs(a - b) / min(a, b) if a and b else None

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
 
     from forge_pack.core.candidate import load_candidate_files
     from forge_pack.evaluate.evaluator import Evaluator
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.evaluate.timing import TimingConfig
 
     from eval_helpers import hotspot

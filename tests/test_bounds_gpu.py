@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture

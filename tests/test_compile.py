@@ -76,7 +76,7 @@ def _cuda_sources():
 @pytest.mark.skipif(not HAS_CUDA_COMPILER, reason="neither NVRTC nor nvcc available")
 @pytest.mark.parametrize("path", _cuda_sources(), ids=lambda p: p.name)
 def test_cuda_sources_compile_for_sm90(path, tmp_path):
-    from forge_pack.search.reference_kernels import CUDA_TYPES
+    from forge_pack.search.template_kit import CUDA_TYPES
 
     sources = [path.read_text()]
     if path.name.startswith("reference_"):  # every dtype prelude the reference kernels get

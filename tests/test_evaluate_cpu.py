@@ -8,7 +8,7 @@ import pytest
 
 from forge_pack.core.candidate import Candidate
 from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig, summarize
 from forge_pack.evaluate.worker import worker_envs
 

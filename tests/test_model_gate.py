@@ -199,7 +199,7 @@ def _gate_run(run_dir: Path, model: Path, ops: tuple[str, ...]) -> Path:
     from forge_pack.profile.load import load
     from forge_pack.pack.packager import collect, read_run
     from forge_pack.profile.profiler import profile
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.store.run_store import Store
 
     target = load(str(model), "cpu", None)
@@ -209,7 +209,7 @@ def _gate_run(run_dir: Path, model: Path, ops: tuple[str, ...]) -> Path:
         if h.op == "layer_norm" and "layer_norm" in ops:
             cands[h.id] = Candidate("layer_norm", "cpu", WRONG_LAYER_NORM, parse_spec(WRONG_SPEC), "test", {}, "user")
         elif h.op == "softmax" and "softmax" in ops and not h.unsupported:
-            cands[h.id] = reference_candidate(h.op, "cpu", h.signature)
+            cands[h.id] = reference_candidate(h.signature, "cpu")
     assert sorted(h.op for h in prof.hotspots if h.id in cands) == sorted(ops)
     helpers.store_winners(run_dir, prof.hotspots, cands, str(model), target.model_hash, "cpu",
                           {"torch": __import__("torch").__version__, "python": "3", "platform": "test"})

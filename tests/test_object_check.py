@@ -21,7 +21,7 @@ from forge_pack.evaluate import object_check, static_check
 from forge_pack.evaluate.compile import CPU_FLAGS, compile_candidate, cpu_include_dir
 from forge_pack.evaluate.evaluator import Evaluator
 from forge_pack.targets.ops import with_output
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, hotspot, load_fixture
@@ -361,11 +361,11 @@ def test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_n
 @pytest.mark.slow
 def test_every_cpu_template_family_and_reference_kernel_passes_the_object_check(tmp_path):
     from forge_pack.evaluate.compile import compile_many
-    from forge_pack.search.reference_kernels import REFERENCE_OPS
+    from forge_pack.search.families import reference_ops
     from test_templates import SIGS, _sig, _variants
 
     cands = [c for _, _, c in _variants("cpu", extremes_everywhere=False)]
-    cands += [c for op in REFERENCE_OPS for text in SIGS.get(op, [])
+    cands += [c for op in reference_ops() for text in SIGS.get(op, [])
               if (c := reference_candidate(_sig(op, text), "cpu")) is not None]
     assert {c.family for c in cands} >= {"rows", "online", "groups", "planes", "nchw", "nhwc", "reference"}
     builds = compile_many(cands, cache_dir=tmp_path, max_workers=2)

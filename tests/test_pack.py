@@ -327,10 +327,10 @@ def test_only_kernels_sized_to_every_sm_record_a_minimum_sm_count():
     from forge_pack.pack.packager import _min_sm_count
 
     env = {"sm_count": 132}
-    resident = SimpleNamespace(backend="cuda", origin="template", family="resident")
+    resident = SimpleNamespace(op="group_norm", backend="cuda", origin="template", family="resident")
     assert _min_sm_count(resident, env) == {"min_sm_count": 132}
-    for other in (SimpleNamespace(backend="cuda", origin="template", family="nchw_tile"),
-                  SimpleNamespace(backend="cuda", origin="llm", family="resident"),
-                  SimpleNamespace(backend="cpu", origin="template", family="resident")):
+    for other in (SimpleNamespace(op="adaptive_avg_pool2d", backend="cuda", origin="template", family="nchw_tile"),
+                  SimpleNamespace(op="group_norm", backend="cuda", origin="llm", family="resident"),
+                  SimpleNamespace(op="group_norm", backend="cpu", origin="template", family="resident")):
         assert _min_sm_count(other, env) == {}
     assert _min_sm_count(resident, {}) == {}

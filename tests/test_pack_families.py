@@ -54,7 +54,7 @@ def cpu_signatures() -> list[Signature]:
 def test_every_cpu_family_packs_builds_and_verifies(tmp_path):
     from forge_pack.pack.packager import RunInfo, Winner, stage_package
     from forge_pack.search.propose import ProposeRequest
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
     from forge_pack.search.templates_proposer import TemplateProposer
     from forge_pack.core.verdict import Baseline, Timing
 
@@ -63,7 +63,7 @@ def test_every_cpu_family_packs_builds_and_verifies(tmp_path):
     for sig in cpu_signatures():
         h = Hotspot(sig, ("F.x",), 1.0, 1.0, 1.0, 0.05, (), "cpu", "tests:FakeNorm" if sig.param("composite") else "")
         cands = [m.candidate for m in proposer.propose(ProposeRequest(h, "cpu", None, max_moves=8))]
-        ref = reference_candidate(sig.op, "cpu", sig)
+        ref = reference_candidate(sig, "cpu")
         for cand in cands + ([ref] if ref is not None else []):
             winners.append(Winner(h, len(winners), len(winners), cand, helpers._evaluation(2.0),
                                   Baseline(Timing(10.0, 0.1, 30), Timing(12.0, 0.1, 30)),

@@ -110,13 +110,13 @@ def _captured(run_dir: Path, name: str) -> str:
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
     """(run dir, [(name, hotspot, candidate)]): the honest reference softmax first, then REJECTED."""
-    from forge_pack.search.reference_kernels import reference_candidate
+    from forge_pack.search.families import reference_candidate
 
     run_dir = tmp_path_factory.mktemp("run")
     out = []
     for name in ["reference", *REJECTED]:
         h = hotspot("softmax", SIGNATURE, captures=(_captured(run_dir, name),))
-        cand = reference_candidate("softmax", "cpu", h.signature) if name == "reference" else \
+        cand = reference_candidate(h.signature, "cpu") if name == "reference" else \
             load_fixture(KERNELS / f"{name}.cpp")
         out.append((name, h, cand))
     return run_dir, out

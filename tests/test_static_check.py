@@ -5,7 +5,7 @@ import pytest
 from forge_pack.core.candidate import Candidate, parse_spec
 from forge_pack.core.errors import ForgeError
 from forge_pack.evaluate.launch import check_requires, plan
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.static_check import check, kernel_params
 
 from eval_helpers import KERNELS, expected_reasons, load_fixture
@@ -40,10 +40,10 @@ def test_reference_kernels_pass_static_checks():
                      ("adaptive_avg_pool2d", "x: f32[4,32,7,7]{channels_last}, output_size=(1,1)")]:
         sig = parse_signature(op, text)
         for backend in ("cuda", "cpu"):
-            cand = reference_candidate(op, backend, sig)
+            cand = reference_candidate(sig, backend)
             assert cand is not None and cand.origin == "reference"
             assert check(cand, sig) is None, (op, backend)
-    assert reference_candidate(SIG, "cuda") is not None  # the (signature, backend) form
+    assert reference_candidate(SIG, "cuda") is not None
 
 
 def test_arity_mismatch_is_static_check():
@@ -170,6 +170,7 @@ def test_conditionals_on_the_sources_own_macros_pass(prefix):
 
 def test_every_template_family_passes_the_build_parity_rule():
     from forge_pack.search import templates_proposer as tp
+    from forge_pack.search.template_kit import H200
     from forge_pack.evaluate.static_check import check_source
 
     seen = 0
@@ -182,7 +183,7 @@ def test_every_template_family_passes_the_build_parity_rule():
         sig = parse_signature(op, text)
         for backend in ("cuda", "cpu"):
             for fam in tp.applicable_families(sig, backend):
-                cand = tp._candidate(fam, sig, tp._first_valid(fam, sig, fam.defaults(sig)))
+                cand = tp._candidate(fam, sig, tp._first_valid(fam, sig, fam.defaults(sig, H200), H200))
                 assert check_source(cand) is None, (backend, fam.name, check_source(cand))
                 seen += 1
     assert seen >= 20

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,9 +28,10 @@ from forge_pack.core.hotspot import Hotspot
 from forge_pack.evaluate.launch import launch_env
 from forge_pack.search.propose import NodeView, ProposeRequest
 from forge_pack.targets.sigparse import parse_signature
-from forge_pack.search.template_kit import Family, check_spec
-from forge_pack.search.templates_proposer import (TemplateProposer, _build, _candidate, _registry, applicable_families,
-                                           families, instantiate)
+from forge_pack.search import families as registry
+from forge_pack.search.template_kit import H200, Family, Gpu, check_spec
+from forge_pack.search.templates_proposer import (TemplateProposer, _build, _candidate, applicable_families, families,
+                                                  instantiate)
 from forge_pack.core.verdict import Evaluation, Verdict
 
 # Signatures per op: several dtypes, layouts, optional inputs and sizes, so that every family
@@ -101,7 +103,7 @@ def _variants(backend: str, extremes_everywhere: bool = True) -> list[tuple[str,
     out, seen, extremes_done = [], set(), set()
     for op, text, name in _cases(backend):
         sig = _sig(op, text)
-        fam = next(f for f in _registry(backend) if f.name == name and op in f.ops)
+        fam = registry.family(op, backend, name)
         base = instantiate(op, backend, name, None, sig).params
         kinds = [("default", base)]
         if extremes_everywhere or (op, name) not in extremes_done:
@@ -179,6 +181,31 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
         instantiate("softmax", "cuda", "block_row", {"vec": 8}, sm)  # 32 bytes per f32 load
     with pytest.raises(KeyError):
         instantiate("softmax", "cuda", "no_such_family", None, sm)
+
+
+def test_the_family_registry_and_proposer_import_without_torch():
+    code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
+            "assert len(r.backend_families('cuda')) == 24 and len(r.backend_families('cpu')) == 10; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_registry_finds_families_by_kind_or_op_and_reference_kernels_by_op():
+    assert [f.name for f in registry.families("softmax", "cuda")] == \
+        ["warp_row", "multi_row", "block_row", "online", "split_row", "split_sync"]
+    assert registry.families("log_softmax", "cpu") == registry.families("softmax", "cpu")
+    assert registry.families("adaptive_avg_pool2d", "cuda") == registry.families("avg_pool", "cuda")
+    assert registry.kind_of("adaptive_avg_pool2d") == "avg_pool" and registry.kind_of("conv2d") is None
+    assert registry.families("conv2d", "cuda") == () and registry.families("softmax", "rocm") == ()
+    assert [f.name for f in registry.backend_families("cuda") if f.co_resident] == ["resident"]
+    assert registry.is_co_resident("group_norm", "cuda", "resident")
+    assert not registry.is_co_resident("group_norm", "cuda", "split_sync")
+    assert not registry.is_co_resident("group_norm", "cpu", "resident")
+    assert registry.reference_ops() == ("softmax", "log_softmax", "group_norm", "adaptive_avg_pool2d")
+    assert registry.reference_candidate(_sig("layer_norm", SIGS["layer_norm"][1]), "cpu") is None
+    ref = registry.reference_candidate(_sig("log_softmax", SIGS["log_softmax"][0]), "cuda")
+    assert (ref.op, ref.family, ref.origin) == ("log_softmax", "reference", "reference")
+    assert ref.source.startswith("// forge-pack: element types for ") and "#define OUT_T float\n" in ref.source
 
 
 # ---------------------------------------------------------------- compilation
@@ -295,7 +322,7 @@ def test_roots_respect_max_moves_and_tried_hashes():
 
 
 def _differs_by_one(a: Candidate, b: Candidate) -> bool:
-    fam = next(f for f in _registry(a.backend) if f.name == a.family and a.op in f.ops)
+    fam = registry.family(a.op, a.backend, a.family)
     changed = [k.name for k in fam.knobs if a.params.get(k.name) != b.params.get(k.name)]
     return len(changed) == 1
 
@@ -463,7 +490,7 @@ def test_resident_fits_groups_on_chip_or_says_why():
     big = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
     cand = instantiate("group_norm", "cuda", "resident", None, big)
     assert cand.params["teams"] == 4  # 4 x 8 MB groups fill the H200's registers + shared memory
-    fam = next(f for f in _registry("cuda") if f.name == "resident")
+    fam = registry.family("group_norm", "cuda", "resident")
     assert "exceed shared memory" in _build(fam, big, {**cand.params, "teams": 8, "regs": 0})
     assert "registers per thread" in _build(fam, big, {**cand.params, "threads": 1024, "bps": 2})
     for text, knobs in RESIDENT_CASES:
@@ -474,23 +501,20 @@ def test_resident_fits_groups_on_chip_or_says_why():
 def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
     """Teams that walk several groups (the next group's loads refill registers and shared memory
     while this one is written), one team for the whole grid, and fp32."""
-    fam = next(f for f in _registry("cuda") if f.name == "resident")
+    fam = registry.family("group_norm", "cuda", "resident")
     items = []
     for text, knobs in RESIDENT_CASES:
         sig = _sig("group_norm", text)
-        cand = _candidate(fam, sig, _build(fam, sig, {**fam.defaults(sig), **knobs}))
+        cand = _candidate(fam, sig, _build(fam, sig, {**fam.defaults(sig, H200), **knobs}))
         items.append((f"{text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
     failures = _evaluate_all(cuda_evaluator, items)
     assert not failures, "\n".join(failures)
 
 
-def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
+def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on():
     """The evaluator's device report reaches the template proposer: a 114-SM GPU gets a resident
-    grid of at most 114 blocks per block-per-SM (132 on the H200, the default when nothing is known)."""
-    from forge_pack.search import template_cuda
-
-    for name in ("SM_COUNT", "SMEM_MAX", "SMEM_PER_SM"):  # restored after the test
-        monkeypatch.setattr(template_cuda, name, getattr(template_cuda, name))
+    grid of at most 114 blocks per block-per-SM (132 on the H200, the default when nothing is known),
+    and one search's GPU does not leak into the next request."""
     big = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
     h = Hotspot(big, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
 
@@ -502,8 +526,33 @@ def test_persistent_grids_are_sized_for_the_gpu_the_search_runs_on(monkeypatch):
 
     assert resident_grid({}) == 132
     assert resident_grid({"sm_count": 132, "smem_optin_bytes": 232448}) == 132
-    assert template_cuda.SMEM_MAX == 200 * 1024 and template_cuda.SMEM_PER_SM == 228 * 1024  # H200: unchanged
     assert resident_grid({"sm_count": 114, "smem_optin_bytes": 232448}) <= 114
+    assert resident_grid({}) == 132
+
+
+def test_gpu_report_replaces_only_what_it_says():
+    assert Gpu.from_report({}) == Gpu.from_report(None) == H200 == Gpu(132, 227 * 1024, 228 * 1024)
+    assert Gpu.from_report({"sm_count": 132, "smem_optin_bytes": 232448}) == H200  # the H200's own report
+    a100 = Gpu.from_report({"sm_count": 108, "smem_optin_bytes": 166912})
+    assert (a100.sm_count, a100.smem_per_block, a100.smem_per_sm, a100.plan_smem) == (108, 166912, 167936, 166912)
+    assert H200.plan_smem == 200 * 1024  # the families' planning cap, under the H200's 227 KB
+    # implausible figures keep the default: 8 SMs or fewer, less than CUDA's 48 KB default
+    assert Gpu.from_report({"sm_count": 8, "smem_optin_bytes": 1024}) == H200
+    assert Gpu.from_report({"sm_count": "132"}) == H200
+
+
+def test_shared_memory_above_the_gpus_block_limit_is_refused():
+    """check_spec bounds dynamic shared memory by the GPU's per-block limit less the kernels'
+    static shared memory (1 KB)."""
+    sig = _sig("adaptive_avg_pool2d", "x: bf16[16,256,7,7], output_size=(1,1)")
+    cand = instantiate("adaptive_avg_pool2d", "cuda", "nchw_tile", None, sig)
+    smem = int(evaluate(cand.spec.kernels[0].shared_mem, launch_env(sig)))
+    assert smem == 64 * 49 * 2  # 64 planes of 7x7 bf16
+    fits = Gpu(132, smem + 1024, smem + 2048)
+    assert check_spec(cand.spec, launch_env(sig), "cuda", fits) is None
+    small = Gpu(132, smem + 1023, smem + 2048)
+    assert check_spec(cand.spec, launch_env(sig), "cuda", small) == \
+        "adaptive_avg_pool2d_nchw_tile: more dynamic shared memory than a block may have"
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")

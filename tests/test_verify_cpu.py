@@ -9,7 +9,7 @@ import os
 import pytest
 
 from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import (CPU_SIGNATURE, expected_reasons, fixture_files, fixture_modes, fixture_signature, hotspot,

@@ -9,7 +9,7 @@ import pytest
 
 from forge_pack.core.candidate import Candidate, parse_spec
 from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import MIN_CUDA_REPS, TimingConfig
 
 from eval_helpers import (CUDA_SIGNATURE, expected_reasons, fixture_files, fixture_final, fixture_signature, hotspot,

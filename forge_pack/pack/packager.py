@@ -115,10 +115,10 @@ def check_name(name: str) -> str:
 
 def _min_sm_count(cand, env: dict) -> dict:
     """{"min_sm_count": SMs} for a kernel whose grid is sized to every SM of the search GPU."""
-    from forge_pack.search.template_cuda import CO_RESIDENT
+    from forge_pack.search.families import is_co_resident
 
     sms = env.get("sm_count")
-    if cand.backend == "cuda" and cand.origin == "template" and cand.family in CO_RESIDENT and sms:
+    if cand.origin == "template" and is_co_resident(cand.op, cand.backend, cand.family) and sms:
         return {"min_sm_count": int(sms)}
     return {}
 

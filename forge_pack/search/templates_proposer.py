@@ -1,8 +1,9 @@
 """The template proposer: the search's default, offline source of kernels (no LLM, no API key).
 
-Families of parameterised kernels live in templates/kernels/{cuda,cpu}/ (see template_cuda.py and
-template_cpu.py for their parameters). For the root of a search the proposer offers one
-candidate per family that applies to the signature, at defaults chosen for its shape; for a node
+Families of parameterised kernels live in templates/kernels/{cuda,cpu}/, their Python half in
+forge_pack/search/families/<kind>.py (the registry). For the root of a search the proposer offers
+one candidate per family that applies to the signature, at defaults chosen for its shape and for
+the GPU the evaluator reports (`Gpu.from_report`; the H200 when it reports nothing); for a node
 it offers moves that change ONE parameter by one notch, or switch to another family keeping the
 parameters the two share. Moves are ordered deterministically (seeded by the parent) but
 interleave parameters, so a few moves already cover several directions. Pure Python, no torch.
@@ -19,7 +20,8 @@ from forge_pack.core.candidate import Candidate
 from forge_pack.evaluate.launch import launch_env
 from forge_pack.search.propose import Move, ProposeRequest
 from forge_pack.core.signature import Signature
-from forge_pack.search.template_kit import Built, Family, check_spec, dtype_defines, nearest, render
+from forge_pack.search import families as registry
+from forge_pack.search.template_kit import H200, Built, Family, Gpu, check_spec, dtype_defines, nearest, render
 
 
 @dataclass(frozen=True)
@@ -35,59 +37,42 @@ class FamilyInfo:
     doc: str
 
 
-def _registry(backend: str) -> list[Family]:
-    if backend == "cuda":
-        from forge_pack.search.template_cuda import FAMILIES
-    elif backend == "cpu":
-        from forge_pack.search.template_cpu import FAMILIES
-    else:
-        return []
-    return FAMILIES
-
-
-def _family(op: str, backend: str, name: str) -> Family:
-    for f in _registry(backend):
-        if op in f.ops and f.name == name:
-            return f
-    raise KeyError(f"no {backend} family {name!r} for op {op!r}")
-
-
 def families(op: str, backend: str) -> list[FamilyInfo]:
     return [FamilyInfo(op, backend, f.name, f.template, {k.name: k.values for k in f.knobs},
                        {k.name: k.doc for k in f.knobs}, f.doc)
-            for f in _registry(backend) if op in f.ops]
+            for f in registry.families(op, backend)]
 
 
-def applicable_families(sig: Signature, backend: str) -> list[Family]:
+def applicable_families(sig: Signature, backend: str, gpu: Gpu = H200) -> list[Family]:
     """Families that serve this signature with at least one valid set of parameters."""
     if abi.supports(sig) is not None or dtype_defines(sig, backend) is None:
         return []
-    return [f for f in _registry(backend) if sig.op in f.ops and f.applicable(sig) is None
-            and _first_valid(f, sig, f.defaults(sig)) is not None]
+    return [f for f in registry.families(sig.op, backend) if f.applicable(sig, gpu) is None
+            and _first_valid(f, sig, f.defaults(sig, gpu), gpu) is not None]
 
 
-def _first_valid(fam: Family, sig: Signature, params: dict) -> Built | None:
+def _first_valid(fam: Family, sig: Signature, params: dict, gpu: Gpu) -> Built | None:
     """The defaults, or the nearest valid variant (one knob moved at a time) when they are invalid."""
-    built = _build(fam, sig, params)
+    built = _build(fam, sig, params, gpu)
     if not isinstance(built, str):
         return built
     for knob in fam.knobs:
         i = knob.values.index(params[knob.name]) if params.get(knob.name) in knob.values else 0
         for j in sorted(range(len(knob.values)), key=lambda j: abs(j - i)):
-            built = _build(fam, sig, {**params, knob.name: knob.values[j]})
+            built = _build(fam, sig, {**params, knob.name: knob.values[j]}, gpu)
             if not isinstance(built, str):
                 return built
     return None
 
 
-def _build(fam: Family, sig: Signature, params: dict) -> Built | str:
+def _build(fam: Family, sig: Signature, params: dict, gpu: Gpu = H200) -> Built | str:
     for k in fam.knobs:
         if params.get(k.name) not in k.values:
             return f"{k.name}={params.get(k.name)!r} is not one of {k.values}"
-    built = fam.build(sig, params)
+    built = fam.build(sig, params, gpu)
     if isinstance(built, str):
         return built
-    why = check_spec(built.spec, launch_env(sig), fam.backend)
+    why = check_spec(built.spec, launch_env(sig), fam.backend, gpu)
     return why if why else built
 
 
@@ -99,21 +84,22 @@ def _candidate(fam: Family, sig: Signature, built: Built) -> Candidate:
                      params=dict(built.params), origin="template")
 
 
-def instantiate(op: str, backend: str, family: str, params: dict | None, sig: Signature) -> Candidate:
-    """The family's candidate for this signature; missing parameters take the family's defaults.
-    ValueError when the family does not apply or the values are invalid for the signature."""
+def instantiate(op: str, backend: str, family: str, params: dict | None, sig: Signature,
+                gpu: Gpu = H200) -> Candidate:
+    """The family's candidate for this signature and GPU; missing parameters take the family's
+    defaults. ValueError when the family does not apply or the values are invalid for the signature."""
     if sig.op != op:
         raise ValueError(f"signature is for {sig.op!r}, not {op!r}")
-    fam = _family(op, backend, family)
-    why = abi.supports(sig) or fam.applicable(sig)
+    fam = registry.family(op, backend, family)
+    why = abi.supports(sig) or fam.applicable(sig, gpu)
     if why:
         raise ValueError(f"{backend} family {family!r} does not apply to {sig.pretty()}: {why}")
     if dtype_defines(sig, backend) is None:
         raise ValueError(f"no {backend} element type for {sig.pretty()}")
     tuned = {k.name for k in fam.knobs}
     given = {k: v for k, v in (params or {}).items() if k in tuned}
-    full = {**fam.defaults(sig), **given}
-    built = _build(fam, sig, full) if given else _first_valid(fam, sig, full)
+    full = {**fam.defaults(sig, gpu), **given}
+    built = _build(fam, sig, full, gpu) if given else _first_valid(fam, sig, full, gpu)
     if built is None or isinstance(built, str):
         raise ValueError(f"{family}{full} is invalid for {sig.pretty()}: {built or 'no valid parameters'}")
     return _candidate(fam, sig, built)
@@ -129,25 +115,22 @@ class TemplateProposer:
     def propose(self, request: ProposeRequest) -> list[Move]:
         sig = request.hotspot.signature
         backend = request.backend
-        if backend == "cuda" and request.gpu:
-            from forge_pack.search.template_cuda import use_gpu
-
-            use_gpu(request.gpu)  # grids and shared memory sized for the GPU the evaluator runs on
-        fams = applicable_families(sig, backend)
+        gpu = Gpu.from_report(request.gpu)  # grids and shared memory sized for the GPU the evaluator runs on
+        fams = applicable_families(sig, backend, gpu)
         if not fams:
             return []
         seen = set(request.tried_hashes) | {s.candidate.content_hash for s in request.siblings}
         limit = max(0, request.max_moves)
         if request.parent is None:
-            return self._roots(sig, fams, seen, limit)
-        return self._children(request, sig, fams, seen, limit)
+            return self._roots(sig, fams, seen, limit, gpu)
+        return self._children(request, sig, fams, seen, limit, gpu)
 
     # ------------------------------------------------------------ roots
 
-    def _roots(self, sig: Signature, fams: list[Family], seen: set, limit: int) -> list[Move]:
+    def _roots(self, sig: Signature, fams: list[Family], seen: set, limit: int, gpu: Gpu) -> list[Move]:
         moves: list[Move] = []
-        for fam in sorted(fams, key=lambda f: (f.score(sig), f.name)):
-            built = _first_valid(fam, sig, fam.defaults(sig))
+        for fam in sorted(fams, key=lambda f: (f.score(sig, gpu), f.name)):
+            built = _first_valid(fam, sig, fam.defaults(sig, gpu), gpu)
             if built is None:
                 continue
             cand = _candidate(fam, sig, built)
@@ -162,7 +145,7 @@ class TemplateProposer:
     # ------------------------------------------------------------ children
 
     def _children(self, request: ProposeRequest, sig: Signature, fams: list[Family], seen: set,
-                  limit: int) -> list[Move]:
+                  limit: int, gpu: Gpu) -> list[Move]:
         parent = request.parent.candidate  # type: ignore[union-attr]
         fam = next((f for f in fams if f.name == parent.family), None)
         seed = int(hashlib.sha256(f"{parent.content_hash}|{len(request.siblings)}".encode()).hexdigest()[:12], 16)
@@ -171,8 +154,8 @@ class TemplateProposer:
         if fam is not None:
             params = {k.name: parent.params.get(k.name) for k in fam.knobs}
             for knob in fam.knobs:
-                groups.append(self._knob_moves(fam, sig, params, knob, rng))
-        groups.append(self._family_moves(fams, fam, sig, dict(parent.params), rng))
+                groups.append(self._knob_moves(fam, sig, params, knob, rng, gpu))
+        groups.append(self._family_moves(fams, fam, sig, dict(parent.params), rng, gpu))
         groups = [g for g in groups if g]
         rng.shuffle(groups)
         self._prioritise(groups, request)
@@ -191,7 +174,7 @@ class TemplateProposer:
                     break
         return moves
 
-    def _knob_moves(self, fam: Family, sig: Signature, params: dict, knob, rng: random.Random):
+    def _knob_moves(self, fam: Family, sig: Signature, params: dict, knob, rng: random.Random, gpu: Gpu):
         cur = params.get(knob.name)
         if cur not in knob.values:
             return []
@@ -201,25 +184,25 @@ class TemplateProposer:
         out = []
         for s in steps:
             new = knob.values[i + s]
-            built = _build(fam, sig, {**params, knob.name: new})
+            built = _build(fam, sig, {**params, knob.name: new}, gpu)
             if not isinstance(built, str):
                 out.append((_candidate(fam, sig, built), f"{knob.name} {cur}->{new}"))
         return out
 
     def _family_moves(self, fams: list[Family], current: Family | None, sig: Signature, params: dict,
-                      rng: random.Random):
+                      rng: random.Random, gpu: Gpu):
         out = []
         others = [f for f in fams if current is None or f.name != current.name]
         rng.shuffle(others)
         for f in others:
             # keep the parameters the families share (nearest value in the new domain), else defaults
-            kept = {**f.defaults(sig)}
+            kept = {**f.defaults(sig, gpu)}
             for k in f.knobs:
                 if k.name in params and params[k.name] is not None:
                     kept[k.name] = nearest(k.values, params[k.name])
-            built = _build(f, sig, kept)
+            built = _build(f, sig, kept, gpu)
             if isinstance(built, str):
-                built = _first_valid(f, sig, f.defaults(sig))
+                built = _first_valid(f, sig, f.defaults(sig, gpu), gpu)
             if built is not None:
                 out.append((_candidate(f, sig, built), f"family {current.name if current else '?'}->{f.name}"))
         return out

@@ -54,7 +54,7 @@ def _default_proposers(config: RunConfig, backend: str, store: Store) -> list:
 
 def _default_roots(hotspot: Hotspot, backend: str) -> list[Candidate]:
     try:
-        from forge_pack.search.reference_kernels import reference_candidate
+        from forge_pack.search.families import reference_candidate
     except ImportError:
         return []
     cand = reference_candidate(hotspot.signature, backend)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from forge_pack.core.candidate import Candidate, parse_spec
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.search.reference_kernels import reference_candidate
+from forge_pack.search.families import reference_candidate
 from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides
 from forge_pack.store.run_store import Store
 from forge_pack.core.verdict import Baseline, Check, Evaluation, Timing, Verdict
@@ -73,7 +73,7 @@ def cpu_candidate(sig: Signature) -> Candidate | None:
         return Candidate("layer_norm", "cpu", CPU_LAYER_NORM, parse_spec(CPU_LAYER_NORM_SPEC), "test", {}, "user")
     if sig.op == "rms_norm" and sig.x.dtype == "float32" and (sig.output is None or sig.output.dtype == "float32"):
         return Candidate("rms_norm", "cpu", CPU_RMS_NORM, parse_spec(CPU_RMS_NORM_SPEC), "test", {}, "user")
-    return reference_candidate(sig.op, "cpu", sig)
+    return reference_candidate(sig, "cpu")
 
 
 def _evaluation(speedup: float) -> Evaluation:
@@ -183,7 +183,7 @@ def cuda_hotspots() -> tuple[list[Hotspot], dict]:
     for s in sigs + [bf16]:
         h = Hotspot(s, (f"F.{s.op}",), 1.0, 10.0, 10.0, 0.15, (), "cuda")
         hotspots.append(h)
-        c = reference_candidate(s.op, "cuda", s) if s is not bf16 else \
+        c = reference_candidate(s, "cuda") if s is not bf16 else \
             Candidate("softmax", "cuda", CUDA_BF16_SOFTMAX, parse_spec(CUDA_BF16_SOFTMAX_SPEC), "test", {}, "user")
         assert c is not None, s.op
         cands[h.id] = c

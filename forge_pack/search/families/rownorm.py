@@ -1,0 +1,153 @@
+"""The row-normalisation families layer_norm and rms_norm share (templates rownorm_*, `RMS` picks
+the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length; the CPU
+has `rows`. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from forge_pack.core.signature import Signature
+from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, THREADS, UNROLL, VEC, Built, Family, Gpu, always,
+                                            cdiv, clamp, first, grain_default, launch, pow2_ceil, regs_ok, rows_items,
+                                            spec, stream_ok, vec_default, vec_ok)
+from forge_pack.targets.abi import env as sizes
+
+
+def _is_rms(sig: Signature) -> bool:
+    return sig.op == "rms_norm"
+
+
+def _head_tail(sig: Signature) -> tuple[list[str], list[str]]:
+    """Kernel arguments before and after the sizes: rms_norm has no bias and takes Gemma's weight offset."""
+    rms = _is_rms(sig)
+    return ["x", "weight"] + ([] if rms else ["bias"]) + ["out"], ["eps"] + (["weight_offset"] if rms else [])
+
+
+def _rms_defines(sig: Signature) -> dict:
+    return {"T_BIAS": "float", "HAS_BIAS": 0} if _is_rms(sig) else {}  # rms_norm has no bias in its ABI
+
+
+def _defines(sig: Signature, p: dict) -> dict:
+    return {"RMS": int(_is_rms(sig)), "THREADS": p["threads"], "VEC": p["vec"], "LOAD_HINT": p["load_hint"],
+            "STORE_HINT": p["store_hint"], **_rms_defines(sig)}
+
+
+def _base_defaults(sig: Signature) -> tuple[dict, int]:
+    cols = sizes(sig)["cols"]
+    vec = vec_default(sig, cols)
+    return {"vec": vec, "load_hint": 0, "store_hint": 0}, cdiv(cols, vec)
+
+
+# ---------------------------------------------------------------- CUDA: the row in registers
+
+
+def _row_in_registers(sig: Signature, p: dict, lanes: int, whole_block: bool) -> Built | str:
+    why = vec_ok(sig, p)
+    if why:
+        return why
+    threads, vec = p["threads"], p["vec"]
+    if lanes > threads:
+        return "lanes exceed threads"
+    items = rows_items(sizes(sig)["cols"], lanes, vec)
+    why = regs_ok(threads, items * vec)
+    if why:
+        return why
+    if not whole_block and items * vec > 32:
+        return "more than 32 values per lane: use a block per row"
+    head, tail = _head_tail(sig)
+    defines = {**_defines(sig, p), "ITEMS": items, "LANES": lanes}
+    if whole_block:
+        k = launch(f"{sig.op}_block_row", [*head, "i32:cols", *tail], ["rows"], [threads])
+    else:
+        k = launch(f"{sig.op}_warp_row", [*head, "rows", "i32:cols", *tail], [f"ceil_div(rows, {threads // lanes})"],
+                   [threads])
+    return Built({**p, "items": items}, defines, spec([k], requires=[f"cols <= {lanes * vec * items}"]))
+
+
+def _warp_row_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    return "rows too long for one warp's registers" if sizes(sig)["cols"] > 32 * 32 else None
+
+
+def _warp_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, nvec = _base_defaults(sig)
+    return {**p, "threads": 128, "lanes": clamp(pow2_ceil(cdiv(nvec, 2)), 4, 32)}
+
+
+def _warp_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    return _row_in_registers(sig, p, p["lanes"], whole_block=False)
+
+
+def _warp_row_score(sig: Signature, gpu: Gpu) -> float:
+    return 0 if sizes(sig)["cols"] <= 1024 else 2
+
+
+def _block_row_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    return "rows too long for one block's registers" if sizes(sig)["cols"] > 1024 * 24 else None
+
+
+def _block_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, nvec = _base_defaults(sig)
+    return {**p, "threads": clamp(pow2_ceil(cdiv(nvec, 2)), 64, 1024)}
+
+
+def _block_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    return _row_in_registers(sig, p, p["threads"], whole_block=True)
+
+
+def _block_row_score(sig: Signature, gpu: Gpu) -> float:
+    return 1 if sizes(sig)["cols"] <= 1024 else 0
+
+
+# ---------------------------------------------------------------- CUDA: online, any length
+
+
+def _online_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, nvec = _base_defaults(sig)
+    return {**p, "threads": clamp(pow2_ceil(cdiv(nvec, 8)), 128, 1024), "unroll": 4}
+
+
+def _online_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    why = stream_ok(sig, p, p.get("unroll", 1) * p["vec"] * 2)  # two fp32 values per element in flight
+    if why:
+        return why
+    head, tail = _head_tail(sig)
+    defines = {**_defines(sig, p), "UNROLL": p["unroll"]}
+    k = launch(f"{sig.op}_online", [*head, "i32:cols", *tail], ["rows"], [p["threads"]])
+    return Built(dict(p), defines, spec([k]))
+
+
+def _online_score(sig: Signature, gpu: Gpu) -> float:
+    return 3
+
+
+def cuda_families(op: str) -> tuple[Family, ...]:
+    ops = (op,)
+    return (
+        Family(ops, "cuda", "warp_row", "rownorm_warp_row.cu", (THREADS, LANES_ALL, VEC, *HINTS),
+               "`lanes` threads per row, row in registers, shuffle reductions (short and medium rows)",
+               _warp_row_applicable, _warp_row_defaults, _warp_row_build, _warp_row_score),
+        Family(ops, "cuda", "block_row", "rownorm_block_row.cu", (THREADS, VEC, *HINTS),
+               "one block per row, row in registers",
+               _block_row_applicable, _block_row_defaults, _block_row_build, _block_row_score),
+        Family(ops, "cuda", "online", "rownorm_online.cu", (THREADS, VEC, UNROLL, *HINTS),
+               "one block per row, statistics pass then normalise pass: any length",
+               always, _online_defaults, _online_build, _online_score),
+    )
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def _cpu_rows_defaults(sig: Signature, gpu: Gpu) -> dict:
+    return {"grain": grain_default(sizes(sig)["rows"])}
+
+
+def _cpu_rows_build(sig: Signature, p: dict, gpu: Gpu) -> Built:
+    head, tail = _head_tail(sig)
+    defines = {"RMS": int(_is_rms(sig)), "GRAIN": p["grain"], **_rms_defines(sig)}
+    return Built(dict(p), defines, spec([launch(f"{sig.op}_rows", [*head, "rows", "cols", *tail], [1], [1])]))
+
+
+def cpu_families(op: str) -> tuple[Family, ...]:
+    return (Family((op,), "cpu", "rows", "rownorm_rows.cpp", (GRAIN,),
+                   "rows in parallel; exact statistics, vectorised normalise(+affine)",
+                   always, _cpu_rows_defaults, _cpu_rows_build, first),)

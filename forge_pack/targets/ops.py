@@ -17,7 +17,7 @@ import torch
 
 from forge_pack.core.signature import Signature, TensorSpec, channels_last_strides, contiguous_strides
 from forge_pack.evaluate import verdict_rules
-from forge_pack.targets import dtypes, inputs, registry
+from forge_pack.targets import dtypes, registry
 from forge_pack.targets.abi import TARGET_OPS
 from forge_pack.targets.lazy_torch import resolve
 from forge_pack.targets.rms_norm import composite_rms_norm  # noqa: F401  (re-exported for callers)
@@ -113,7 +113,7 @@ def plain_inputs(sig: Signature) -> list:
 
 def make_inputs(sig: Signature, kind: str, gen: torch.Generator, device: str | torch.device) -> dict:
     """Inputs for one verification run: kind 'fresh' or one of adversarial_kinds(sig)."""
-    return inputs.make_inputs(registry.get(sig.op), plain_inputs(sig), kind, gen, device)
+    return registry.get(sig.op).make_inputs(plain_inputs(sig), kind, gen, device)
 
 
 def adversarial_kinds(sig: Signature) -> list[str]:

@@ -8,7 +8,7 @@ the profiler runs is the one the package runs.
 
 from __future__ import annotations
 
-from . import avg_pool, batch_norm, group_norm, layer_norm, rms_norm, softmax
+from . import avg_pool, batch_norm, dtypes, group_norm, layer_norm, rms_norm, softmax  # noqa: F401  (dtypes: for the package)
 from .spec import CallPath, TargetSpec
 
 KIND_MODULES = (softmax, layer_norm, rms_norm, group_norm, batch_norm, avg_pool)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import inputs as _inputs
 from .lazy_torch import resolve
 
 Tensors = dict  # ABI name -> tensor or None
@@ -104,6 +105,11 @@ class TargetSpec:
         function is looked up once, here: eager timing measures the closure, which then does no
         more per call than the model's own call does."""
         return self.eager_call(params, out_dtype, lookup or default_lookup)
+
+    def make_inputs(self, inputs: list, kind: str, gen, device) -> dict:
+        """One input set: kind "fresh" or one of ``adversarial``; ``inputs`` is
+        [(name, (dtype, shape, strides) or None)] in ABI order."""
+        return _inputs.make_inputs(self, inputs, kind, gen, device)
 
     def tolerance(self, dtype: str) -> Tolerance | None:
         return self.tolerances.get(dtype)

@@ -29,7 +29,6 @@ __all__ = ["CALL_PATHS", "CallPath", "DERIVED_KINDS", "MODULE_TYPES", "TORCH_DTY
            "odd_signatures", "output_spec", "reference64", "resolve", "spec_of", "with_output"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: dtypes.torch_dtype(name) for name in dtypes.CANONICAL}
-DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 dtype_name = dtypes.name_of
 
 CALL_PATHS: dict[str, tuple[CallPath, ...]] = {s.name: s.call_paths for s in registry.SPECS.values()}
@@ -42,14 +41,14 @@ def spec_of(t: torch.Tensor) -> TensorSpec:
 
 def function_table() -> dict[Any, tuple[str, CallPath]]:
     """Identity of each patchable function -> (op, call path); used to recognise calls."""
-    return {resolve(p.owner, p.attr): (s.name, p) for s, p in registry.function_paths()}
+    return {resolve(p.owner, p.attr): (s.name, p) for s, p in registry.function_call_paths()}
 
 
 def _module_types() -> dict[type, tuple[str, str]]:
     """module class -> (op, label); the module's forward calls the F.* function of that op. Classes
     this torch lacks (nn.RMSNorm before 2.4) are left out."""
     out = {}
-    for s, p in registry.module_paths():
+    for s, p in registry.module_call_paths():
         cls = getattr(torch.nn, p.attr, None)
         if cls is not None:
             out[cls] = (s.name, p.label)

@@ -28,11 +28,11 @@ def get(name: str) -> TargetSpec:
         raise KeyError(f"unknown target kind {name!r}; known: {', '.join(NAMES)}") from None
 
 
-def function_paths() -> list[tuple[TargetSpec, CallPath]]:
+def function_call_paths() -> list[tuple[TargetSpec, CallPath]]:
     """Every patchable function path (not module classes) of every kind."""
     return [(s, p) for s in SPECS.values() for p in s.call_paths if p.style != "module"]
 
 
-def module_paths() -> list[tuple[TargetSpec, CallPath]]:
+def module_call_paths() -> list[tuple[TargetSpec, CallPath]]:
     """Every module-class path (nn.Softmax ...) of every kind: its forward calls a function path."""
     return [(s, p) for s in SPECS.values() for p in s.call_paths if p.style == "module"]

@@ -69,3 +69,44 @@ def test_the_shipped_runtime_is_closed_under_its_own_imports():
         assert not missing, (module, missing)
     # forge-pack's own views (over Signature) are not shipped: they import forge_pack
     assert not {"abi", "ops", "sigparse"} & shipped
+
+
+def test_a_kind_defined_outside_the_registry_runs_through_the_rules_like_any_other():
+    """A region (a fused chain from the model's graph) is one more TargetSpec: the rules, the input
+    generators and the derived sets take it by value, never by name."""
+    import torch
+
+    from forge_pack.targets.inputs import dim_rows, permute_rows_and_columns
+    from forge_pack.targets.spec import TargetSpec, Tolerance
+
+    def reference(params, t, lookup):
+        return torch.softmax(t["x"] * params["scale"] + t["mask"], -1)
+
+    def eager(params, out_dtype, lookup):
+        return lambda t: torch.softmax(t["x"].float() * params["scale"] + t["mask"], -1)
+
+    region = TargetSpec(
+        name="scale_mask_softmax", tensors=("x", "mask"), scalars=("scale",), params=("scale",), own_params=(),
+        doc="out = softmax(x * scale + mask) over the last dim", size_vars=lambda sig: {}, supports=lambda sig: None,
+        float64_reference=reference, eager_call=eager,
+        tolerances={"float32": Tolerance(1e-8, 1e-4, "probabilities ~1/cols can be tiny")}, draws={},
+        adversarial=("large", "neg_inf_rows"), rows=lambda p, xf: dim_rows(xf, -1),
+        permute=lambda p, xf, others, gen: permute_rows_and_columns(lambda v: dim_rows(v, -1), xf, others, gen),
+        odd_shapes=lambda sig: [])
+    plain = [("x", ("float32", (6, 16), (16, 1))), ("mask", ("float32", (6, 16), (16, 1)))]
+    params = {"scale": 0.125}
+    for kind in ("fresh", *region.adversarial):
+        t = region.make_inputs(plain, kind, torch.Generator().manual_seed(1), "cpu")
+        ref = region.reference64(params, t)
+        out = region.eager(params, "float32")(t)
+        mag = verdict_rules.magnitude(region, t)
+        allow = verdict_rules.allowance(out, ref, "float32", region, mag)
+        if allow is None:  # eager itself breaks NaN/Inf parity (a fully masked row): skipped, as for any kind
+            continue
+        check, reason, _ = verdict_rules.judge_output(out, ref, "float32", region, allow, kind, mag)
+        assert reason is None and check.atol == 1e-8, kind
+    for kind in verdict_rules.DERIVED_KINDS:
+        src = region.make_inputs(plain, "fresh", torch.Generator().manual_seed(2), "cpu")
+        d = verdict_rules.derive_inputs(region, params, kind, src, torch.Generator().manual_seed(3))
+        assert set(d) == {"x", "mask"} and d["x"].shape == (6, 16), kind
+    assert verdict_rules.tolerance(region, "bfloat16") == verdict_rules.TABLE["bfloat16"]

@@ -89,8 +89,9 @@ def _load_registry() -> Any:
     name = f"{__name__}_targets"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, src / "__init__.py", submodule_search_locations=[str(src)])
-        if spec is None or spec.loader is None:
-            raise ImportError(f"the target registry is missing: no {src / '__init__.py'}")
+        if spec is None or spec.loader is None or not (src / "__init__.py").is_file():
+            raise ImportError(f"the target registry is missing beside {Path(__file__).name} (no _targets/): the "
+                              "package is incomplete; reinstall it or rebuild it with forge-pack")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)

@@ -32,6 +32,29 @@ def _binder(style: str, args: tuple, kwargs: dict):
              "composite": False})
 
 
+# Attribute names model code gives an RMSNorm module's epsilon (Llama: variance_epsilon).
+EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+
+
+def module_eps(module) -> float | None:
+    """The epsilon of an RMSNorm module written as eager ops, else None."""
+    for name in EPS_ATTRS:
+        v = getattr(module, name, None)
+        if is_number(v):
+            return float(v)
+    return None
+
+
+def _module_binder(module, args: tuple, kwargs: dict):
+    """A composite module's call ``module(x)``: (tensors, the params it is matched on), or None."""
+    if len(args) != 1 or kwargs or not is_tensor(args[0]):
+        return None
+    eps = module_eps(module)
+    if eps is None:
+        return None
+    return {"x": args[0], "weight": getattr(module, "weight", None)}, {"eps": eps}
+
+
 def composite_rms_norm(x, weight, eps: float, offset: float, out_dtype=None):
     """An RMSNorm written as eager ops, the way model code (Llama, Gemma, Qwen) writes it."""
     x32 = x.float()
@@ -73,6 +96,6 @@ RMS_NORM = TargetSpec(
     draws={"weight": Draw(0.2, 1.0)}, adversarial=("large", "offset", "constant"),
     rows=norm_common.rows, permute=norm_common.permute, odd_shapes=norm_common.row_odd_shapes,
     call_paths=function_paths("rms_norm", "rms_norm", False, ("RMSNorm",)), bind=_binder,
-    complete=norm_common.default_normalized_shape)
+    bind_module=_module_binder, complete=norm_common.default_normalized_shape)
 
 SPECS = (RMS_NORM,)

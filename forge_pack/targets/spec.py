@@ -92,6 +92,9 @@ class TargetSpec:
     odd_shapes: Callable[[Any], list]  # signature -> [(x shape, channels_last)] of odd sizes to try
     call_paths: tuple[CallPath, ...] = ()
     bind: Callable[[str, tuple, dict], tuple | None] | None = None  # (style, args, kwargs) -> (tensors, params)
+    # a module whose forward is the kind written as eager ops (a composite):
+    # (module, args, kwargs) -> (tensors, the params a call is matched on) or None
+    bind_module: Callable[[Any, tuple, dict], tuple | None] | None = None
     magnitude: Callable[[Tensors], Any] | None = None  # the eager allowance's lookup key where not |ref|
     complete: Callable[[dict], tuple | None] | None = None  # parsed call kwargs: defaults in place, (error, hint)
 

@@ -39,7 +39,6 @@ DISABLE_ENV = "FORGE_PACK_DISABLE"
 # Spellings of FORGE_PACK_DISABLE: only a yes turns the package off ("false" or "0" must not).
 DISABLE_YES = ("1", "true", "yes", "on")
 DISABLE_NO = ("", "0", "false", "no", "off")
-EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 _MISS = object()
 
 # Per thread: whether a patched path below the innermost fall-back in progress took the call (a
@@ -118,18 +117,6 @@ ORIGINALS: dict[tuple[str, str], Any] = {
 # kind -> binder: (style, args, kwargs) -> (tensors by ABI name, params), or None for a call it
 # does not recognise exactly (the original then runs)
 NORMALIZERS: dict[str, Callable] = {name: spec.bind for name, spec in TARGETS.SPECS.items() if spec.bind is not None}
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def module_eps(module: Any) -> float | None:
-    for name in EPS_ATTRS:
-        v = getattr(module, name, None)
-        if _number(v):
-            return float(v)
-    return None
 
 
 # ------------------------------------------------------------------ manifest
@@ -466,16 +453,19 @@ class Patcher:
         return _MISS
 
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
-        if not self._active or len(args) != 1 or kwargs or _autocast_on(self.backend):
+        """The kernel's output for a composite module's call it was verified for, else _MISS. The
+        kind's module binder reads the call (an RMSNorm: forward(x), its eps and weight)."""
+        if not self._active or _autocast_on(self.backend):
             return _MISS
-        x = args[0]
-        eps = module_eps(module)
-        if eps is not None and isinstance(x, torch.Tensor):
-            tensors = {"x": x, "weight": getattr(module, "weight", None)}
-            for t in targets:
-                if eps == t.params.get("eps") and self._tensors_match(t, tensors):
-                    self._count(self.kernel_calls, t.id)
-                    return t.fn(*[tensors[n] for n in t.present])
+        bound: dict[str, Any] = {}
+        for t in targets:
+            if t.op not in bound:
+                bind = TARGETS.get(t.op).bind_module
+                bound[t.op] = bind(module, args, kwargs) if bind is not None else None
+            b = bound[t.op]
+            if b is not None and all(t.params.get(k) == v for k, v in b[1].items()) and self._tensors_match(t, b[0]):
+                self._count(self.kernel_calls, t.id)
+                return t.fn(*[b[0][n] for n in t.present])
         return _MISS
 
     # ---- wrappers: each reads what it replaced from its link at call time (see _Link)

@@ -78,3 +78,25 @@ def test_abi_and_applicability():
     kc.check_abi(sig, {"rows": 5, "cols": 12, "has_weight": 1})
     assert abi.scalars(sig) == {"eps": 1e-6, "weight_offset": 1.0}
     assert abi.supports(sig) is None
+
+
+class _LlamaStyleNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, h):
+        return composite_rms_norm(h, self.weight, self.variance_epsilon, 0.0)
+
+
+def test_a_composite_module_call_binds_its_input_weight_and_eps(tmp_path_factory):
+    m = _LlamaStyleNorm()
+    spec = registry.get("rms_norm")
+    tensors, params = spec.bind_module(m, (x,), {})
+    assert tensors["x"] is x and tensors["weight"] is m.weight and params == {"eps": 1e-6}
+    assert spec.bind_module(m, (x,), {"extra": 1}) is None and spec.bind_module(m, (x, x), {}) is None
+    m.variance_epsilon = True  # not a number: no eps to match on
+    assert spec.bind_module(m, (x,), {}) is None
+    patch_mod = kc.package_runtime(tmp_path_factory.getbasetemp())
+    assert patch_mod.TARGETS.get("rms_norm").bind_module(_LlamaStyleNorm(), (x,), {})[1] == {"eps": 1e-6}

@@ -20,7 +20,8 @@ import helpers  # noqa: E402
 from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture  # noqa: E402
 
 from forge_pack.pack import manifest
-from forge_pack.evaluate import verdict_rules# noqa: E402
+from forge_pack.evaluate import verdict_rules  # noqa: E402
+from forge_pack.targets import registry  # noqa: E402
 from forge_pack.pack.packager import RULES_SOURCE, pack, vendored_rules_body  # noqa: E402
 
 
@@ -45,10 +46,39 @@ def test_the_package_ships_verdict_rules_byte_for_byte_with_its_hash_in_the_mani
         (RULES_SOURCE.parents[2] / "templates" / "package" / "_verify.py").read_bytes()
 
 
+def test_the_package_ships_the_target_registry_byte_for_byte_with_its_digest_in_the_manifest(packed):
+    from forge_pack.targets.registry import RUNTIME_MODULES
+
+    source = RULES_SOURCE.parents[1] / "targets"
+    shipped = packed / "tiny_rules" / "_targets"
+    assert sorted(p.name for p in shipped.glob("*.py")) == sorted(f"{m}.py" for m in RUNTIME_MODULES)
+    hashes = {}
+    for m in RUNTIME_MODULES:
+        assert (shipped / f"{m}.py").read_bytes() == (source / f"{m}.py").read_bytes(), m
+        hashes[f"{m}.py"] = hashlib.sha256((source / f"{m}.py").read_bytes()).hexdigest()
+    lines = "".join(f"{name} {hashes[name]}\n" for name in sorted(hashes))
+    doc = manifest.load(packed / "tiny_rules" / "manifest.json")
+    assert doc["targets_runtime"] == {"dir": "_targets", "source": "forge_pack/targets", "files": hashes,
+                                      "source_sha256": hashlib.sha256(lines.encode()).hexdigest()}
+
+
+def test_the_shipped_registry_imports_only_torch_the_standard_library_and_itself():
+    from forge_pack.targets.registry import RUNTIME_MODULES
+
+    allowed = {"__future__", "dataclasses", "typing", "importlib"}
+    for m in RUNTIME_MODULES:
+        tree = ast.parse((RULES_SOURCE.parents[1] / "targets" / f"{m}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                assert {a.name for a in node.names} <= allowed, m
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 1 or node.module in allowed, (m, node.module)
+
+
 def test_manifest_tolerance_is_the_rules_tolerance_with_the_eager_slack(packed):
     doc = manifest.load(packed / "tiny_rules" / "manifest.json")
     for t in doc["targets"]:
-        tol = verdict_rules.tolerance(t["op"], t["signature"]["output"]["dtype"])
+        tol = verdict_rules.tolerance(registry.get(t["op"]), t["signature"]["output"]["dtype"])
         assert t["tolerance"] == {"atol": tol.atol, "rtol": tol.rtol, "reason": tol.reason,
                                   "eager_slack": verdict_rules.EAGER_SLACK}, t["id"]
 
@@ -62,7 +92,7 @@ def test_verdict_rules_import_nothing_but_torch_and_the_standard_library():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "a relative import would break the copy inside a package"
             imported.add(node.module)
-    assert imported == {"__future__", "dataclasses", "typing", "torch", "torch.nn.functional"}
+    assert imported == {"__future__", "dataclasses", "typing", "torch"}
 
 
 def test_the_build_runs_the_rules_module_itself():
@@ -70,10 +100,9 @@ def test_the_build_runs_the_rules_module_itself():
     from forge_pack.targets import ops
     from forge_pack.evaluate import tolerance, verify
 
-    assert tolerance.TABLE is verdict_rules.TABLE and tolerance.OP_TABLE is verdict_rules.OP_TABLE
+    assert tolerance.TABLE is verdict_rules.TABLE
     assert tolerance.eager_allowance is verdict_rules.eager_allowance
     assert verify.SENTINEL is verdict_rules.SENTINEL and verify.count_sentinel is verdict_rules.count_sentinel
-    assert ops.composite_rms_norm is verdict_rules.composite_rms_norm
     assert ops.DERIVED_KINDS is verdict_rules.DERIVED_KINDS
 
 
@@ -241,3 +270,9 @@ def test_package_verify_passes_the_honest_kernel_and_refuses_an_edited_rules_fil
     code, output = _verify(only_honest, "--random", "1", "--seed", "5")
     assert code == 1 and "FAIL rules: _verdict_rules.py" in output, output
     assert "is not the file this package was built with" in output
+    rules.write_text(rules.read_text().replace("EAGER_SLACK = 200.0", "EAGER_SLACK = 2.0"))
+    kind = only_honest / "forced_pkg" / "_targets" / "softmax.py"
+    kind.write_text(kind.read_text().replace('"float32": Tolerance(1e-8, 1e-4,', '"float32": Tolerance(1e-2, 1e-1,'))
+    code, output = _verify(only_honest, "--random", "1", "--seed", "5")
+    assert code == 1 and "FAIL targets: _targets/" in output, output
+    assert "FAIL rules" not in output and "is not the target registry this package was built with" in output

@@ -358,8 +358,8 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
 def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> Verdict | None:
     """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
     from forge_pack.targets import ops
-    from forge_pack.evaluate.tolerance import compare, surely_within
-    from forge_pack.evaluate.verdict_rules import bitwise_equal, first_diff, magnitude
+    from forge_pack.evaluate.tolerance import compare, magnitude, surely_within
+    from forge_pack.evaluate.verdict_rules import bitwise_equal, first_diff
     from forge_pack.evaluate.verify import canaries_intact, count_sentinel, set_canaries
 
     for slot in slots:

@@ -1,8 +1,10 @@
-"""The one tolerance table and the one comparison helper, as the build uses them.
+"""The tolerance tables and the comparison helper, as the build uses them (by op name).
 
-The table, the comparison and the eager allowance live in ``forge_pack.evaluate.verdict_rules`` (torch
-only, so every emitted package ships the very same file for its ``verify`` command); this module
-re-exports them and turns a comparison into the verdict's ``Check`` record.
+The generic table, the comparison and the eager allowance live in
+``forge_pack.evaluate.verdict_rules`` (torch only, so every emitted package ships the very same file
+for its ``verify`` command); each target kind's own rows live in its module
+(``forge_pack.targets.<kind>``). This module looks kinds up by name, re-exports the rules, and
+turns a comparison into the verdict's ``Check`` record.
 
 A candidate's element passes when ``|out - ref| <= atol + rtol * |ref|`` against a float64
 reference, and NaN / +-Inf appear exactly where the reference has them (same sign for Inf).
@@ -11,16 +13,36 @@ reference, and NaN / +-Inf appear exactly where the reference has them (same sig
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import Any
 
 import torch
 
-from forge_pack.evaluate import verdict_rules
 from forge_pack.core.verdict import Check
-from forge_pack.evaluate.verdict_rules import (EAGER_SLACK, OP_TABLE, TABLE, Tolerance, dtype_name, eager_allowance,
-                                      max_abs_error, tolerance)
+from forge_pack.evaluate import verdict_rules
+from forge_pack.evaluate.verdict_rules import EAGER_SLACK, TABLE, Tolerance, dtype_name, eager_allowance, max_abs_error
+from forge_pack.targets import registry
 
 __all__ = ["EAGER_SLACK", "OP_TABLE", "TABLE", "Tolerance", "as_check", "compare", "dtype_name", "eager_allowance",
-           "max_abs_error", "surely_within", "tolerance"]
+           "magnitude", "max_abs_error", "spec_for", "surely_within", "tolerance"]
+
+# (op, output dtype) -> the kind's own row: every override of the generic TABLE, for reports.
+OP_TABLE: dict[tuple[str, str], Tolerance] = {
+    (s.name, dtype): Tolerance(row.atol, row.rtol, row.reason)
+    for s in registry.SPECS.values() for dtype, row in s.tolerances.items()}
+
+
+def spec_for(op: str | None) -> Any:
+    """The kind's spec for the rules (None: the generic rules only)."""
+    return registry.get(op) if op is not None else None
+
+
+def tolerance(op: str | None, dtype: str) -> Tolerance:
+    return verdict_rules.tolerance(spec_for(op), dtype)
+
+
+def magnitude(op: str | None, inputs: dict) -> torch.Tensor | None:
+    """``verdict_rules.magnitude`` for the kind named ``op``."""
+    return verdict_rules.magnitude(spec_for(op), inputs)
 
 
 def as_check(c: verdict_rules.Comparison) -> Check:
@@ -31,8 +53,8 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op
             atol: float | None = None, rtol: float | None = None, atol_floor: "float | torch.Tensor" = 0.0,
             input_kind: str = "", magnitude: torch.Tensor | None = None) -> Check:
     """``verdict_rules.compare`` (every element against the float64 reference), as a ``Check``."""
-    return as_check(verdict_rules.compare(out, ref64, dtype, op, atol=atol, rtol=rtol, atol_floor=atol_floor,
-                                          input_kind=input_kind, magnitude=magnitude))
+    return as_check(verdict_rules.compare(out, ref64, dtype, spec_for(op), atol=atol, rtol=rtol,
+                                          atol_floor=atol_floor, input_kind=input_kind, magnitude=magnitude))
 
 
 def surely_within(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None) -> bool:

@@ -3,21 +3,23 @@
 The search's workers (``forge_pack.evaluate.verify``) and every emitted package's ``python -m <pkg> verify``
 run this very code: ``forge_pack.pack.packager`` copies it byte for byte into the package as
 ``_verdict_rules.py`` and records its sha256 in the manifest. So it imports nothing but torch and
-the standard library, and takes plain values (op names, parameter dicts, dtype names, tensors),
-never forge-pack objects.
+the standard library, and takes plain values (target specs, parameter dicts, dtype names,
+tensors), never other forge-pack objects. What is particular to one target kind (its tolerance
+rows, the magnitude its allowance is looked up by, how its inputs reduce and permute) comes from
+the kind's ``TargetSpec`` (``forge_pack/targets``, shipped as ``<pkg>/_targets/``), passed in as
+``spec``; ``spec=None`` means the generic rules only.
 
 It holds:
-- the tolerance table (keyed by output dtype, with per-op overrides, each with its reason), the
-  element comparison against a float64 reference with NaN/Inf parity, and the eager allowance (a
-  kernel may be off by ``EAGER_SLACK`` x eager PyTorch's own error on values of the same magnitude);
+- the tolerance table (keyed by output dtype; a kind's own rows override it, each with its
+  reason), the element comparison against a float64 reference with NaN/Inf parity, and the eager
+  allowance (a kernel may be off by ``EAGER_SLACK`` x eager PyTorch's own error on values of the
+  same magnitude);
 - the per-call checks: the NaN sentinel an unwritten output element keeps, inputs unchanged
   bitwise, a second call bitwise equal to the first, and the order in which they decide a verdict;
-- the inputs: the generators of fresh and adversarial input sets, the adversarial kinds per op, the
-  transforms that derive new sets from captured or fresh ones (DERIVED_KINDS), the float64
-  reference and the eager call of each op.
+- the transforms that derive new input sets from captured or fresh ones (DERIVED_KINDS).
 
 A candidate's element passes when ``|out - ref| <= max(atol, allowance(m)) + rtol * |ref|``
-(m = |ref|, or for a mean the mean of |x|: see ``magnitude``)
+(m = |ref|, or the kind's ``magnitude``, e.g. for a mean the mean of |x|)
 against the float64 reference, and NaN / +-Inf appear exactly where the reference has them (same
 sign for Inf).
 """
@@ -25,14 +27,9 @@ sign for Inf).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                                  "float64": torch.float64, "int64": torch.int64, "int32": torch.int32,
-                                  "bool": torch.bool}
 
 
 @dataclass(frozen=True)
@@ -55,31 +52,6 @@ TABLE: dict[str, Tolerance] = {
                                       "summation differs"),
 }
 
-# (op, output dtype) overrides.
-OP_TABLE: dict[tuple[str, str], Tolerance] = {
-    # softmax outputs are probabilities in [0, 1] that are often ~1/cols (tiny for long rows): a
-    # generic atol would let an all-zero output pass, so atol only forgives values below 1e-8.
-    ("softmax", "float32"): Tolerance(1e-8, 1e-4, "probabilities ~1/cols can be tiny: only values below "
-                                                  "1e-8 may be absolutely off; fp32 sum order ~1e-7 relative"),
-    ("softmax", "bfloat16"): Tolerance(1e-8, 1.6e-2, "probabilities ~1/cols can be tiny; bf16 keeps 8 "
-                                                     "significant bits down to 1e-38, so relative error rules"),
-    ("softmax", "float16"): Tolerance(6e-8, 2e-3, "probabilities below 6e-5 are fp16 subnormals spaced "
-                                                  "6e-8 apart: one step absolute, else two ulps relative"),
-    # log-probabilities are large negative numbers: relative error rules, atol for values near 0.
-    ("log_softmax", "float32"): Tolerance(1e-5, 1e-5, "x - max - log(sum): one fp32 rounding of the "
-                                                      "log-sum-exp, relative to |out|"),
-    # group-norm outputs are ~N(0,1)*weight+bias: values near zero are common, so atol matters.
-    ("group_norm", "float32"): Tolerance(1e-4, 1e-4, "mean/var over up to millions of elements in fp32: "
-                                                     "~1e-5 absolute on unit-scale outputs"),
-    ("group_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16: half an ulp "
-                                                          "of 1.0 is 4e-3, plus statistics error"),
-    ("group_norm", "float16"): Tolerance(2e-3, 2e-3, "unit-scale outputs rounded to fp16: two ulps of 1.0"),
-    ("layer_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16"),
-    ("rms_norm", "bfloat16"): Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16"),
-    # means of unit-scale values are ~N(0, 1/HW): small values with full relative precision.
-    ("adaptive_avg_pool2d", "float32"): Tolerance(1e-6, 1e-4, "a mean of HW fp32 values: sum order only"),
-}
-
 # Verification allows up to this multiple of eager PyTorch's own error on the same input: a
 # kernel exactly as accurate as PyTorch must pass even on adversarial inputs (large offsets).
 # The allowance is by magnitude: an element may be off by EAGER_SLACK x the largest error eager
@@ -92,9 +64,11 @@ _BUCKETS = 2048  # the biased exponent field of a float64 (11 bits): one bucket 
 _CHUNK = 1 << 24  # elements per comparison chunk: bounds the float64 temporaries (~128 MB each)
 
 
-def tolerance(op: str | None, dtype: str) -> Tolerance:
-    if op is not None and (op, dtype) in OP_TABLE:
-        return OP_TABLE[(op, dtype)]
+def tolerance(spec: Any, dtype: str) -> Tolerance:
+    """The kind's own row for this output dtype where it has one, else the table's."""
+    row = spec.tolerance(dtype) if spec is not None else None
+    if row is not None:
+        return Tolerance(row.atol, row.rtol, row.reason)
     if dtype not in TABLE:
         raise KeyError(f"no tolerance for dtype {dtype!r}")
     return TABLE[dtype]
@@ -110,22 +84,17 @@ def _bucket(r_abs: torch.Tensor) -> torch.Tensor:
     return r_abs.contiguous().view(torch.int64) >> 52
 
 
-def magnitude(op: str | None, inputs: dict[str, Any]) -> torch.Tensor | None:
+def magnitude(spec: Any, inputs: dict[str, Any]) -> torch.Tensor | None:
     """Per output element, the size of the terms it is computed from, where a correct result can be
-    far smaller than they are: None where |reference| itself is the right scale.
-
-    A mean of large values of both signs cancels: its fp32 rounding error scales with mean |x|,
-    not with the small result, so eager's error on other outputs of the same mean |x| is the fair
-    allowance (bucketed by |reference| instead, a near-zero mean of a large-value row met only the
-    allowance of the rare near-zero outputs, and an honest kernel summing in another order failed
-    about one random set in ten)."""
-    if op == "adaptive_avg_pool2d":
-        return F.adaptive_avg_pool2d(inputs["x"].to(torch.float64).abs(), 1)
-    return None
+    far smaller than they are (a mean of large values of both signs): the kind's ``magnitude``.
+    None where |reference| itself is the right scale."""
+    if spec is None or spec.magnitude is None:
+        return None
+    return spec.magnitude(inputs)
 
 
 def _key(ref_chunk: torch.Tensor, mag: torch.Tensor | None, start: int) -> torch.Tensor:
-    """The bucketing key of a float64 chunk: the magnitude where the op has one, else |ref|."""
+    """The bucketing key of a float64 chunk: the magnitude where the kind has one, else |ref|."""
     if mag is None:
         return ref_chunk.abs()
     return mag.reshape(-1)[start:start + ref_chunk.numel()].to(device=ref_chunk.device, dtype=torch.float64)
@@ -167,7 +136,7 @@ class Comparison:
     nonfinite_mismatches: int = 0
 
 
-def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op: str | None = None, *,
+def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, spec: Any = None, *,
             atol: float | None = None, rtol: float | None = None, atol_floor: "float | torch.Tensor" = 0.0,
             input_kind: str = "", magnitude: torch.Tensor | None = None) -> Comparison:
     """Compare every element of ``out`` with the float64 reference; never raises on a mismatch.
@@ -175,9 +144,9 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, op
     ``dtype`` (the output dtype the tolerance is looked up for) defaults to ``out``'s dtype;
     ``atol``/``rtol`` override the table; ``atol_floor`` raises atol: a number for every element,
     or an ``eager_allowance`` table, looked up by each element's |reference| (eager's own error),
-    or by its ``magnitude`` where the op has one (the same tensor the table was built with).
+    or by its ``magnitude`` where the kind has one (the same tensor the table was built with).
     """
-    tol = tolerance(op, dtype or dtype_name(out.dtype))
+    tol = tolerance(spec, dtype or dtype_name(out.dtype))
     table = atol_floor if isinstance(atol_floor, torch.Tensor) else None
     atol = max(tol.atol if atol is None else atol, 0.0 if table is not None else atol_floor)
     rtol = tol.rtol if rtol is None else rtol
@@ -235,12 +204,12 @@ def max_abs_error(out: torch.Tensor, ref64: torch.Tensor) -> float:
     return float((o[fin] - r[fin]).abs().max())
 
 
-def allowance(eager_out: torch.Tensor, ref64: torch.Tensor, dtype: str | None, op: str | None,
+def allowance(eager_out: torch.Tensor, ref64: torch.Tensor, dtype: str | None, spec: Any,
               magnitude: torch.Tensor | None = None) -> torch.Tensor | None:
     """The eager allowance for one input set, or None when eager PyTorch itself puts NaN/Inf
     elsewhere than the float64 reference there: a kernel is not held to a standard PyTorch does
     not meet, so such a set is skipped (the same on both sides)."""
-    if compare(eager_out, ref64, dtype, op).nonfinite_mismatches:
+    if compare(eager_out, ref64, dtype, spec).nonfinite_mismatches:
         return None
     return eager_allowance(eager_out, ref64, magnitude=magnitude)
 
@@ -292,13 +261,13 @@ def first_diff(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{n} elements, first at {idx}: {float(a[idx]):.6g} vs {float(b[idx]):.6g}"
 
 
-def judge_output(out: torch.Tensor, ref64: torch.Tensor, dtype: str, op: str, atol_floor: "float | torch.Tensor",
+def judge_output(out: torch.Tensor, ref64: torch.Tensor, dtype: str, spec: Any, atol_floor: "float | torch.Tensor",
                  kind: str, magnitude: torch.Tensor | None = None) -> tuple[Comparison, str | None, str]:
     """The first call's output, judged: (comparison, failing reason or None, detail). Order: an
     element still holding the sentinel (unwritten_output), then values out of tolerance
     (mismatch), then NaN/Inf where the reference has none or the reverse (nan)."""
     unwritten, where = count_sentinel(out)
-    check = compare(out, ref64, dtype, op, atol_floor=atol_floor, input_kind=kind, magnitude=magnitude)
+    check = compare(out, ref64, dtype, spec, atol_floor=atol_floor, input_kind=kind, magnitude=magnitude)
     if unwritten:
         return check, "unwritten_output", (f"{kind}: {unwritten} of {out.numel()} output elements never written "
                                            f"({where})")
@@ -329,102 +298,11 @@ def repeat_change(second: torch.Tensor, first: torch.Tensor, kind: str) -> tuple
                                 f"a race or uninitialised memory")
 
 
-# ---------------------------------------------------------------- inputs, reference, eager
-
-def _default_lookup(owner: str, attr: str) -> Callable:
-    return getattr({"torch": torch, "torch.nn.functional": F}[owner], attr)
-
-
-def _empty(spec: tuple, device) -> torch.Tensor:
-    dtype, shape, strides = spec
-    return torch.empty_strided(tuple(shape), tuple(strides), dtype=DTYPES[dtype], device=device)
-
-
-def _randn(spec: tuple, gen: torch.Generator, device, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
-    # Draw on the CPU with the generator (reproducible everywhere), then place with the exact strides.
-    values = torch.randn(tuple(spec[1]), generator=gen, dtype=torch.float32) * scale + shift
-    out = _empty(spec, device)
-    out.copy_(values)
-    return out
-
-
-def make_inputs(inputs: list[tuple[str, Any]], kind: str, gen: torch.Generator, device) -> dict:
-    """Inputs for one verification run, in the op's ABI order: kind 'fresh' or one of
-    adversarial_kinds(op). ``inputs`` is [(name, (dtype, shape, strides) or None)]."""
-    t: dict[str, torch.Tensor | None] = {}
-    for name, spec in inputs:
-        if spec is None:
-            t[name] = None
-        elif name == "x":
-            t[name] = _randn(spec, gen, device)
-        elif name == "running_var":
-            t[name] = _randn(spec, gen, device, 0.2, 1.0).abs_() + 0.05  # a variance is positive
-        elif name == "weight":
-            t[name] = _randn(spec, gen, device, 0.2, 1.0)
-        else:  # bias, running_mean
-            t[name] = _randn(spec, gen, device, 0.2)
-    x = t["x"]
-    assert x is not None
-    if kind == "fresh":
-        return t
-    big = 3.0e4 if x.dtype == torch.float16 else 1.0e4
-    if kind == "large":
-        # Large magnitudes: overflow in exp without max-subtraction; big sums in the norms.
-        x.mul_(big / 4)
-    elif kind == "offset":
-        # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
-        x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
-    elif kind == "neg_inf_rows":
-        # rows in a copy (reshape of a strided x may copy too): written back into x below
-        flat = x.reshape(-1, x.shape[-1]).clone()
-        flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
-        flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
-        if flat.shape[0] > 2:
-            flat[2, 2:] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
-        x.copy_(flat.view(x.shape))
-    elif kind == "constant":
-        x.fill_(1.5)  # zero variance / identical logits
-    else:
-        raise KeyError(kind)
-    return t
-
-
-def adversarial_kinds(op: str) -> list[str]:
-    if op in ("softmax", "log_softmax"):
-        return ["large", "neg_inf_rows", "constant"]
-    if op in ("layer_norm", "group_norm", "rms_norm"):
-        return ["large", "offset", "constant"]
-    return ["large"]
-
-
 # ---------------------------------------------------------------- derived inputs
 
 # Derived verification sets: random transforms of real (captured) or fresh inputs, drawn anew for
 # every run, so that no kernel can key its behaviour on what the generated sets look like.
 DERIVED_KINDS = ("scale", "shift", "permute", "mixed", "flip")
-
-
-def _rows(op: str, params: dict, xf: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-    """x (logical, contiguous) as (rows, elements the op reduces together), and the way back:
-    softmax rows, norm rows or (sample, group) blocks, batch-norm channels, pooled planes."""
-    shape = tuple(xf.shape)
-    if op in ("softmax", "log_softmax"):
-        d = params["dim"] % xf.dim()
-        moved = xf.movedim(d, -1)
-        mshape = tuple(moved.shape)
-        return moved.reshape(-1, mshape[-1]), lambda r: r.reshape(mshape).movedim(-1, d)
-    if op in ("layer_norm", "rms_norm"):
-        n = 1
-        for s in params["normalized_shape"]:
-            n *= s
-        return xf.reshape(-1, n), lambda r: r.reshape(shape)
-    if op == "group_norm":
-        return xf.reshape(shape[0] * params["num_groups"], -1), lambda r: r.reshape(shape)
-    if op == "batch_norm":
-        moved = xf.movedim(1, 0)
-        mshape = tuple(moved.shape)
-        return moved.reshape(mshape[0], -1), lambda r: r.reshape(mshape).movedim(0, 1)
-    return xf.reshape(shape[0] * shape[1], -1), lambda r: r.reshape(shape)  # adaptive_avg_pool2d planes
 
 
 def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
@@ -437,49 +315,13 @@ def _finite_absmax(t: torch.Tensor) -> float:
     return float(fin.abs().max()) if fin.numel() else 0.0
 
 
-def _perm(n: int, gen: torch.Generator, device) -> torch.Tensor:
-    return torch.randperm(n, generator=gen).to(device)
-
-
-def _permute(op: str, params: dict, xf: torch.Tensor, others: dict, gen: torch.Generator) -> torch.Tensor:
-    """Reorder what the op treats as interchangeable: rows and reduced elements (with their
-    per-element weight and bias), samples, channels (with their parameters), spatial positions."""
-    dev = xf.device
-    if op in ("softmax", "log_softmax", "layer_norm", "rms_norm"):
-        rows, back = _rows(op, params, xf)
-        cols = _perm(rows.shape[1], gen, dev)
-        rows = rows[_perm(rows.shape[0], gen, dev)][:, cols]
-        if op in ("layer_norm", "rms_norm"):
-            for name in ("weight", "bias"):
-                if others.get(name) is not None:
-                    others[name] = others[name].reshape(-1)[cols].reshape(others[name].shape)
-        return back(rows)
-    n, c = xf.shape[:2]
-    xf = xf[_perm(n, gen, dev)]
-    if op == "group_norm":  # groups as blocks, then channels inside each group
-        g = params["num_groups"]
-        per = c // g
-        within = torch.stack([_perm(per, gen, dev) for _ in range(g)])
-        chans = (_perm(g, gen, dev)[:, None] * per + within).reshape(-1)
-    else:
-        chans = _perm(c, gen, dev)
-    xf = xf[:, chans]
-    for name in ("weight", "bias", "running_mean", "running_var"):
-        if others.get(name) is not None:
-            others[name] = others[name][chans]
-    if op != "adaptive_avg_pool2d" and xf.dim() > 2:  # pooling keeps its spatial layout
-        flat = xf.reshape(n, c, -1)
-        xf = flat[:, :, _perm(flat.shape[2], gen, dev)].reshape(xf.shape)
-    return xf
-
-
 def derived_source(count: int, gen: torch.Generator) -> int:
     """Which of ``count`` source sets (captured, else fresh) a derived set starts from: the first
     draw of that set's generator, before ``derive_inputs`` draws the transform."""
     return int(torch.randint(count, (1,), generator=gen))
 
 
-def derive_inputs(op: str, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
+def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
     """New inputs from ``source`` (captured or fresh tensors by name, left untouched) by one random
     transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
     permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
@@ -501,9 +343,10 @@ def derive_inputs(op: str, params: dict, kind: str, source: dict, gen: torch.Gen
         offset = _uniform(gen, 2.0, 8.0) * max(spread, 1e-3) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
         xf = xf + max(min(offset, limit - peak), -(limit - peak))
     elif kind == "permute":
-        xf = _permute(op, params, xf, others, gen)
+        # what the kind treats as interchangeable: rows, reduced elements, samples, channels ...
+        xf = spec.permute(params, xf, others, gen)
     elif kind in ("mixed", "flip"):
-        rows, back = _rows(op, params, xf)
+        rows, back = spec.rows(params, xf)  # the groups of elements the kind reduces together
         fin = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
         row_peak = fin.abs().amax(dim=1).clamp_min(1e-30)
         if kind == "mixed":
@@ -518,82 +361,3 @@ def derive_inputs(op: str, params: dict, kind: str, source: dict, gen: torch.Gen
     x.copy_(xf)
     t.update(others)
     return t
-
-
-def reference64(op: str, params: dict, t: dict, lookup: Callable[[str, str], Callable] = _default_lookup
-                ) -> torch.Tensor:
-    """The op in float64 on the same device: the yardstick for every error measurement."""
-    d = {k: (v.double() if v is not None else None) for k, v in t.items()}
-    x = d["x"]
-    if op == "softmax":
-        return lookup("torch", "softmax")(x, params["dim"])
-    if op == "log_softmax":
-        return lookup("torch", "log_softmax")(x, params["dim"])
-    if op == "layer_norm":
-        return lookup("torch.nn.functional", "layer_norm")(x, tuple(params["normalized_shape"]), d.get("weight"),
-                                                           d.get("bias"), params["eps"])
-    if op == "rms_norm":
-        shape = tuple(params["normalized_shape"])
-        dims = tuple(range(-len(shape), 0))
-        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + params["eps"])
-        w = d.get("weight")
-        return y if w is None else y * (w + params.get("weight_offset", 0.0))
-    if op == "group_norm":
-        return lookup("torch.nn.functional", "group_norm")(x, params["num_groups"], d.get("weight"), d.get("bias"),
-                                                           params["eps"])
-    if op == "batch_norm":
-        return lookup("torch.nn.functional", "batch_norm")(x, d["running_mean"], d["running_var"], d.get("weight"),
-                                                           d.get("bias"), False, 0.0, params["eps"])
-    if op == "adaptive_avg_pool2d":
-        return lookup("torch.nn.functional", "adaptive_avg_pool2d")(x, tuple(params["output_size"]))
-    raise KeyError(op)
-
-
-def composite_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float,
-                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An RMSNorm written as eager ops, the way model code (Llama, Gemma, Qwen) writes it."""
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is None:
-        out = y
-    elif offset:
-        out = y * (offset + weight.float())  # Gemma-style: scale by (1 + w) in fp32
-    else:
-        out = weight * y.to(x.dtype)  # Llama-style: cast back, then scale
-    return out.to(out_dtype or x.dtype)
-
-
-def eager_fn(op: str, params: dict, out_dtype: str | None,
-             lookup: Callable[[str, str], Callable] = _default_lookup) -> Callable[[dict], torch.Tensor]:
-    """The exact PyTorch call the model makes, as a function of the named tensors. The PyTorch
-    function is looked up once, here: the closure is what eager timing measures, so it does no
-    more per call than the model's own call does."""
-    if op in ("softmax", "log_softmax"):
-        fn = lookup("torch", op)
-        dim, dt = params["dim"], DTYPES[params["dtype"]] if params.get("dtype") else None
-        return lambda t: fn(t["x"], dim, dtype=dt)
-    if op == "layer_norm":
-        fn = lookup("torch.nn.functional", "layer_norm")
-        shape, eps = tuple(params["normalized_shape"]), params["eps"]
-        return lambda t: fn(t["x"], shape, t.get("weight"), t.get("bias"), eps)
-    if op == "rms_norm":
-        shape, eps, off = tuple(params["normalized_shape"]), params["eps"], params.get("weight_offset", 0.0)
-        if not params.get("composite"):
-            fn = lookup("torch.nn.functional", "rms_norm")
-            return lambda t: fn(t["x"], shape, t.get("weight"), eps)
-        dt = DTYPES[out_dtype] if out_dtype else None
-        return lambda t: composite_rms_norm(t["x"], t.get("weight"), eps, off, dt)
-    if op == "group_norm":
-        fn = lookup("torch.nn.functional", "group_norm")
-        groups, eps = params["num_groups"], params["eps"]
-        return lambda t: fn(t["x"], groups, t.get("weight"), t.get("bias"), eps)
-    if op == "batch_norm":
-        fn = lookup("torch.nn.functional", "batch_norm")
-        eps = params["eps"]
-        return lambda t: fn(t["x"], t["running_mean"], t["running_var"], t.get("weight"), t.get("bias"), False, 0.0,
-                            eps)
-    if op == "adaptive_avg_pool2d":
-        fn = lookup("torch.nn.functional", "adaptive_avg_pool2d")
-        size = tuple(params["output_size"])
-        return lambda t: fn(t["x"], size)
-    raise KeyError(op)

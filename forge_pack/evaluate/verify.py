@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from forge_pack.targets import ops
+from forge_pack.targets import ops, registry
 from forge_pack.evaluate import verdict_rules as rules
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
@@ -73,8 +73,9 @@ def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet 
     (a kernel is not held to a standard PyTorch does not meet)."""
     ref = ops.reference64(sig, tensors)
     eager_out = ops.eager(sig)(tensors)
-    mag = rules.magnitude(sig.op, tensors)
-    allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, sig.op, mag)
+    spec = registry.get(sig.op)
+    mag = rules.magnitude(spec, tensors)
+    allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, spec, mag)
     if allowance is None:
         return None
     s = InputSet(kind, sig, tensors, ref, allowance, magnitude=mag)
@@ -306,8 +307,8 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     bad = damage("first")
     if bad is not None:
         return bad, None
-    cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, s.sig.op, s.atol_floor, s.kind,
-                                              s.magnitude)
+    spec = registry.get(s.sig.op)
+    cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, spec, s.atol_floor, s.kind, s.magnitude)
     check = as_check(cmp)
     if reason is not None:
         return Verdict(False, reason, detail), check
@@ -331,7 +332,7 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
                                                   f"written by the second run ({where})"), check
     changed = rules.repeat_change(second, first, s.kind)
     if changed is not None:
-        again = as_check(rules.compare(second, s.ref, out_spec.dtype, s.sig.op, atol_floor=s.atol_floor,
+        again = as_check(rules.compare(second, s.ref, out_spec.dtype, spec, atol_floor=s.atol_floor,
                                        input_kind=s.kind, magnitude=s.magnitude))
         if not again.passed:
             return Verdict(False, "mismatch", f"{s.kind}: the second run, into an output not pre-filled with the "

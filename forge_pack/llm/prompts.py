@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from string import Template
 
-from forge_pack.targets import abi
+from forge_pack.targets import abi, registry
 from forge_pack.search.propose import NodeView, ProposeRequest
 from forge_pack.core.signature import SHORT_DTYPE, Signature
 
@@ -89,7 +89,7 @@ def context(request: ProposeRequest) -> str:
     values = {
         "op": sig.op,
         "reference": torch_reference(sig),
-        "abi_doc": abi.ABIS[sig.op].doc if sig.op in abi.ABIS else "(no ABI description)",
+        "abi_doc": registry.SPECS[sig.op].doc if sig.op in registry.SPECS else "(no ABI description)",
         "pretty": sig.pretty(),
         "tensors": _tensors(sig),
         "call_paths": ", ".join(hs.call_paths) or "the model",
@@ -124,9 +124,12 @@ def tolerance_line(sig: Signature) -> str:
 
 @lru_cache(maxsize=1)
 def _tolerance_tables() -> tuple[dict[tuple[str, str], tuple[float, float]], float | None]:
-    """{(op, dtype) or ("", dtype): (atol, rtol)} and EAGER_SLACK, read from forge_pack/evaluate/verdict_rules.py's
+    """{(op, dtype) or ("", dtype): (atol, rtol)} and EAGER_SLACK: each kind's own rows from the
+    target registry, the generic table and the slack read from forge_pack/evaluate/verdict_rules.py's
     source: importing it imports torch, which the LLM side must not (it runs without a GPU stack)."""
-    tables: dict[tuple[str, str], tuple[float, float]] = {}
+    tables: dict[tuple[str, str], tuple[float, float]] = {
+        (spec.name, dtype): (row.atol, row.rtol) for spec in registry.SPECS.values()
+        for dtype, row in spec.tolerances.items()}
     slack = None
     try:
         tree = ast.parse((Path(__file__).resolve().parent.parent / "evaluate" / "verdict_rules.py").read_text())
@@ -137,7 +140,7 @@ def _tolerance_tables() -> tuple[dict[tuple[str, str], tuple[float, float]], flo
         name, value = getattr(target, "id", ""), getattr(node, "value", None)
         if name == "EAGER_SLACK":
             slack = _literal(value)
-        elif name in ("TABLE", "OP_TABLE") and isinstance(value, ast.Dict):
+        elif name == "TABLE" and isinstance(value, ast.Dict):
             for k, v in zip(value.keys, value.values):
                 key, tol = _literal(k), _tolerance_args(v)
                 key = ("", key) if isinstance(key, str) else key
@@ -165,21 +168,14 @@ def _tolerance_args(node) -> tuple[float, float] | None:
     return None
 
 
-# Keyword arguments of each torch.nn.functional op; other signature params are forge-pack's own
-# (e.g. rms_norm's weight_offset for (1 + weight) variants) and are listed apart.
-FUNCTIONAL_KWARGS = {
-    "softmax": ("dim", "dtype"), "log_softmax": ("dim", "dtype"), "layer_norm": ("normalized_shape", "eps"),
-    "rms_norm": ("normalized_shape", "eps"), "group_norm": ("num_groups", "eps"),
-    "batch_norm": ("training", "momentum", "eps"), "adaptive_avg_pool2d": ("output_size",),
-}
-
-
 def torch_reference(sig: Signature) -> str:
     """The PyTorch call the kernel replaces, as code (tensors by their ABI names)."""
     args, extra = [], []
     for i, (name, spec) in enumerate(sig.inputs):
         args.append(name if i == 0 else f"{name}={name if spec is not None else 'None'}")
-    known = FUNCTIONAL_KWARGS.get(sig.op)
+    # forge-pack's own params (e.g. rms_norm's weight_offset for (1 + weight) variants) are listed apart
+    spec = registry.SPECS.get(sig.op)
+    known = tuple(p for p in spec.params if p not in spec.own_params) if spec is not None else None
     for name, value in sig.params:
         if name == "dtype" and isinstance(value, str):
             value = f"torch.{value}"

@@ -9,6 +9,7 @@ generated is data: the manifest, the C++ binding and launchers, fixtures, the RE
     <out>/csrc/binding.cpp, t0_<op>.cu|.cpp (verbatim), t0_launch.cu|.cpp
     <out>/<pkg>/__init__.py, _patch.py, __main__.py, manifest.json, manifest.schema.json, fixtures/
     <out>/<pkg>/_verdict_rules.py (forge_pack/evaluate/verdict_rules.py verbatim), _verify.py
+    <out>/<pkg>/_targets/ (the target registry's runtime modules of forge_pack/targets, verbatim)
 
 The package is staged next to ``out`` and moved into place only when complete, so a failed
 pack never leaves half a package behind. No winner: no package, and the reason.
@@ -373,6 +374,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     }
     _copy_static(stage, name, doc)
     doc["verify_rules"] = vendor_verify_rules(pkg, version)
+    doc["targets_runtime"] = vendor_targets(pkg)
     manifest_mod.write(pkg / "manifest.json", doc)
     shutil.copy2(manifest_mod.SCHEMA_PATH, pkg / "manifest.schema.json")
     return doc
@@ -431,6 +433,30 @@ def vendor_verify_rules(pkg: Path, version: str) -> dict:
     (pkg / RULES_FILE).write_bytes(header.encode() + body)
     shutil.copy2(templates_dir() / "_verify.py", pkg / "_verify.py")
     return {"file": RULES_FILE, "source": "forge_pack/evaluate/verdict_rules.py", "source_sha256": digest}
+
+
+# The package's runtime binds calls, draws inputs and computes references with the build's own
+# target registry: these files, copied verbatim into <pkg>/_targets/.
+TARGETS_SOURCE = Path(__file__).resolve().parent.parent / "targets"
+TARGETS_DIR = "_targets"
+
+
+def vendor_targets(pkg: Path) -> dict:
+    """Copy the registry's runtime modules (``registry.RUNTIME_MODULES``) byte for byte into
+    <pkg>/_targets/; returns the manifest's ``targets_runtime`` record (per-file sha256 and their
+    digest, which the package's ``verify`` recomputes)."""
+    from forge_pack.targets.registry import RUNTIME_MODULES
+
+    integrity = manifest_mod._integrity()
+    dest = pkg / TARGETS_DIR
+    dest.mkdir(exist_ok=True)
+    hashes = {}
+    for module in RUNTIME_MODULES:
+        body = (TARGETS_SOURCE / f"{module}.py").read_bytes()
+        (dest / f"{module}.py").write_bytes(body)
+        hashes[f"{module}.py"] = integrity.file_sha256(body)
+    return {"dir": TARGETS_DIR, "source": "forge_pack/targets", "files": hashes,
+            "source_sha256": integrity.files_digest(hashes)}
 
 
 def vendored_rules_body(text: bytes) -> bytes:

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from forge_pack.core.errors import ForgeError
+from forge_pack.targets import dtypes
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+# --dtype: any spelling of forge_pack.targets.dtypes (the one alias table) naming a castable dtype
+DTYPES = {alias: dtypes.torch_dtype(name) for alias, name in dtypes.ALIASES.items() if name in dtypes.CASTABLE}
 
 
 @dataclass

@@ -13,19 +13,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from forge_pack.targets import dtypes, registry
 from forge_pack.targets.abi import TARGET_OPS
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.signature import Signature, channels_last_strides, contiguous_strides
 
-DTYPES = {"f32": "float32", "float": "float32", "float32": "float32", "fp32": "float32",
-          "f16": "float16", "half": "float16", "float16": "float16", "fp16": "float16",
-          "bf16": "bfloat16", "bfloat16": "bfloat16", "f64": "float64", "float64": "float64", "double": "float64"}
-TENSOR_NAMES = {"softmax": ("x",), "log_softmax": ("x",), "layer_norm": ("x", "weight", "bias"),
-                "rms_norm": ("x", "weight"), "group_norm": ("x", "weight", "bias"),
-                "batch_norm": ("x", "running_mean", "running_var", "weight", "bias"), "adaptive_avg_pool2d": ("x",)}
-PARAMS = {"softmax": ("dim", "dtype"), "log_softmax": ("dim", "dtype"), "layer_norm": ("normalized_shape", "eps"),
-          "rms_norm": ("normalized_shape", "eps", "weight_offset", "composite"), "group_norm": ("num_groups", "eps"),
-          "batch_norm": ("eps", "training", "momentum"), "adaptive_avg_pool2d": ("output_size",)}
+TENSOR_NAMES = {s.name: s.tensors for s in registry.SPECS.values()}
+PARAMS = {s.name: s.params for s in registry.SPECS.values()}
 EXAMPLE = "x: bf16[1,8,2048,2048], dim=-1, dtype=float32"
 _TENSOR = re.compile(r"^(?:(\w+)\s*:\s*)?(\w+)\[([\d,\s]*)\]\s*(?:\{([^}]*)\})?$")
 
@@ -52,10 +46,8 @@ def _value(text: str) -> Any:
         return None
     if low in ("true", "false"):
         return low == "true"
-    if low in DTYPES:
-        return DTYPES[low]
-    if low.startswith("torch.") and low[6:] in DTYPES:
-        return DTYPES[low[6:]]
+    if dtypes.canonical(low) is not None:
+        return dtypes.canonical(low)
     if t[:1] in "([" and t[-1:] in ")]":
         return [_value(v) for v in _split(t[1:-1])]
     try:
@@ -107,10 +99,8 @@ def parse_signature(op: str | None, text: str, dtype: str | None = None) -> Sign
 def _meta_tensor(item: str, tm: re.Match, dtype_override: str | None):
     import torch
 
-    from forge_pack.targets.ops import TORCH_DTYPES
-
     given = dtype_override or tm.group(2)
-    dtype = DTYPES.get(given.lower())
+    dtype = dtypes.canonical(given)
     if dtype is None:
         where = "--dtype" if dtype_override else repr(item)
         raise ForgeError(f"unknown dtype {given!r} in {where}", "use f32, f16, bf16 or f64")
@@ -131,40 +121,33 @@ def _meta_tensor(item: str, tm: re.Match, dtype_override: str | None):
             raise ForgeError(f"strides and shape differ in length: {item!r}", "one stride per dimension")
     else:
         raise ForgeError(f"unknown layout {{{layout}}} in {item!r}", "use {channels_last} or {strides=...}")
-    return torch.empty_strided(shape, strides, dtype=TORCH_DTYPES[dtype], device="meta")
+    return torch.empty_strided(shape, strides, dtype=dtypes.torch_dtype(dtype), device="meta")
 
 
 def _build(op: str, tensors: dict, params: dict) -> Signature:
     from forge_pack.targets import ops
 
+    spec = registry.get(op)
     x = tensors["x"]
     kwargs: dict[str, Any] = {"input": x}
-    for name in TENSOR_NAMES[op][1:]:
+    for name in spec.tensors[1:]:
         kwargs[name] = tensors.get(name)
     extra = {}
     for key, value in params.items():
         if key == "dtype" and value is not None:
-            value = ops.TORCH_DTYPES[value]
-        if op == "rms_norm" and key in ("weight_offset", "composite"):
+            value = dtypes.torch_dtype(value)
+        if key in spec.own_params:
             extra[key] = value
             continue
         kwargs[key] = value
-    if op in ("layer_norm", "rms_norm") and kwargs.get("normalized_shape") is None:
-        kwargs["normalized_shape"] = [x.shape[-1]]
-    if op == "adaptive_avg_pool2d" and kwargs.get("output_size") is None:
-        kwargs["output_size"] = [1, 1]
-    if op in ("softmax", "log_softmax") and kwargs.get("dim") is not None and \
-            not -x.dim() <= int(kwargs["dim"]) < max(x.dim(), 1):
-        raise ForgeError(f"dim={kwargs['dim']} is out of range for a {x.dim()}-d tensor", "dim=-1 is the last dim")
-    if op == "group_norm" and kwargs.get("num_groups") is None:
-        raise ForgeError("group_norm needs num_groups=G", "e.g. 'x: f32[1,512,128,128], num_groups=32'")
-    if op == "batch_norm" and (kwargs.get("running_mean") is None or kwargs.get("running_var") is None):
-        raise ForgeError("batch_norm needs running_mean and running_var tensors",
-                         "e.g. 'x: f32[32,64,56,56], running_mean: f32[64], running_var: f32[64]'")
+    problem = spec.complete(kwargs) if spec.complete is not None else None  # defaults filled in place
+    if problem is not None:
+        raise ForgeError(*problem)
     try:
         named, norm_params = ops.normalize_call(op, "F", (), kwargs)
-    except ops.Unsupported as e:
-        raise ForgeError(f"forge-pack does not target this call: {e}", "see the supported ops in the README")
+    except ops.Unsupported:
+        raise ForgeError(f"forge-pack does not target this call, or cannot read its {op} arguments",
+                         f"see the supported ops in the README; e.g. {EXAMPLE!r}")
     except (TypeError, ValueError) as e:
         raise ForgeError(f"cannot read the {op} arguments: {e}", f"e.g. {EXAMPLE!r}")
     norm_params.update(extra)

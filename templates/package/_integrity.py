@@ -7,7 +7,11 @@ The package's ``info``/``bench`` and forge-pack's own readers recompute it: a mi
 figures shown are not the ones measured. A manifest from before digests were recorded has none:
 its figures are "not checked", which is not an error.
 
-Plain Python, no torch: forge-pack loads this same file from its templates to write the digest,
+It also defines the digest of shipped source files (``files_digest``): the target registry the
+package runs (``_targets/``, a verbatim copy of forge_pack/targets) is recorded in the manifest's
+``targets_runtime`` and checked by ``verify``.
+
+Plain Python, no torch: forge-pack loads this same file from its templates to write the digests,
 so writer and readers cannot disagree on what is covered.
 """
 
@@ -53,6 +57,16 @@ def digest(doc: dict) -> str:
     text = json.dumps(_finite(measured_content(doc)), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def file_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def files_digest(hashes: dict) -> str:
+    """One sha256 over {file name: its sha256}: lines "<name> <sha256>" in name order."""
+    text = "".join(f"{name} {hashes[name]}\n" for name in sorted(hashes))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def seal(doc: dict) -> dict:

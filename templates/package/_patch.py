@@ -2,7 +2,9 @@
 
 The manifest lists targets: an op (softmax, layer_norm, ...) called with one exact signature
 (dtypes, shapes, strides, parameters) on one device kind, and the torch op of the package that
-computes it. ``Patcher.apply`` replaces every call path of each target op (``F.softmax``,
+computes it. What each kind's call paths are and how a call's arguments bind is the target
+registry shipped beside this file as ``_targets/`` (forge-pack's own ``forge_pack/targets``,
+copied verbatim: the profiler bound the model's calls with the same code). ``Patcher.apply`` replaces every call path of each target op (``F.softmax``,
 ``torch.softmax``, ``Tensor.softmax``; ``nn.Softmax`` goes through ``F.softmax``) and, for module
 composites (an RMSNorm written as eager ops), the module class's ``forward`` and matching
 instances in a given model. Each replacement checks the call against the verified signatures
@@ -37,10 +39,6 @@ DISABLE_ENV = "FORGE_PACK_DISABLE"
 # Spellings of FORGE_PACK_DISABLE: only a yes turns the package off ("false" or "0" must not).
 DISABLE_YES = ("1", "true", "yes", "on")
 DISABLE_NO = ("", "0", "false", "no", "off")
-EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _MISS = object()
 
 # Per thread: whether a patched path below the innermost fall-back in progress took the call (a
@@ -73,32 +71,41 @@ def _transformed(v: torch.Tensor) -> bool:
     return getattr(_fwAD, "_current_level", 0) >= 0 and _fwAD.unpack_dual(v).tangent is not None
 
 
-def _default_rms_eps(dtype: torch.dtype) -> float:
-    """F.rms_norm's eps=None: the machine epsilon of the dtype it computes in (float32 for half and
-    bfloat16 inputs, float64 for float64), as PyTorch does; not the input dtype's own."""
-    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
-
-
 class ManifestError(ValueError):
     """The manifest is missing, not JSON, or does not match its schema."""
 
 
 # ------------------------------------------------------------------ call paths and arguments
 
+def _load_registry() -> Any:
+    """The target registry: ``<package>._targets`` in an installed package. This file run from
+    forge-pack's source tree (templates/package/, in forge-pack's tests) has no copy beside it and
+    loads the source it is copied from, forge_pack/targets, under a private name."""
+    here = Path(__file__).resolve().parent
+    if __package__ and (here / "_targets" / "__init__.py").is_file():
+        return importlib.import_module(f"{__package__}._targets.registry")
+    src = here / "_targets" if (here / "_targets").is_dir() else here.parent.parent / "forge_pack" / "targets"
+    name = f"{__name__}_targets"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, src / "__init__.py", submodule_search_locations=[str(src)])
+        if spec is None or spec.loader is None or not (src / "__init__.py").is_file():
+            raise ImportError(f"the target registry is missing beside {Path(__file__).name} (no _targets/): the "
+                              "package is incomplete; reinstall it or rebuild it with forge-pack")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return importlib.import_module(f"{name}.registry")
+
+
+TARGETS = _load_registry()
+DTYPES = {name: TARGETS.dtypes.torch_dtype(name) for name in TARGETS.dtypes.CANONICAL}
 OWNERS: dict[str, Any] = {"torch.nn.functional": F, "torch": torch, "torch.Tensor": torch.Tensor}
 
-# (owner, attribute, argument style) for every function path that reaches an op; nn.Softmax,
+# (owner, attribute, argument style) for every function path that reaches a kind; nn.Softmax,
 # nn.LayerNorm, nn.GroupNorm, nn.BatchNorm*d, nn.AdaptiveAvgPool2d, nn.RMSNorm call the F.* path.
 CALL_PATHS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "softmax": (("torch.nn.functional", "softmax", "F"), ("torch", "softmax", "torch"),
-                ("torch.Tensor", "softmax", "method")),
-    "log_softmax": (("torch.nn.functional", "log_softmax", "F"), ("torch", "log_softmax", "torch"),
-                    ("torch.Tensor", "log_softmax", "method")),
-    "layer_norm": (("torch.nn.functional", "layer_norm", "F"), ("torch", "layer_norm", "torch")),
-    "rms_norm": (("torch.nn.functional", "rms_norm", "F"), ("torch", "rms_norm", "torch")),
-    "group_norm": (("torch.nn.functional", "group_norm", "F"), ("torch", "group_norm", "torch")),
-    "batch_norm": (("torch.nn.functional", "batch_norm", "F"), ("torch", "batch_norm", "torch")),
-    "adaptive_avg_pool2d": (("torch.nn.functional", "adaptive_avg_pool2d", "F"),),
+    spec.name: tuple((p.owner, p.attr, p.style) for p in spec.call_paths if p.style != "module")
+    for spec in TARGETS.SPECS.values() if spec.bind is not None
 }
 
 # The functions as they were when this module was imported: the reference for verify and bench.
@@ -107,135 +114,9 @@ ORIGINALS: dict[tuple[str, str], Any] = {
     for paths in CALL_PATHS.values() for owner, attr, _ in paths if hasattr(OWNERS[owner], attr)
 }
 
-
-def _bind(names: tuple[str, ...], defaults: dict, args: tuple, kwargs: dict) -> dict | None:
-    """Python's own binding rules, minus errors: None for anything unexpected (the original decides)."""
-    if len(args) > len(names):
-        return None
-    bound = dict(defaults)
-    for name, value in zip(names, args):
-        bound[name] = value
-    for key, value in kwargs.items():
-        if key not in names or names.index(key) < len(args):
-            return None  # unknown keyword (e.g. out=) or a duplicate: not what was verified
-        bound[key] = value
-    for name in names:
-        if name not in bound:
-            return None
-    return bound
-
-
-def _shape(s: Any) -> list | None:
-    if isinstance(s, int):
-        return [s]
-    if isinstance(s, (list, tuple, torch.Size)) and all(isinstance(v, int) for v in s):
-        return [int(v) for v in s]
-    return None
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _softmax(style: str, args: tuple, kwargs: dict):
-    names = ("input", "dim", "_stacklevel", "dtype") if style == "F" else ("input", "dim", "dtype")
-    b = _bind(names, {"dim": None, "dtype": None, "_stacklevel": 3}, args, kwargs)
-    if b is None or not isinstance(b["input"], torch.Tensor):
-        return None
-    x, dim, dtype = b["input"], b["dim"], b["dtype"]
-    if (dim is not None and not isinstance(dim, int)) or (dtype is not None and not isinstance(dtype, torch.dtype)):
-        return None
-    nd = x.dim()
-    if dim is None:  # PyTorch's implicit-dim rule (deprecated, still honoured)
-        dim = 0 if nd in (0, 1, 3) else 1
-    elif dim < 0:
-        dim = dim + nd
-    return {"x": x}, {"dim": dim, "dtype": DTYPE_NAMES.get(dtype) if dtype is not None else None}
-
-
-def _layer_norm(style: str, args: tuple, kwargs: dict):
-    names = ("input", "normalized_shape", "weight", "bias", "eps")
-    if style == "torch":
-        names = names + ("cudnn_enable",)
-    b = _bind(names, {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enable": True}, args, kwargs)
-    if b is None or not _number(b["eps"]) or _shape(b["normalized_shape"]) is None:
-        return None
-    return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
-            {"normalized_shape": _shape(b["normalized_shape"]), "eps": float(b["eps"])})
-
-
-def _rms_norm(style: str, args: tuple, kwargs: dict):
-    b = _bind(("input", "normalized_shape", "weight", "eps"), {"weight": None, "eps": None}, args, kwargs)
-    if b is None or not isinstance(b["input"], torch.Tensor) or _shape(b["normalized_shape"]) is None:
-        return None
-    eps = b["eps"]
-    if eps is None:
-        if not b["input"].is_floating_point():
-            return None
-        eps = _default_rms_eps(b["input"].dtype)
-    if not _number(eps):
-        return None
-    return ({"x": b["input"], "weight": b["weight"]},
-            {"normalized_shape": _shape(b["normalized_shape"]), "eps": float(eps), "weight_offset": 0.0,
-             "composite": False})
-
-
-def _group_norm(style: str, args: tuple, kwargs: dict):
-    names = ("input", "num_groups", "weight", "bias", "eps")
-    if style == "torch":
-        names = names + ("cudnn_enabled",)
-    b = _bind(names, {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enabled": True}, args, kwargs)
-    if b is None or not isinstance(b["num_groups"], int) or not _number(b["eps"]):
-        return None
-    return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
-            {"num_groups": int(b["num_groups"]), "eps": float(b["eps"])})
-
-
-def _batch_norm(style: str, args: tuple, kwargs: dict):
-    if style == "torch":
-        b = _bind(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
-                   "cudnn_enabled"), {}, args, kwargs)
-    else:
-        b = _bind(("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"),
-                  {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5}, args, kwargs)
-    if b is None or b["training"] or b["running_mean"] is None or b["running_var"] is None or not _number(b["eps"]):
-        return None  # training mode updates running statistics: never targeted
-    return ({"x": b["input"], "running_mean": b["running_mean"], "running_var": b["running_var"],
-             "weight": b["weight"], "bias": b["bias"]}, {"eps": float(b["eps"]), "training": False})
-
-
-def _adaptive_avg_pool2d(style: str, args: tuple, kwargs: dict):
-    b = _bind(("input", "output_size"), {}, args, kwargs)
-    if b is None or not isinstance(b["input"], torch.Tensor) or b["input"].dim() < 2:
-        return None
-    x, size = b["input"], b["output_size"]
-    if isinstance(size, int):
-        size = (size, size)
-    if not isinstance(size, (list, tuple)) or len(size) != 2:
-        return None
-    out = []
-    for i, s in enumerate(size):
-        if s is None:
-            out.append(int(x.shape[-2 + i]))
-        elif isinstance(s, int):
-            out.append(int(s))
-        else:
-            return None
-    return {"x": x}, {"output_size": out}
-
-
-NORMALIZERS: dict[str, Callable] = {
-    "softmax": _softmax, "log_softmax": _softmax, "layer_norm": _layer_norm, "rms_norm": _rms_norm,
-    "group_norm": _group_norm, "batch_norm": _batch_norm, "adaptive_avg_pool2d": _adaptive_avg_pool2d,
-}
-
-
-def module_eps(module: Any) -> float | None:
-    for name in EPS_ATTRS:
-        v = getattr(module, name, None)
-        if _number(v):
-            return float(v)
-    return None
+# kind -> binder: (style, args, kwargs) -> (tensors by ABI name, params), or None for a call it
+# does not recognise exactly (the original then runs)
+NORMALIZERS: dict[str, Callable] = {name: spec.bind for name, spec in TARGETS.SPECS.items() if spec.bind is not None}
 
 
 # ------------------------------------------------------------------ manifest
@@ -572,16 +453,19 @@ class Patcher:
         return _MISS
 
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
-        if not self._active or len(args) != 1 or kwargs or _autocast_on(self.backend):
+        """The kernel's output for a composite module's call it was verified for, else _MISS. The
+        kind's module binder reads the call (an RMSNorm: forward(x), its eps and weight)."""
+        if not self._active or _autocast_on(self.backend):
             return _MISS
-        x = args[0]
-        eps = module_eps(module)
-        if eps is not None and isinstance(x, torch.Tensor):
-            tensors = {"x": x, "weight": getattr(module, "weight", None)}
-            for t in targets:
-                if eps == t.params.get("eps") and self._tensors_match(t, tensors):
-                    self._count(self.kernel_calls, t.id)
-                    return t.fn(*[tensors[n] for n in t.present])
+        bound: dict[str, Any] = {}
+        for t in targets:
+            if t.op not in bound:
+                bind = TARGETS.get(t.op).bind_module
+                bound[t.op] = bind(module, args, kwargs) if bind is not None else None
+            b = bound[t.op]
+            if b is not None and all(t.params.get(k) == v for k, v in b[1].items()) and self._tensors_match(t, b[0]):
+                self._count(self.kernel_calls, t.id)
+                return t.fn(*[b[0][n] for n in t.present])
         return _MISS
 
     # ---- wrappers: each reads what it replaced from its link at call time (see _Link)

@@ -2,6 +2,9 @@
 
 "Verified" is defined once, in ``_verdict_rules.py``: a byte-for-byte copy of the forge-pack module
 the build's workers ran (its sha256 is in manifest.json's ``verify_rules`` and checked here first).
+What each target kind is (its float64 reference, eager call, input generators, tolerance rows)
+comes from ``_targets/``, the build's target registry copied verbatim (its digest is in
+``targets_runtime``, checked here too).
 Per target this runs the same input kinds as the build's final check:
 
 - ``captured[i]``: the model's own tensors shipped in fixtures/ (those that fit the size cap);
@@ -32,7 +35,8 @@ import torch
 
 from . import _PATCHER
 from . import _verdict_rules as rules
-from ._patch import ORIGINALS
+from ._integrity import file_sha256, files_digest
+from ._patch import DTYPES, ORIGINALS, TARGETS
 
 HERE = Path(__file__).resolve().parent
 # The line that ends the generated header of _verdict_rules.py (forge_pack.pack.packager writes it).
@@ -44,6 +48,12 @@ def rules_sha256() -> str:
     text = (HERE / "_verdict_rules.py").read_bytes()
     i = text.find(HEADER_END)
     return hashlib.sha256(text[i + len(HEADER_END):] if i >= 0 else text).hexdigest()
+
+
+def targets_sha256() -> str:
+    """The digest of the shipped target registry (_targets/*.py), as forge-pack recorded it."""
+    files = sorted((HERE / "_targets").glob("*.py"))
+    return files_digest({f.name: file_sha256(f.read_bytes()) for f in files})
 
 
 def _lookup(owner: str, attr: str):
@@ -69,12 +79,12 @@ def _seed(*parts: object) -> int:
 
 def eager(t: dict):
     """The original PyTorch op of target `t`, as a function of the named tensors."""
-    return rules.eager_fn(t["op"], _params(t), t["signature"]["output"]["dtype"], _lookup)
+    return TARGETS.get(t["op"]).eager(_params(t), t["signature"]["output"]["dtype"], _lookup)
 
 
 def draw(t: dict, kind: str, seed: int, device) -> dict:
     """One input set of kind 'fresh' or an adversarial kind, from the copied generators."""
-    return rules.make_inputs(_plain_inputs(t), kind, torch.Generator().manual_seed(seed), device)
+    return TARGETS.get(t["op"]).make_inputs(_plain_inputs(t), kind, torch.Generator().manual_seed(seed), device)
 
 
 def _fixture(t: dict, rel: str, device) -> dict:
@@ -86,7 +96,7 @@ def _fixture(t: dict, rel: str, device) -> dict:
         if spec is None:
             out[name] = None
             continue
-        tensor = torch.empty_strided(spec[1], spec[2], dtype=rules.DTYPES[spec[0]], device=device)
+        tensor = torch.empty_strided(spec[1], spec[2], dtype=DTYPES[spec[0]], device=device)
         tensor.copy_(raw[f"in.{name}"].view(spec[1]))
         out[name] = tensor
     return out
@@ -98,7 +108,7 @@ def derive(t: dict, kind: str, sources: list, seed: int) -> dict:
     does; only the picked source is loaded."""
     gen = torch.Generator().manual_seed(seed)
     source = sources[rules.derived_source(len(sources), gen)]()
-    return rules.derive_inputs(t["op"], _params(t), kind, source, gen)
+    return rules.derive_inputs(TARGETS.get(t["op"]), _params(t), kind, source, gen)
 
 
 def input_sets(t: dict, device, seed: int, fresh: int):
@@ -113,7 +123,7 @@ def input_sets(t: dict, device, seed: int, fresh: int):
     sets += [(f"derived:{k}", lambda k=k: derive(t, k, sources, _seed(seed, t["id"], "derived", k)))
              for k in rules.DERIVED_KINDS]
     sets += [(f"adversarial:{k}", lambda k=k: draw(t, k, _seed(seed, t["id"], "adversarial", k), device))
-             for k in rules.adversarial_kinds(t["op"])]
+             for k in TARGETS.get(t["op"]).adversarial]
     return sets
 
 
@@ -160,7 +170,7 @@ def _call(fn, args: list, out_spec: dict, device: str, junk: bool) -> tuple[torc
     caching allocator when the op asks for its output, so the op gets it."""
     if device.startswith("cuda"):
         torch.cuda.empty_cache()  # no other free block of the output's size for the op to take
-        block = torch.empty_strided(out_spec["shape"], out_spec["strides"], dtype=rules.DTYPES[out_spec["dtype"]],
+        block = torch.empty_strided(out_spec["shape"], out_spec["strides"], dtype=DTYPES[out_spec["dtype"]],
                                     device=device)
         rules.fill_sentinel(block)
         _sync(device)
@@ -186,15 +196,15 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) 
     """One input set through the kernel, judged by the copied rules. A row: kind, errors, the rule,
     the reason of the first failed check (None when it passed, 'skipped' when eager itself breaks
     NaN/Inf parity there, as the build skips it)."""
-    op, out_spec = t["op"], t["signature"]["output"]
+    spec, out_spec = TARGETS.get(t["op"]), t["signature"]["output"]
     row = {"kind": kind, "max_abs": None, "max_rel": None, "atol": None, "rtol": None, "allowance": None,
            "sentinel": False, "reason": None, "detail": ""}
     with torch.inference_mode():
-        ref = rules.reference64(op, _params(t), x, _lookup)
+        ref = spec.reference64(_params(t), x, _lookup)
         eager_out = eager(t)(x)
     _sync(device)
-    mag = rules.magnitude(op, x)
-    allow = rules.allowance(eager_out, ref, out_spec["dtype"], op, mag)
+    mag = rules.magnitude(spec, x)
+    allow = rules.allowance(eager_out, ref, out_spec["dtype"], spec, mag)
     del eager_out
     if allow is None:
         return {**row, "reason": "skipped", "detail": "eager PyTorch itself differs from float64 in NaN/Inf positions"}
@@ -223,7 +233,7 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) 
     row["sentinel"] = armed
     bad = damage(first, "first")
     if bad is None:
-        cmp, reason, detail = rules.judge_output(first, ref, out_spec["dtype"], op, allow, kind, mag)
+        cmp, reason, detail = rules.judge_output(first, ref, out_spec["dtype"], spec, allow, kind, mag)
         row.update(max_abs=cmp.max_abs_err, max_rel=cmp.max_rel_err, atol=cmp.atol, rtol=cmp.rtol)
         bad = (reason, detail) if reason is not None else None
     if bad is None:
@@ -252,6 +262,11 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
         say(f"FAIL rules: _verdict_rules.py (sha256 {have[:16]}) is not the file this package was built with "
             f"({(recorded or 'none recorded')[:16]}): reinstall the package")
         failures += 1
+    runtime = m.get("targets_runtime")
+    if runtime is not None and runtime.get("source_sha256") != targets_sha256():
+        say(f"FAIL targets: _targets/ (digest {targets_sha256()[:16]}) is not the target registry this package was "
+            f"built with ({str(runtime.get('source_sha256'))[:16]}): reinstall the package")
+        failures += 1
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     junk = device == "cpu" and _cpu_junk_fill()
     say(f"verification rules: forge_pack/evaluate/verdict_rules.py sha256 {have[:16]} (the build's final check); "
@@ -264,7 +279,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
     for t in m["targets"]:
         fn = next(p for p in _PATCHER.targets if p.id == t["id"]).fn
         out_dtype = t["signature"]["output"]["dtype"]
-        tol = rules.tolerance(t["op"], out_dtype)
+        tol = rules.tolerance(TARGETS.get(t["op"]), out_dtype)
         mt = t["tolerance"]
         if (mt["atol"], mt["rtol"], mt.get("eager_slack")) != (tol.atol, tol.rtol, rules.EAGER_SLACK):
             say(f"{t['id']:<7} FAIL tolerance: the manifest records atol {mt['atol']}, rtol {mt['rtol']}, "

@@ -1,0 +1,86 @@
+"""group_norm over [N, C, *spatial] in G groups of C/G channels (targeted: contiguous tensors)."""
+
+from __future__ import annotations
+
+from . import norm_common
+from .call_args import bind, is_number
+from .inputs import block_rows, permute_channels
+from .spec import Draw, TargetSpec, Tolerance, function_paths
+
+
+def _binder(style: str, args: tuple, kwargs: dict):
+    names = ("input", "num_groups", "weight", "bias", "eps")
+    if style == "torch":
+        names = names + ("cudnn_enabled",)  # torch.group_norm's extra flag: no effect on the result
+    b = bind(names, {"weight": None, "bias": None, "eps": 1e-5, "cudnn_enabled": True}, args, kwargs)
+    if b is None or not isinstance(b["num_groups"], int) or not is_number(b["eps"]):
+        return None
+    return ({"x": b["input"], "weight": b["weight"], "bias": b["bias"]},
+            {"num_groups": int(b["num_groups"]), "eps": float(b["eps"])})
+
+
+def _supports(sig) -> str | None:
+    why = norm_common.contiguous_inputs(sig)
+    if why is None and len(sig.x.shape) < 2:
+        return "group_norm needs [N, C, ...]"
+    return why
+
+
+def _size_vars(sig) -> dict:
+    shape = sig.x.shape
+    n, c = shape[0], shape[1]
+    hw = sig.x.numel // max(n * c, 1)
+    g = int(sig.param("num_groups"))
+    return {"N": n, "C": c, "G": g, "HW": hw, "CPG": c // g, "GROUP_SIZE": (c // g) * hw}
+
+
+def _reference(params, t, lookup):
+    return lookup("torch.nn.functional", "group_norm")(t["x"], params["num_groups"], t.get("weight"), t.get("bias"),
+                                                       params["eps"])
+
+
+def _eager(params, out_dtype, lookup):
+    fn = lookup("torch.nn.functional", "group_norm")
+    groups, eps = params["num_groups"], params["eps"]
+    return lambda t: fn(t["x"], groups, t.get("weight"), t.get("bias"), eps)
+
+
+def _rows(params: dict, xf):
+    return block_rows(xf, xf.shape[0] * params["num_groups"])  # one row per (sample, group)
+
+
+def _permute(params: dict, xf, others: dict, gen):
+    return permute_channels(xf, others, gen, groups=params["num_groups"])
+
+
+def _odd_shapes(sig) -> list:
+    n, c = sig.x.shape[:2]
+    return [((min(n, 2) + 1, c) + (5, 7)[: max(len(sig.x.shape) - 2, 0)], False)]
+
+
+def _complete(kwargs: dict):
+    if kwargs.get("num_groups") is None:
+        return "group_norm needs num_groups=G", "e.g. 'x: f32[1,512,128,128], num_groups=32'"
+    return None
+
+
+GROUP_NORM = TargetSpec(
+    name="group_norm", tensors=("x", "weight", "bias"), scalars=("eps",), params=("num_groups", "eps"), own_params=(),
+    doc="x contiguous [N, C, *spatial] (HW = spatial size); G groups of CPG = C/G channels; per "
+        "(n, g) mean and biased variance over CPG*HW elements; out = (x - mean) * rsqrt(var + eps) "
+        "* weight[c] + bias[c]; weight/bias may be absent.",
+    size_vars=_size_vars, supports=_supports, float64_reference=_reference, eager_call=_eager,
+    tolerances={
+        # outputs are ~N(0,1)*weight+bias: values near zero are common, so atol matters.
+        "float32": Tolerance(1e-4, 1e-4, "mean/var over up to millions of elements in fp32: "
+                                         "~1e-5 absolute on unit-scale outputs"),
+        "bfloat16": Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16: half an ulp "
+                                              "of 1.0 is 4e-3, plus statistics error"),
+        "float16": Tolerance(2e-3, 2e-3, "unit-scale outputs rounded to fp16: two ulps of 1.0"),
+    },
+    draws={"weight": Draw(0.2, 1.0), "bias": Draw(0.2)}, adversarial=("large", "offset", "constant"),
+    rows=_rows, permute=_permute, odd_shapes=_odd_shapes,
+    call_paths=function_paths("group_norm", "group_norm", False, ("GroupNorm",)), bind=_binder,
+    complete=_complete)
+
+SPECS = (GROUP_NORM,)

@@ -1,0 +1,145 @@
+"""Input sets for verification: fresh draws, adversarial transforms, and the shapes of reductions.
+
+Every kind declares how its tensors are drawn (``TargetSpec.draws``), which adversarial kinds
+apply to it, and how its main input splits into the groups of elements it reduces together
+(``rows``) and what it treats as interchangeable (``permute``); the helpers here implement those
+once. The derived transforms that use ``rows``/``permute`` are part of "what verified means" and
+live in ``forge_pack/evaluate/verdict_rules.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .dtypes import torch_dtype
+from .lazy_torch import torch
+
+
+def empty(spec: tuple, device) -> Any:
+    """An uninitialised tensor of (dtype name, shape, strides) on ``device``."""
+    dtype, shape, strides = spec
+    return torch.empty_strided(tuple(shape), tuple(strides), dtype=torch_dtype(dtype), device=device)
+
+
+def randn(spec: tuple, gen, device, scale: float = 1.0, shift: float = 0.0) -> Any:
+    # Draw on the CPU with the generator (reproducible everywhere), then place with the exact strides.
+    values = torch.randn(tuple(spec[1]), generator=gen, dtype=torch.float32) * scale + shift
+    out = empty(spec, device)
+    out.copy_(values)
+    return out
+
+
+def _large(x) -> None:
+    # Large magnitudes: overflow in exp without max-subtraction; big sums in the norms.
+    x.mul_((3.0e4 if x.dtype == torch.float16 else 1.0e4) / 4)
+
+
+def _offset(x) -> None:
+    # Large mean, small spread: naive one-pass E[x^2]-E[x]^2 variance loses every digit here.
+    x.mul_(0.5).add_(300.0 if x.dtype != torch.float32 else 2000.0)
+
+
+def _neg_inf_rows(x) -> None:
+    # rows in a copy (reshape of a strided x may copy too): written back into x below
+    flat = x.reshape(-1, x.shape[-1]).clone()
+    flat[:, ::7] = float("-inf")  # masked positions, as attention masks make them
+    flat[0, :] = float("-inf")  # a fully masked row: softmax gives NaN, the kernel must too
+    if flat.shape[0] > 2:
+        flat[2, 2:] = float("-inf")  # a row with a single live element: column 1 (0 is masked above)
+    x.copy_(flat.view(x.shape))
+
+
+def _constant(x) -> None:
+    x.fill_(1.5)  # zero variance / identical logits
+
+
+# Adversarial kinds: in-place transforms of a fresh main input "x".
+ADVERSARIAL: dict[str, Callable[[Any], None]] = {"large": _large, "offset": _offset, "neg_inf_rows": _neg_inf_rows,
+                                                 "constant": _constant}
+
+
+def make_inputs(spec, inputs: list, kind: str, gen, device) -> dict:
+    """One input set of ``spec``'s kind, in ABI order: kind "fresh" or one of ``spec.adversarial``.
+    ``inputs`` is [(name, (dtype, shape, strides) or None)]."""
+    t: dict[str, Any] = {}
+    for name, s in inputs:
+        if s is None:
+            t[name] = None
+            continue
+        d = spec.draw(name)
+        t[name] = randn(s, gen, device, d.scale, d.shift)
+        if d.positive_floor is not None:
+            t[name] = t[name].abs_() + d.positive_floor
+    if kind != "fresh":
+        ADVERSARIAL[kind](t["x"])
+    return t
+
+
+# ---------------------------------------------------------------- reduction shapes
+
+def dim_rows(xf, d: int) -> tuple:
+    """Rows along dim ``d`` (moved last), and the way back."""
+    d = d % xf.dim()
+    moved = xf.movedim(d, -1)
+    mshape = tuple(moved.shape)
+    return moved.reshape(-1, mshape[-1]), lambda r: r.reshape(mshape).movedim(-1, d)
+
+
+def trailing_rows(xf, n: int) -> tuple:
+    """Rows of the last ``n`` elements (a flattened normalized_shape), and the way back."""
+    shape = tuple(xf.shape)
+    return xf.reshape(-1, n), lambda r: r.reshape(shape)
+
+
+def block_rows(xf, rows: int) -> tuple:
+    """``rows`` equal contiguous blocks (groups, planes), and the way back."""
+    shape = tuple(xf.shape)
+    return xf.reshape(rows, -1), lambda r: r.reshape(shape)
+
+
+def channel_rows(xf) -> tuple:
+    """One row per channel (dim 1), across samples and positions, and the way back."""
+    moved = xf.movedim(1, 0)
+    mshape = tuple(moved.shape)
+    return moved.reshape(mshape[0], -1), lambda r: r.reshape(mshape).movedim(0, 1)
+
+
+def perm(n: int, gen, device) -> Any:
+    return torch.randperm(n, generator=gen).to(device)
+
+
+def permute_rows_and_columns(rows_of: Callable, xf, others: dict, gen, per_column: tuple[str, ...] = ()) -> Any:
+    """Rows in any order, and the reduced elements in any order (with their per-element tensors
+    ``per_column``, e.g. a norm's weight and bias)."""
+    dev = xf.device
+    rows, back = rows_of(xf)
+    cols = perm(rows.shape[1], gen, dev)
+    rows = rows[perm(rows.shape[0], gen, dev)][:, cols]
+    for name in per_column:
+        if others.get(name) is not None:
+            others[name] = others[name].reshape(-1)[cols].reshape(others[name].shape)
+    return back(rows)
+
+
+def permute_channels(xf, others: dict, gen, groups: int | None = None, spatial: bool = True,
+                     per_channel: tuple[str, ...] = ("weight", "bias", "running_mean", "running_var")) -> Any:
+    """Samples in any order; channels in any order (groups as blocks, then channels inside each
+    group, where ``groups`` is given), with their per-channel tensors; spatial positions in any
+    order where ``spatial``."""
+    dev = xf.device
+    n, c = xf.shape[:2]
+    xf = xf[perm(n, gen, dev)]
+    if groups is not None:
+        per = c // groups
+        within = torch.stack([perm(per, gen, dev) for _ in range(groups)])
+        chans = (perm(groups, gen, dev)[:, None] * per + within).reshape(-1)
+    else:
+        chans = perm(c, gen, dev)
+    xf = xf[:, chans]
+    for name in per_channel:
+        if others.get(name) is not None:
+            others[name] = others[name][chans]
+    if spatial and xf.dim() > 2:
+        flat = xf.reshape(n, c, -1)
+        xf = flat[:, :, perm(flat.shape[2], gen, dev)].reshape(xf.shape)
+    return xf

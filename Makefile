@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.forge-pack-installed
 TORCH ?= torch==2.14.1
-DEMO_MODEL ?= tests/models/vision_net.py
+DEMO_MODEL ?= tests/models/norm_head.py
 
 # `make test-gpu` and `make mutation` use the venv's python when there is one; `PYTHON=python3 make test-gpu`
 # (the H200 image) uses that interpreter as it is, with no venv built.
@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 # profile → search → confirm → package, pip install it here, apply it, print before/after.
 demo: $(STAMP)
 	rm -rf runs/demo out/demo_package
-	$(BIN)/python -m forge_pack.cli.demo $(DEMO_MODEL) --device cpu --budget 8 --out out/demo_package --run-dir runs/demo
+	$(BIN)/python -m forge_pack.cli.demo $(DEMO_MODEL) --device cpu --budget 5 --out out/demo_package --run-dir runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -291,7 +291,8 @@ def test_llama_block_regions_on_cuda_have_device_times_and_exact_references():
     inputs = tuple(t.cuda() for t in llama_regions.get_inputs())
     g = capture(model, inputs, iterations=2)
     regions = find_regions(g)
-    assert g.device == "cuda" and g.time_source == "profile"
+    # device times from the profiler; on CUDA a few nodes (the attention's own kernels) may be estimated
+    assert g.device == "cuda" and g.time_source in ("profile", "profile+estimate")
     assert ("rms_norm", RMS_OPS) in _table(regions)
     for r in regions:
         assert r.time_us > 0 and r.device == "cuda"

@@ -84,7 +84,7 @@ def test_static_cuda_fixtures_are_rejected_by_the_evaluator(evaluator, path):
 def test_reference_kernels_pass_on_gpu(evaluator, op, text):
     h = hotspot(op, text, device="cuda")
     e = _reference_ok(evaluator, h)
-    assert e.verdict.reason == "ok" and e.verdict.detail == ""
+    assert e.verdict.reason == "ok" and e.verdict.detail == f"{len(e.verdict.checks)} input sets verified"
     # one batch of max(reps, MIN_CUDA_REPS) timed calls (min_time_s is 0), on CUDA events
     assert e.timing is not None and (e.timing.n, e.timing.clock) == (max(CFG.reps, MIN_CUDA_REPS), "cuda_events")
     assert e.timing.min_us <= e.timing.median_us

@@ -6,6 +6,9 @@
         out = model(*inputs)
     PACKAGE_NAME.revert()
 
+    compiled = PACKAGE_NAME.compile(model)       # torch.compile with the kernels that win compiled
+    compiled = torch.compile(model, backend=PACKAGE_NAME.backend)   # the same
+
     with PACKAGE_NAME.patched(model):  # the same, as a context manager
         ...
 
@@ -17,11 +20,12 @@ no, off or empty leave it on, and any other value leaves it on with a warning.
 
 from pathlib import Path as _Path
 
-from . import _patch
+from . import _compile, _patch
 
 _PATCHER = _patch.for_package(__name__, _Path(__file__).resolve().parent)
 manifest: dict = _PATCHER.manifest
 __version__: str = manifest["package"]["version"]
+_COMPILE = _compile.CompileMode(_PATCHER)
 
 
 def apply(model=None) -> bool:
@@ -51,3 +55,15 @@ def status() -> dict:
 def load() -> bool:
     """Load the compiled kernels without patching anything; False (see status()) if they cannot load."""
     return _PATCHER.load()
+
+
+def compile(model, **torch_compile_kwargs):
+    """torch.compile(model, backend=backend, **torch_compile_kwargs): Inductor compiles the model, and
+    each call the package verified, and the build measured faster compiled with it (the manifest's
+    ``compile.use``), runs the package's kernel. No global patching; apply() is not needed."""
+    return _COMPILE.compile(model, **torch_compile_kwargs)
+
+
+def backend(gm, example_inputs, **kwargs):
+    """A torch.compile backend: torch.compile(model, backend=PACKAGE_NAME.backend, mode=...)."""
+    return _COMPILE.backend(gm, example_inputs, **kwargs)

@@ -73,9 +73,10 @@ def _raise_recompile_limit(n: int) -> None:
 
 
 def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: float = BUDGET_S, max_n: int = MAX_N,
-            say: Callable[[str], None] = lambda s: None) -> dict:
+            say: Callable[[str], None] = lambda s: None, compile_plain: Callable | None = None) -> dict:
     """Compile target.module plainly and with the package's replacements (see the module doc); the
-    result for ``record``. ``compile_mode``: the package's CompileMode class."""
+    result for ``record``. ``compile_mode``: the package's CompileMode class; ``compile_plain``: the
+    yardstick, torch.compile (Inductor) unless a test gives another."""
     import time
 
     import torch
@@ -107,7 +108,7 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
         return None
 
     with torch.inference_mode():
-        plain = torch.compile(module)
+        plain = (compile_plain or torch.compile)(module)
         compile_s, out = first(plain)
         plain_acc = compare_outputs(ref, out, gold, gold_note)
         gains: dict[str, float] = {}

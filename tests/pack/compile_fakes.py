@@ -32,9 +32,10 @@ PATCH = template_module("_patch.py", "_forge_cm_test_patch")
 COMPILE = template_module("_compile.py", "_forge_cm_test_compile")
 
 
-def python_ops(doc: dict, slow_s: dict | None = None) -> str:
+def python_ops(doc: dict, slow_s: dict | None = None, wrong: set | None = None) -> str:
     """Define the manifest's targets as ops of a fresh namespace, each computing its op's eager call
-    (sleeping slow_s[target id] seconds first); the namespace."""
+    (sleeping slow_s[target id] seconds first; 1.5 times the right answer for the ids in `wrong`);
+    the namespace."""
     ns = f"forge_cm_test_{next(_COUNT)}"
     lib = torch.library.Library(ns, "DEF")
     _LIBS.append(lib)
@@ -44,21 +45,22 @@ def python_ops(doc: dict, slow_s: dict | None = None) -> str:
         lib.define(f"{t['id']}({', '.join('Tensor ' + n for n in present)}) -> Tensor")
         fn = eager_fn(t["op"], dict(sig["params"]), sig["output"]["dtype"])
         delay = (slow_s or {}).get(t["id"], 0.0)
+        factor = 1.5 if t["id"] in (wrong or ()) else 1.0
 
-        def impl(*tensors, fn=fn, present=present, delay=delay):
+        def impl(*tensors, fn=fn, present=present, delay=delay, factor=factor):
             if delay:
                 time.sleep(delay)
-            return fn(dict(zip(present, tensors))).clone()
+            return fn(dict(zip(present, tensors))) * factor
 
         lib.impl(t["id"], impl, "CPU")
     return ns
 
 
-def patcher(doc: dict, use: list[str] | None = None, slow_s: dict | None = None):
+def patcher(doc: dict, use: list[str] | None = None, slow_s: dict | None = None, wrong: set | None = None):
     """A Patcher over a copy of `doc` whose ops are Python ones; `use`: the ids marked compile.use."""
     doc = copy.deepcopy(doc)
     doc.pop("integrity", None)
-    doc["package"]["namespace"] = python_ops(doc, slow_s)
+    doc["package"]["namespace"] = python_ops(doc, slow_s, wrong)
     for t in doc["targets"]:
         if use is not None:
             t["compile"] = {"use": t["id"] in use, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}

@@ -107,7 +107,9 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
     def noop() -> None:
         return None
 
-    with torch.inference_mode():
+    # no_grad, not inference_mode: the inputs seeded_forward copies and the user's own must be the same
+    # kind of tensor (inference tensors lack a dispatch key Dynamo guards on: each switch recompiles)
+    with torch.no_grad():
         plain = (compile_plain or torch.compile)(module)
         compile_s, out = first(plain)
         plain_acc = compare_outputs(ref, out, gold, gold_note)

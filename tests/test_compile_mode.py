@@ -293,3 +293,82 @@ def test_a_version_2_manifest_without_compile_fields_still_loads_and_checks(tiny
     edited = json.loads(json.dumps(sealed))
     edited["targets"][0]["compile"] = {"use": True, "reason": "x", "compiled_ms": 1.0, "compiled_with_ms": 0.5}
     assert manifest.integrity(edited)[0] == "edited"  # the compile figures are covered by the digest
+
+
+def test_the_emitted_package_exports_compile_and_backend(tmp_path, monkeypatch):
+    """The packed package's own __init__: compile / backend exist; with its extension missing it warns
+    once and compiles with plain Inductor (no replacement), output as eager's."""
+    run = helpers.make_cpu_run(tmp_path / "run")
+    out = tmp_path / "pkg"
+    assert pack(run, out, "cm_export_pkg", confirm=False).written
+    path = out / "cm_export_pkg" / "manifest.json"
+    doc = json.loads(path.read_text())
+    for t in doc["targets"]:
+        t["compile"] = {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.5}
+    manifest.write(path, doc)
+    monkeypatch.syspath_prepend(str(out))
+    import cm_export_pkg as pkg
+
+    assert callable(pkg.compile) and callable(pkg.backend)
+    assert pkg._COMPILE.use == frozenset(t["id"] for t in doc["targets"])
+    model, args = _tiny()
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as w, torch.inference_mode():
+        warnings.simplefilter("always")
+        ref = model(*args)
+        got = torch.compile(model, backend=pkg.backend)(*args)
+    assert any("compile mode runs plain Inductor: its compiled extension failed to load" in str(x.message) for x in w)
+    assert pkg._COMPILE.replaced == {}
+    assert compare_outputs(ref, got)["within_tolerance"]
+
+
+def test_the_package_readme_says_what_compile_mode_uses(tiny_doc):
+    from forge_pack.pack import readme
+
+    doc = json.loads(json.dumps(tiny_doc))
+    assert readme.compile_note(doc) == ("This package was built without measuring compile mode, so `compile` uses "
+                                        "none of its kernels.")
+    ids = [t["id"] for t in doc["targets"]]
+    compile_gate.record(doc, {"targets": {i: {"use": i == ids[0], "reason": "faster compiled: x" if i == ids[0]
+                                              else "makes the compiled model slower: y", "compiled_ms": 2.0,
+                                              "compiled_with_ms": 1.0}
+                                          for i in ids},
+                              "used": [ids[0]], "compiled": _timing(2000, 10).to_json(),
+                              "compiled_with": _timing(1600, 10).to_json()})
+    note = readme.compile_note(doc)
+    assert note.startswith(f"Measured: `torch.compile` 2.000 ms, with {ids[0]} 1.600 ms (1.25x); "
+                           f"{ids[1]} not used: makes the compiled model slower: y")
+    assert note in readme.render(doc) and "$compile_note" not in readme.render(doc)
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
+    """CUDA: mode="reduce-overhead" (CUDA graphs) with the package's op in the graph, output as eager's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run = helpers.make_cuda_run(tmp_path / "run")
+    out = tmp_path / "pkg"
+    assert pack(run, out, "cm_cuda_pkg", confirm=False).written
+    doc = json.loads((out / "cm_cuda_pkg" / "manifest.json").read_text())
+    cap = "%d.%d" % torch.cuda.get_device_capability()
+    doc["build"]["cuda_arch_list"] = cap
+    sm = next(t for t in doc["targets"] if t["op"] == "softmax" and t["signature"]["output"]["dtype"] == "float32")
+    ns_doc = {**doc, "targets": [sm]}
+    p = cf.patcher(ns_doc, use=[sm["id"]])
+    for name in ("CUDA",):
+        cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), name)
+    cm = cf.COMPILE.CompileMode(p)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
+
+    x = torch.randn(4, 8, 256, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        ref = M()(x)
+        compiled = cm.compile(M(), mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = compiled(x)
+    assert cm.replaced == {sm["id"]: 1}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)

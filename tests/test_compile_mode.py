@@ -372,3 +372,17 @@ def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
             got = compiled(x)
     assert cm.replaced == {sm["id"]: 1}
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_export_writes_a_pt2_with_only_the_used_kernels_that_runs_as_eager(tmp_path_factory, tmp_path):
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
+    p = cf.patcher(doc, use=[sm])
+    cm = cf.COMPILE.CompileMode(p)
+    model, args, kwargs = cf.COMPILE.load_model_file(str(TWO_OPS))
+    done = cm.export(model, args, kwargs, str(tmp_path / "two.pt2"))
+    assert done["nodes"] == {sm: 1} and Path(done["path"]).is_file()
+    assert not p.applied and torch.nn.functional.softmax is cf.PATCH.ORIGINALS[("torch.nn.functional", "softmax")]
+    run = cf.COMPILE.load_exported(p, done["path"])
+    with torch.no_grad():
+        torch.testing.assert_close(run(*args), model(*args), rtol=1e-6, atol=1e-6)

@@ -67,3 +67,14 @@ def compile(model, **torch_compile_kwargs):
 def backend(gm, example_inputs, **kwargs):
     """A torch.compile backend: torch.compile(model, backend=PACKAGE_NAME.backend, mode=...)."""
     return _COMPILE.backend(gm, example_inputs, **kwargs)
+
+
+def export(model, args, kwargs=None, path="model.pt2") -> dict:
+    """An AOTInductor .pt2 of `model` on these example inputs, with the kernels compile mode uses in it
+    (the model's code is not needed to run it: load_exported(path))."""
+    return _COMPILE.export(model, args, kwargs, path)
+
+
+def load_exported(path):
+    """The callable model of a .pt2 written by export(): needs torch and this package, nothing else."""
+    return _compile.load_exported(_PATCHER, path)

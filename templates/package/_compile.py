@@ -19,6 +19,9 @@ Nothing global is patched: eager calls outside the compiled model are untouched.
 
 Module composites (an RMSNorm written as eager ops) are several calls in a traced graph, not one:
 compile mode leaves them to Inductor.
+
+``CompileMode.export`` writes an AOTInductor package (.pt2) with the used kernels in it; for that one
+trace (torch.export, non-strict) the used targets are patched as apply() patches them, then reverted.
 """
 
 from __future__ import annotations
@@ -201,6 +204,83 @@ class CompileMode:
             gm.graph.lint()
             gm.recompile()
         return count
+
+
+    # ---- AOTInductor export
+    def export(self, model: Any, args: tuple, kwargs: dict | None = None, path: str = "model.pt2") -> dict:
+        """An AOTInductor package (.pt2) of `model` on these example inputs, with the used kernels in it.
+
+        torch.export traces the model (non-strict) while a Patcher of only the used targets is applied,
+        so each verified call of a used target is traced as the package's op; the patches are reverted
+        before this returns. Loading the .pt2 needs torch and this package installed (``load_exported``),
+        not the model's code. Returns {path, used: target ids in the graph, nodes}."""
+        if not self.patcher.load():
+            raise RuntimeError(f"{self.patcher.package}: cannot export with the kernels: {self.patcher.load_error}")
+        doc = {k: v for k, v in self.patcher.manifest.items() if k != "integrity"}
+        doc["targets"] = [t for t in doc["targets"] if t["id"] in self.use]
+        patcher = type(self.patcher)(doc, self.patcher.package, lambda: None, self.patcher.build_info)
+        patcher.load()
+        kwargs = dict(kwargs or {})
+        with torch.no_grad():
+            if doc["targets"]:
+                patcher.apply(model)
+            try:
+                program = torch.export.export(model, tuple(args), kwargs, strict=False)
+            finally:
+                patcher.revert()
+            nodes = our_nodes(program.graph_module, self.patcher.namespace)
+            from torch._inductor import aoti_compile_and_package
+
+            written = aoti_compile_and_package(program, package_path=str(path))
+        return {"path": str(written), "used": sorted(nodes), "nodes": nodes}
+
+
+def load_exported(patcher: Any, path: str) -> Callable:
+    """A .pt2 written by ``CompileMode.export``, ready to call: the package's ops registered first."""
+    if not patcher.load():
+        raise RuntimeError(f"{patcher.package}: the package's kernels do not load here: {patcher.load_error}")
+    from torch._inductor import aoti_load_package
+
+    return aoti_load_package(str(path))
+
+
+def load_model_file(path: str, device: str = "cpu", dtype: str | None = None) -> tuple[Any, tuple, dict]:
+    """(model, args, kwargs) from a forge-pack model file: get_model() and get_inputs() (a list, tuple or
+    dict of keyword arguments), or KernelBench's Model(*get_init_inputs()) with get_inputs(); in eval mode
+    on `device`, floating tensors cast to `dtype` when given."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(f"_forge_export_{Path(path).stem}", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if hasattr(mod, "get_model"):
+        model = mod.get_model()
+    elif hasattr(mod, "Model"):
+        model = mod.Model(*getattr(mod, "get_init_inputs", lambda: [])())
+    else:
+        raise AttributeError(f"{path} defines neither get_model() nor Model")
+    cast = getattr(torch, dtype) if dtype else None
+
+    def move(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            v = v.to(device)
+            return v.to(cast) if cast is not None and v.is_floating_point() else v
+        if isinstance(v, (list, tuple)):
+            return type(v)(move(x) for x in v)
+        if isinstance(v, dict):
+            return {k: move(x) for k, x in v.items()}
+        return v
+
+    model = model.to(device).eval()
+    if cast is not None:
+        model = model.to(cast)
+    inputs = move(mod.get_inputs())
+    if isinstance(inputs, dict):
+        return model, (), inputs
+    return model, tuple(inputs), {}
 
 
 def our_nodes(gm: torch.fx.GraphModule, namespace: str) -> dict[str, int]:

@@ -386,3 +386,34 @@ def test_export_writes_a_pt2_with_only_the_used_kernels_that_runs_as_eager(tmp_p
     run = cf.COMPILE.load_exported(p, done["path"])
     with torch.no_grad():
         torch.testing.assert_close(run(*args), model(*args), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_pack_runs_the_compile_gate_and_records_each_targets_decision(tmp_path):
+    """The real thing on the CPU: pack (winners pre-confirmed) builds the extension, passes the
+    whole-model gate, measures the model compiled with and without each C++ kernel, and records it."""
+    from forge_pack.cli.build import format_result
+    from forge_pack.core.verdict import Baseline, Evaluation, Verdict
+    from forge_pack.evaluate import confirm
+    from forge_pack.pack.packager import collect, read_run
+
+    run = helpers.make_cpu_run(tmp_path / "run", TWO_OPS)
+    info, (winners, _) = read_run(run), collect(run)
+    base = Baseline(_timing(10.0, 0.4), _timing(12.0, 0.4))
+    ev = Evaluation(Verdict(True, "ok"), _timing(5.0, 0.2), speedup_vs_eager=2.0)
+    (info.run_dir / confirm.CONFIRM_FILE).write_text(json.dumps(
+        {w.hotspot.id: confirm.KernelConfirmation(w.hotspot.id, w.node_id, w.candidate.content_hash, True, "2.00x",
+                                                  ev, base).to_json() for w in winners}))
+    result = pack(run, tmp_path / "pkg", "gate_cm_pkg", say=lambda s: None)
+    assert result.written
+    doc = manifest.load(tmp_path / "pkg" / "gate_cm_pkg" / "manifest.json")
+    assert doc["schema_version"] == 3 and manifest.integrity(doc)[0] == "ok"
+    for t in doc["targets"]:
+        c = t["compile"]
+        assert c["compiled_ms"] > 0 and c["compiled_with_ms"] > 0
+        assert c["use"] == c["reason"].startswith("faster compiled: ")
+    c = doc["compile_result"]
+    assert c["used"] == [t["id"] for t in doc["targets"] if t["compile"]["use"]]
+    assert c["compiled_ms"] > 0 and c["compile_s"] > 0
+    line = next(x for x in format_result(result).splitlines() if x.startswith("Whole model: eager "))
+    assert ", eager+package " in line and ", compile " in line and "compile+package" in line

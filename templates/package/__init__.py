@@ -8,12 +8,13 @@
 
     compiled = PACKAGE_NAME.compile(model)       # torch.compile with the kernels that win compiled
     compiled = torch.compile(model, backend=PACKAGE_NAME.backend)   # the same
+    PACKAGE_NAME.export(model, inputs, path="model.pt2")   # AOTInductor; PACKAGE_NAME.load_exported(path)
 
     with PACKAGE_NAME.patched(model):  # the same, as a context manager
         ...
 
 What is accelerated, and by how much, is in ``manifest`` (manifest.json) and the README.
-``python -m PACKAGE_NAME verify | bench | info`` checks the kernels on this machine.
+``python -m PACKAGE_NAME verify | bench | info`` checks the kernels on this machine; ``export`` writes a .pt2.
 Set FORGE_PACK_DISABLE=1 (or true, yes, on) to turn the package off without touching code; 0, false,
 no, off or empty leave it on, and any other value leaves it on with a warning.
 """

@@ -221,6 +221,12 @@ class CompileMode:
         patcher = type(self.patcher)(doc, self.patcher.package, lambda: None, self.patcher.build_info)
         patcher.load()
         kwargs = dict(kwargs or {})
+        # Dynamo's map of torch functions is built once, from whatever F.layer_norm & co. are then: import
+        # it before the patches (apply() builds the map), or it would hold the wrappers, and compiling
+        # after the revert would not know torch's own functions
+        import torch._dynamo  # noqa: F401
+        import torch.export  # noqa: F401
+
         with torch.no_grad():
             if doc["targets"]:
                 patcher.apply(model)

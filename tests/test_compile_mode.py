@@ -258,6 +258,26 @@ def test_compile_gate_drops_a_slower_replacement_and_keeps_a_faster_one(tmp_path
     manifest.validate(manifest._integrity().seal(doc), "compile-gate manifest")
 
 
+def test_compile_gate_leaves_the_least_gain_to_inductor_when_winners_lose_together(tmp_path_factory):
+    """Each wins alone (5 ms and 7 ms against the plain model's 10 ms), together they lose (12 ms): the
+    one that gained least alone (softmax) goes, and the other's alone figures are the package's."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    by_op = {t["op"]: t["id"] for t in doc["targets"]}
+    ln, sm = by_op["layer_norm"], by_op["softmax"]
+    p = cf.patcher(doc, slow_s={ln: 0.005, sm: 0.007})
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    result = compile_gate.measure(target, p, _graph_only(cf.COMPILE.CompileMode), budget_s=2.0, max_n=7,
+                                  compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.010))
+    recs = result["targets"]
+    assert recs[ln]["use"] is True and result["used"] == [ln]
+    assert recs[sm]["use"] is False
+    assert recs[sm]["reason"].startswith("faster compiled alone, but the kernels used together lose (makes the "
+                                         "compiled model slower: ")
+    assert recs[sm]["reason"].endswith("it gained least alone, so it is left to Inductor")
+    assert Timing.from_json(result["compiled_with"]).median_us == pytest.approx(recs[ln]["compiled_with_ms"] * 1e3)
+
+
 def test_compile_gate_drops_a_less_accurate_replacement(tmp_path_factory):
     doc = _packed_doc(tmp_path_factory, TWO_OPS)
     sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")

@@ -142,7 +142,7 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             with_s, out = first(compiled)
             acc = compare_outputs(ref, out, gold, gold_note)
             t_plain, t_all = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
-            ok, why = judge(t_plain, t_all) if passes(acc) else (False, failure_words(acc))
+            ok, why = judge(t_plain, t_all) if passes(acc) else (False, f"less accurate compiled: {failure_words(acc)}")
             if ok or len(kept) == 1:
                 if not ok:  # one left, and it lost in this measurement: the alone measurement was noise
                     records[kept[0]].update(use=False, reason=f"not faster compiled when measured again: {why}")
@@ -156,6 +156,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
                                                      f"({why}); it gained least alone, so it is left to Inductor")
             say(f"  compiled together: {why}; leaving {worst} to Inductor")
             kept.remove(worst)
+            if len(kept) == 1:  # the one left won alone: that measurement is the package's compiled figure
+                together = alone[kept[0]]
         if not together:  # nothing used: the plain compiled model against itself is what runs
             t_plain, _ = _time_pair(call(plain), call(plain), noop, noop, cuda, budget_s, max_n)
             together = {"compiled": t_plain.to_json(), "compiled_with": None, "compile_with_s": None,

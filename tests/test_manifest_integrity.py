@@ -51,7 +51,7 @@ def _edited_copy(packed: Path, tmp_path: Path, edit) -> Path:
 
 def test_a_packed_manifest_carries_a_matching_digest(packed):
     doc = manifest.load(packed / "int_pkg" / "manifest.json")
-    assert doc["schema_version"] == 2 and doc["integrity"]["algorithm"] == "sha256"
+    assert doc["schema_version"] == 3 and doc["integrity"]["algorithm"] == "sha256"
     assert len(doc["integrity"]["digest"]) == 64
     assert manifest.integrity(doc)[0] == "ok"
     assert (packed / "int_pkg" / "_integrity.py").is_file()

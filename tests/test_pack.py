@@ -95,7 +95,7 @@ def test_readme_shows_the_measured_table(packed):
     (lambda d: d["targets"][0].update(id="zero"), "targets/0/id"),
     (lambda d: d["targets"][0]["timing"]["kernel"].update(n=0), "targets/0/timing/kernel/n"),
     (lambda d: d["targets"][0]["launch"]["kernels"][0].update(grid=[1, 1]), "grid"),
-    (lambda d: d.update(schema_version=3), "schema_version"),
+    (lambda d: d.update(schema_version=4), "schema_version"),
     (lambda d: d.update(surprise=True), "Additional properties"),
 ])
 def test_corrupted_manifest_is_refused_with_the_bad_field(packed, tmp_path, corrupt, expect):

@@ -17,6 +17,7 @@ import typer
 
 from forge_pack.core.errors import ForgeError
 from forge_pack.evaluate.model_accuracy import describe
+from forge_pack.evaluate.compile_gate import summary_line
 from forge_pack.pack.packager import PackResult, check_name, check_out_dir, default_name, pack
 
 DEFAULT_BUDGET = 50
@@ -57,12 +58,16 @@ def format_result(r: PackResult) -> str:
                          f"rounding, but are no further from the {wide} model than eager's (see model_result)")
         if acc.get("note"):
             lines.append(f"  note: {acc['note']}")
+    compiled = summary_line(r.model_result, r.compile_result)  # forge_pack.evaluate.compile_gate
+    if compiled:
+        lines.append(compiled)
     for n in r.notes:
         lines.append(f"note: {n}")
     if r.wheel:
         lines.append(f"Wheel: {r.wheel}")
     lines.append(f"Install: pip install --no-build-isolation {r.out_dir}")
     lines.append(f"Use:     import {r.package}; {r.package}.apply(model)   (check: python -m {r.package} verify)")
+    lines.append(f"     or: compiled = {r.package}.compile(model)   (torch.compile with the kernels that win compiled)")
     return "\n".join(lines)
 
 

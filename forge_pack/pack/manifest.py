@@ -25,7 +25,7 @@ from typing import Any
 from forge_pack.core.errors import ForgeError
 from forge_pack.store.run_store import finite
 
-SCHEMA_VERSION = 2  # 2: the integrity digest (1 still loads)
+SCHEMA_VERSION = 3  # 2: the integrity digest; 3: compile mode's fields (1 and 2 still load)
 SCHEMA_PATH = Path(__file__).with_name("manifest.schema.json")
 
 

@@ -85,12 +85,14 @@ class PackResult:
     model_result: dict | None = None
     wheel: str | None = None
     notes: list[str] = field(default_factory=list)
+    compile_result: dict | None = None  # the compile gate's summary (forge_pack.evaluate.compile_gate)
 
     def to_json(self) -> dict:
         return {"written": self.written, "message": self.message, "out_dir": self.out_dir, "package": self.package,
                 "targets": [{"id": t["id"], "signature": t["signature"]["pretty"], "speedup": t["speedup"],
                              "time_share": t["time_share"]} for t in self.targets],
-                "dropped": self.dropped, "model_result": self.model_result, "wheel": self.wheel, "notes": self.notes}
+                "dropped": self.dropped, "model_result": self.model_result, "wheel": self.wheel, "notes": self.notes,
+                "compile_result": self.compile_result}
 
 
 # ------------------------------------------------------------------ names
@@ -408,7 +410,8 @@ def _copy_static(stage: Path, name: str, doc: dict) -> None:
             "PACKAGE_DESCRIPTION": desc.replace('"', "'").replace("\\", "/")}
     for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
                       ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
-                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py")):
+                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py"),
+                      ("_compile.py", f"{name}/_compile.py")):
         text = (t / src).read_text()
         for k, v in subs.items():
             text = text.replace(k, v)
@@ -542,6 +545,9 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
                                   dropped=dropped)
             doc, winners = gate.doc, gate.winners
             doc["dropped"], doc["model_result"] = dropped, gate.model_result
+            from forge_pack.evaluate.compile_gate import run_compile_gate
+
+            result.compile_result = run_compile_gate(stage, info, doc, say=say)
         else:
             doc = stage_for(winners)
         manifest_mod.write(stage / name / "manifest.json", doc)

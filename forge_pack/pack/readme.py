@@ -86,6 +86,23 @@ def retimed(doc: dict) -> str:
             "search's own.")
 
 
+def compile_note(doc: dict) -> str:
+    """What compile mode uses, as measured by the compile gate (forge_pack.evaluate.compile_gate)."""
+    c = doc.get("compile_result")
+    if not c:
+        return "This package was built without measuring compile mode, so `compile` uses none of its kernels."
+    if c.get("error"):
+        return f"`compile` uses none of the kernels here: {c['error'].splitlines()[0][:200]}."
+    uses = {t["id"]: t.get("compile") or {} for t in doc["targets"]}
+    if not c.get("used") or c.get("compiled_with_ms") is None:
+        return (f"Measured: none of the kernels beat Inductor's own code in context, so `compile` is plain "
+                f"`torch.compile` ({c['compiled_ms']:.3f} ms).")
+    return (f"Measured: `torch.compile` {c['compiled_ms']:.3f} ms, with {', '.join(c['used'])} "
+            f"{c['compiled_with_ms']:.3f} ms ({x(c['compiled_ms'] / c['compiled_with_ms'])}); "
+            + "; ".join(f"{tid} not used: {u.get('reason', '')}" for tid, u in uses.items() if not u.get("use"))
+            ).rstrip("; ") + "."
+
+
 def render(doc: dict) -> str:
     from forge_pack.evaluate.compile import templates_dir
 
@@ -119,4 +136,4 @@ def render(doc: dict) -> str:
         model_hash_short=(doc["model"]["sha256"] or "unknown")[:12], forge_url=FORGE_URL,
         forge_version=doc["forge_pack_version"], measured_on=where, summary=summary,
         target_table=target_table(doc), model_table=model_table(doc), retimed=retimed(doc), dropped=dropped,
-        install_path=".", build_note=build_note, paths=", ".join(f"`{p}`" for p in paths) or "none")
+        install_path=".", build_note=build_note, compile_note=compile_note(doc), paths=", ".join(f"`{p}`" for p in paths) or "none")

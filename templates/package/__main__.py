@@ -6,6 +6,7 @@ verify  re-runs the build's final check on this machine (the same rules file, sh
         row per kernel and input; exit 1 on any failure.
 bench   times each kernel against the original PyTorch op on this machine.
 info    what the package accelerates, where it was measured, and whether it loads here.
+export  an AOTInductor .pt2 of a model file (get_model/get_inputs), with the kernels compile mode uses.
 """
 
 from __future__ import annotations
@@ -141,6 +142,18 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from . import _COMPILE
+    from ._compile import load_model_file
+
+    model, margs, mkwargs = load_model_file(args.model, args.device or _device().split(":")[0], args.dtype)
+    done = _COMPILE.export(model, margs, mkwargs, args.out)
+    used = ", ".join(f"{k} ({v} calls)" for k, v in done["nodes"].items()) or "none (plain Inductor code)"
+    print(f"wrote {done['path']}; the package's kernels in it: {used}")
+    print(f"load it with: {_PATCHER.package}.load_exported({done['path']!r})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {_PATCHER.package}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,8 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--json", action="store_true")
     i = sub.add_parser("info", help="what the package accelerates and whether it loads here")
     i.add_argument("--json", action="store_true")
+    e = sub.add_parser("export", help="an AOTInductor .pt2 of a model file, with the kernels that win compiled")
+    e.add_argument("model", help="a model file defining get_model() and get_inputs()")
+    e.add_argument("--out", default="model.pt2")
+    e.add_argument("--device", default=None, help="cpu or cuda (default: the package's)")
+    e.add_argument("--dtype", default=None, help="cast the model and inputs, e.g. bfloat16")
     args = parser.parse_args(argv)
-    return {"verify": cmd_verify, "bench": cmd_bench, "info": cmd_info}[args.command](args)
+    return {"verify": cmd_verify, "bench": cmd_bench, "info": cmd_info, "export": cmd_export}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ ALGORITHM = "sha256"
 TARGET_FIELDS = ("id", "hotspot_id", "op", "signature", "kernel", "tolerance", "errors", "timing", "speedup",
                  "time_share", "calls_per_forward", "search", "confirmed")
 DOCUMENT_FIELDS = ("model", "environment", "backend", "dropped", "model_result")
+# Covered where present (schema 3, compile mode): a manifest written before them hashes as it did.
+OPTIONAL_TARGET_FIELDS = ("compile",)
+OPTIONAL_DOCUMENT_FIELDS = ("compile_result",)
 
 OK, NOT_CHECKED, EDITED = "ok", "not checked", "edited"
 EDITED_MESSAGE = ("the manifest's figures were edited after the build: the speedups, timings and errors it holds "
@@ -47,8 +50,10 @@ def _finite(v):
 
 
 def measured_content(doc: dict) -> dict:
-    targets = [{k: t.get(k) for k in TARGET_FIELDS} for t in doc.get("targets") or []]
-    return {"targets": targets, **{k: doc.get(k) for k in DOCUMENT_FIELDS}}
+    targets = [{**{k: t.get(k) for k in TARGET_FIELDS}, **{k: t[k] for k in OPTIONAL_TARGET_FIELDS if k in t}}
+               for t in doc.get("targets") or []]
+    return {"targets": targets, **{k: doc.get(k) for k in DOCUMENT_FIELDS},
+            **{k: doc[k] for k in OPTIONAL_DOCUMENT_FIELDS if k in doc}}
 
 
 def digest(doc: dict) -> str:

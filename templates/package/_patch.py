@@ -165,9 +165,9 @@ def load_manifest(directory: str | Path) -> dict:
     try:
         import jsonschema
     except ImportError:  # declared as a dependency; without it, check the parts this module relies on
-        if not isinstance(doc, dict) or doc.get("schema_version") not in (1, 2) \
+        if not isinstance(doc, dict) or doc.get("schema_version") not in (1, 2, 3) \
                 or not isinstance(doc.get("targets"), list):
-            raise ManifestError(f"{path} is not a version-1 or -2 forge-pack manifest") from None
+            raise ManifestError(f"{path} is not a version-1, -2 or -3 forge-pack manifest") from None
         return doc
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
@@ -451,6 +451,19 @@ class Patcher:
                     self._count(self.kernel_calls, t.id)
                     return t.fn(*[tensors[n] for n in t.present])
         return _MISS
+
+    def verified_call(self, op: str, style: str, args: tuple, kwargs: dict) -> tuple | None:
+        """(target, its input tensors in the op's order) when a kernel was verified for this call, else
+        None; the guards of dispatch, without apply(), counting or calling. Compile mode (_compile.py)
+        asks it about each call Dynamo traced, with the traced (fake) tensors as arguments."""
+        norm = NORMALIZERS[op](style, args, kwargs)
+        if norm is None:
+            return None
+        tensors, params = norm
+        for t in self.by_op.get(op, ()):
+            if params == t.params and self._tensors_match(t, tensors):
+                return t, [tensors[n] for n in t.present]
+        return None
 
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a composite module's call it was verified for, else _MISS. The

@@ -1,0 +1,291 @@
+"""The compile gate of ``build`` and ``pack``: which kernels the package uses under ``<pkg>.compile``.
+
+A kernel that beats eager may still lose compiled: Inductor would have fused the op with its
+neighbours, and the replacement cuts that fusion. So after the whole-model gate passes, the staged
+package is measured compiled, in a subprocess (its ops are registered once per process):
+
+1. the model compiled plainly (``torch.compile(model)``, Inductor) and with each replacement alone
+   (``CompileMode(patcher, use=[id])``: only that target swapped in), timed interleaved with the plain
+   compiled model (the whole-model gate's protocol: warm-up, alternating calls, medians and IQRs);
+2. a replacement is used only if its compiled model matches eager as the whole-model gate demands
+   (``compare_outputs``'s ``within_tolerance``) and is faster than the plain compiled model: slower by
+   more than the noise of the two medians (two standard errors of their difference, from the IQRs)
+   is "makes the compiled model slower", slower or equal within it is "not faster compiled"; a target
+   none of whose traced calls matched its verified signature is not used either;
+3. the kept ones together: compiled with all of them, checked and timed the same way; while that
+   loses, the one with the smallest gain alone is dropped (its reason says so) and the rest measured
+   again.
+
+Each target gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
+document ``compile_result`` (plain and package compiled medians, compile times, what is used). A
+model torch.compile cannot compile leaves the eager package as it is: every target ``use: false``
+with that reason.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from forge_pack.core.errors import ForgeError
+from forge_pack.core.verdict import Timing
+from forge_pack.evaluate.confirm import _time_pair, median_se_us
+from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
+from forge_pack.evaluate.model_gate import failure_words, passes
+
+COMPILE_CHECK_TIMEOUT_S = 3600  # one Inductor compile per target plus two: minutes for a large model on a small CPU
+BUDGET_S = 10.0  # timing budget per compared pair: enough for 30 pairs of a 100 ms forward
+MAX_N = 30  # timed pairs per comparison, as the eager whole-model check's order of magnitude
+COMPOSITE_REASON = ("a module composite (several traced calls, not one op): compile mode leaves it to Inductor")
+UNMATCHED_REASON = ("no call in the compiled graphs matched the verified signature (shape, dtype, strides, "
+                    "parameters or device differ as traced, or the shapes are dynamic), so Inductor keeps it")
+
+
+def ms(t: Timing | None) -> float | None:
+    return None if t is None else t.median_us / 1e3
+
+
+def judge(plain: Timing, with_: Timing) -> tuple[bool, str]:
+    """Use the replacement only if the compiled model is faster with it: slower beyond the noise of
+    the two medians, or not faster within it, is a reason not to."""
+    noise = 2.0 * (median_se_us(plain) ** 2 + median_se_us(with_) ** 2) ** 0.5
+    ratio = plain.median_us / max(with_.median_us, 1e-9)
+    line = (f"{ratio:.2f}x the plain compiled model ({with_.median_us / 1e3:.3f} ms, IQR {with_.iqr_us / 1e3:.3f}, "
+            f"n={with_.n}; without it {plain.median_us / 1e3:.3f} ms, IQR {plain.iqr_us / 1e3:.3f}, n={plain.n})")
+    if with_.median_us - plain.median_us > noise:
+        return False, f"makes the compiled model slower: {line}"
+    if with_.median_us >= plain.median_us:
+        return False, f"not faster compiled (within measurement noise), so Inductor keeps it: {line}"
+    return True, f"faster compiled: {line}"
+
+
+def _raise_recompile_limit(n: int) -> None:
+    """Each variant is another Dynamo cache entry of the same forward: allow them all (this process only)."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), n))
+
+
+def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: float = BUDGET_S, max_n: int = MAX_N,
+            say: Callable[[str], None] = lambda s: None, compile_plain: Callable | None = None) -> dict:
+    """Compile target.module plainly and with the package's replacements (see the module doc); the
+    result for ``record``. ``compile_mode``: the package's CompileMode class; ``compile_plain``: the
+    yardstick, torch.compile (Inductor) unless a test gives another."""
+    import time
+
+    import torch
+
+    cuda = target.device == "cuda"
+    module, args, kwargs, device = target.module, target.args, target.kwargs, target.device
+    ids = [t.id for t in patcher.targets if not t.composite]
+    records: dict[str, dict] = {t.id: {"use": False, "reason": COMPOSITE_REASON, "compiled_ms": None,
+                                       "compiled_with_ms": None} for t in patcher.targets if t.composite}
+    _raise_recompile_limit(len(ids) * 2 + 4)
+    with torch.inference_mode():
+        ref = seeded_forward(module, args, kwargs, device)
+    gold, gold_note = precise_reference(module, args, kwargs, device)
+
+    def first(fn) -> tuple[float, Any]:
+        """The first call compiles: its time is the compile time; its output is compared."""
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = seeded_forward(fn, args, kwargs, device)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, out
+
+    def call(fn) -> Callable[[], None]:
+        return lambda: fn(*args, **kwargs)
+
+    def noop() -> None:
+        return None
+
+    # no_grad, not inference_mode: the inputs seeded_forward copies and the user's own must be the same
+    # kind of tensor (inference tensors lack a dispatch key Dynamo guards on: each switch recompiles)
+    with torch.no_grad():
+        plain = (compile_plain or torch.compile)(module)
+        compile_s, out = first(plain)
+        plain_acc = compare_outputs(ref, out, gold, gold_note)
+        gains: dict[str, float] = {}
+        alone: dict[str, dict] = {}  # a single kept replacement's figures stand for "together"
+        for tid in ids:
+            cm = compile_mode(patcher, use=[tid])
+            compiled = cm.compile(module)
+            with_s, out = first(compiled)
+            if not cm.replaced.get(tid):
+                records[tid] = {"use": False, "reason": UNMATCHED_REASON, "compiled_ms": None, "compiled_with_ms": None}
+                say(f"  compiled, {tid}: not used: {UNMATCHED_REASON}")
+                continue
+            acc = compare_outputs(ref, out, gold, gold_note)
+            t_plain, t_with = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
+            if not passes(acc):
+                ok, why = False, f"less accurate compiled: with only this kernel, {failure_words(acc)}"
+            else:
+                ok, why = judge(t_plain, t_with)
+            records[tid] = {"use": ok, "reason": why, "compiled_ms": ms(t_plain), "compiled_with_ms": ms(t_with)}
+            alone[tid] = {"compiled": t_plain.to_json(), "compiled_with": t_with.to_json(), "compile_with_s": with_s,
+                          "max_abs_diff": acc.get("max_abs_diff"), "within_tolerance": acc.get("within_tolerance")}
+            gains[tid] = t_plain.median_us / max(t_with.median_us, 1e-9)
+            say(f"  compiled, {tid}: {'used' if ok else 'not used'}: {why}")
+        kept = [tid for tid in ids if records[tid]["use"]]
+        together: dict = alone[kept[0]] if len(kept) == 1 else {}
+        while kept and not together:
+            cm = compile_mode(patcher, use=kept)
+            compiled = cm.compile(module)
+            with_s, out = first(compiled)
+            acc = compare_outputs(ref, out, gold, gold_note)
+            t_plain, t_all = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
+            ok, why = judge(t_plain, t_all) if passes(acc) else (False, f"less accurate compiled: {failure_words(acc)}")
+            if ok or len(kept) == 1:
+                if not ok:  # one left, and it lost in this measurement: the alone measurement was noise
+                    records[kept[0]].update(use=False, reason=f"not faster compiled when measured again: {why}")
+                    kept = []
+                together = {"compiled": t_plain.to_json(), "compiled_with": t_all.to_json() if kept else None,
+                            "compile_with_s": with_s if kept else None, "max_abs_diff": acc.get("max_abs_diff"),
+                            "within_tolerance": acc.get("within_tolerance")}
+                break
+            worst = min(kept, key=lambda t: gains[t])
+            records[worst].update(use=False, reason=f"faster compiled alone, but the kernels used together lose "
+                                                     f"({why}); it gained least alone, so it is left to Inductor")
+            say(f"  compiled together: {why}; leaving {worst} to Inductor")
+            kept.remove(worst)
+            if len(kept) == 1:  # the one left won alone: that measurement is the package's compiled figure
+                together = alone[kept[0]]
+        if not together:  # nothing used: the plain compiled model against itself is what runs
+            t_plain, _ = _time_pair(call(plain), call(plain), noop, noop, cuda, budget_s, max_n)
+            together = {"compiled": t_plain.to_json(), "compiled_with": None, "compile_with_s": None,
+                        "max_abs_diff": None, "within_tolerance": None}
+    return {"targets": records, "used": kept, "compile_s": compile_s, "mode": "default",
+            "compiled_max_abs_diff": plain_acc.get("max_abs_diff"), **together}
+
+
+def record(doc: dict, result: dict) -> dict:
+    """Write the compile gate's result into the staged manifest: each target's ``compile`` and the
+    document's ``compile_result``; the latter is returned."""
+    recs = result.get("targets") or {}
+    for t in doc["targets"]:
+        t["compile"] = recs.get(t["id"]) or {"use": False, "reason": result.get("error") or UNMATCHED_REASON,
+                                            "compiled_ms": None, "compiled_with_ms": None}
+    summary = {k: result.get(k) for k in ("used", "compile_s", "compile_with_s", "mode", "compiled_max_abs_diff",
+                                          "max_abs_diff", "within_tolerance")}
+    summary["used"] = list(summary["used"] or [])
+    summary["compiled_ms"] = ms(Timing.from_json(result["compiled"])) if result.get("compiled") else None
+    summary["compiled_with_ms"] = ms(Timing.from_json(result["compiled_with"])) if result.get("compiled_with") else None
+    if result.get("error"):
+        summary["error"] = result["error"]
+    doc["compile_result"] = summary
+    return summary
+
+
+def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHECK_TIMEOUT_S) -> dict:
+    """Run ``measure`` on the staged package in a subprocess; its result (``error`` set when torch.compile
+    could not compile the model there: the eager package stands, compile mode uses nothing)."""
+    out = Path(package_dir) / ".compile_check.json"
+    cmd = [sys.executable, "-m", "forge_pack.evaluate.compile_gate", str(package_dir), info.model_path,
+           "--device", info.device, "--out", str(out), "--build-root", str(Path(info.run_dir) / "package-builds")]
+    if info.dtype:
+        cmd += ["--dtype", info.dtype]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"the compiled-model check ran longer than {timeout_s:.0f} s"}
+    try:
+        result = json.loads(out.read_text())
+    except (OSError, ValueError):
+        result = {"error": f"the compiled-model check wrote no result (exit {r.returncode}): "
+                           f"{(r.stdout + r.stderr)[-2000:]}"}
+    finally:
+        out.unlink(missing_ok=True)
+    return result
+
+
+def run_compile_gate(package_dir: Path, info: Any, doc: dict, say: Callable[[str], None] = lambda s: None,
+                     check: Callable[[Path, Any], dict] = check_compiled) -> dict:
+    """Measure the staged package compiled and record the outcome in `doc`; the ``compile_result``."""
+    say("checking the whole model compiled: torch.compile with and without each kernel")
+    result = check(package_dir, info)
+    if result.get("error"):
+        say(f"  compile mode uses no kernel: {result['error'].splitlines()[0][:300]}")
+    return record(doc, result)
+
+
+def summary_line(model_result: dict | None, compile_result: dict | None) -> str | None:
+    """'Eager 2.10 ms, eager+package 1.90 ms, compile 1.20 ms, compile+package 1.10 ms (t0, t2)'."""
+    if not compile_result:
+        return None
+    parts = []
+    if model_result and model_result.get("eager"):
+        parts += [f"eager {model_result['eager']['median_us'] / 1e3:.3f} ms",
+                  f"eager+package {model_result['patched']['median_us'] / 1e3:.3f} ms"]
+    c, w = compile_result.get("compiled_ms"), compile_result.get("compiled_with_ms")
+    if c is not None:
+        parts.append(f"compile {c:.3f} ms")
+    used = compile_result.get("used") or []
+    if w is not None:
+        parts.append(f"compile+package {w:.3f} ms ({c / w:.2f}x, using {', '.join(used)})")
+    else:
+        parts.append("compile+package: no kernel used compiled (each loses to Inductor's own code in context)"
+                     if not compile_result.get("error") else f"compile mode unavailable: "
+                                                               f"{compile_result['error'].splitlines()[0][:200]}")
+    return "Whole model: " + ", ".join(parts)
+
+
+# ------------------------------------------------------------------ the subprocess
+
+
+def _compile_module(package_dir: Path, name: str):
+    path = package_dir / name / "_compile.py"
+    spec = importlib.util.spec_from_file_location(f"_forge_dev_{name}_compile", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_check(package_dir: str, model: str, device: str, dtype: str | None, build_root: str | None) -> dict:
+    from forge_pack.evaluate.confirm import dev_patcher
+    from forge_pack.profile.load import load
+
+    patcher = dev_patcher(package_dir, build_root)
+    if not patcher.load():
+        return {"error": f"the package's extension did not load: {patcher.load_error}"}
+    cm = _compile_module(Path(package_dir), patcher.package)
+    target = load(model, device, dtype)
+    return measure(target, patcher, cm.CompileMode, say=lambda s: print(s, file=sys.stderr, flush=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m forge_pack.evaluate.compile_gate")
+    p.add_argument("package_dir")
+    p.add_argument("model")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--build-root", default=None)
+    a = p.parse_args(argv)
+    try:
+        result = compile_check(a.package_dir, a.model, a.device, a.dtype, a.build_root)
+    except ForgeError as e:
+        result = {"error": f"{e.message} ({e.hint})" if e.hint else e.message}
+    except SystemExit as e:
+        result = {"error": f"the model called sys.exit({e.code!r}) during the compiled-model check"}
+    except Exception as e:  # noqa: BLE001 - torch.compile failing on the model: reported, the eager package stands
+        result = {"error": f"torch.compile failed on the model: {type(e).__name__}: {str(e)[:2000]}"}
+    from forge_pack.store.run_store import finite
+
+    Path(a.out).write_text(json.dumps(finite(result)))
+    return 0 if "error" not in result else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

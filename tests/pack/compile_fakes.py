@@ -1,0 +1,67 @@
+"""Compile-mode tests without building an extension: a packed manifest's targets registered as
+torch.library ops implemented in Python (the op's own eager call, or a deliberately slow one), driven
+by the package's own _patch.py and _compile.py loaded from templates/package/."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from forge_pack.evaluate.verdict_rules import eager_fn
+
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates" / "package"
+_COUNT = itertools.count()
+_LIBS: list = []  # torch.library registrations live as long as their Library object
+
+
+def template_module(file: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, TEMPLATES / file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+PATCH = template_module("_patch.py", "_forge_cm_test_patch")
+COMPILE = template_module("_compile.py", "_forge_cm_test_compile")
+
+
+def python_ops(doc: dict, slow_s: dict | None = None, wrong: set | None = None) -> str:
+    """Define the manifest's targets as ops of a fresh namespace, each computing its op's eager call
+    (sleeping slow_s[target id] seconds first; 1.5 times the right answer for the ids in `wrong`);
+    the namespace."""
+    ns = f"forge_cm_test_{next(_COUNT)}"
+    lib = torch.library.Library(ns, "DEF")
+    _LIBS.append(lib)
+    for t in doc["targets"]:
+        sig = t["signature"]
+        present = [name for name, s in sig["inputs"] if s is not None]
+        lib.define(f"{t['id']}({', '.join('Tensor ' + n for n in present)}) -> Tensor")
+        fn = eager_fn(t["op"], dict(sig["params"]), sig["output"]["dtype"])
+        delay = (slow_s or {}).get(t["id"], 0.0)
+        factor = 1.5 if t["id"] in (wrong or ()) else 1.0
+
+        def impl(*tensors, fn=fn, present=present, delay=delay, factor=factor):
+            if delay:
+                time.sleep(delay)
+            return fn(dict(zip(present, tensors))) * factor
+
+        lib.impl(t["id"], impl, "CPU")
+    return ns
+
+
+def patcher(doc: dict, use: list[str] | None = None, slow_s: dict | None = None, wrong: set | None = None):
+    """A Patcher over a copy of `doc` whose ops are Python ones; `use`: the ids marked compile.use."""
+    doc = copy.deepcopy(doc)
+    doc.pop("integrity", None)
+    doc["package"]["namespace"] = python_ops(doc, slow_s, wrong)
+    for t in doc["targets"]:
+        if use is not None:
+            t["compile"] = {"use": t["id"] in use, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}
+    return PATCH.Patcher(doc, "cm_test_pkg", lambda: None)

@@ -1,0 +1,448 @@
+"""Compile mode on the CPU: the package's backend swaps in exactly the verified calls the manifest
+marks ``compile.use``, leaves every other call (another shape, dtype, dynamic shapes) to Inductor,
+and its output equals eager's; the compile gate keeps a replacement only when the compiled model
+is faster and as accurate with it.
+
+Most tests stop at the rewritten Dynamo graph (``capture``: the backend's graph pass, then the graph
+run eagerly) because an Inductor compile costs ~20 s on a small CPU; two tests go through Inductor.
+The package's ops are Python ops here (tests/pack/compile_fakes.py); the kernels built from C++
+are exercised by the build's own compile gate in test_build_e2e-style runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
+import compile_fakes as cf  # noqa: E402
+import helpers  # noqa: E402
+
+from forge_pack.core.verdict import Timing  # noqa: E402
+from forge_pack.evaluate import compile_gate  # noqa: E402
+from forge_pack.evaluate.model_accuracy import compare_outputs  # noqa: E402
+from forge_pack.pack import manifest  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
+from forge_pack.profile.load import load  # noqa: E402
+
+MODELS = Path(__file__).resolve().parent / "models"
+TWO_OPS = Path(__file__).resolve().parent / "pack" / "two_op_model.py"
+
+
+def _packed_doc(tmp_path_factory, model: Path) -> dict:
+    base = tmp_path_factory.mktemp(model.stem)
+    run = helpers.make_cpu_run(base / "run", model)
+    out = base / "pkg"
+    assert pack(run, out, "cm_pkg", confirm=False).written
+    return json.loads((out / "cm_pkg" / "manifest.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_doc(tmp_path_factory):
+    return _packed_doc(tmp_path_factory, helpers.TINY_MODEL)
+
+
+def _ids(doc: dict, op: str | None = None) -> list[str]:
+    return [t["id"] for t in doc["targets"] if not dict(t["signature"]["params"]).get("composite")
+            and (op is None or t["op"] == op)]
+
+
+def capture(cm, model, *inputs, **compile_kwargs):
+    """torch.compile through the backend's graph pass only (no Inductor): the rewritten graph runs."""
+    def backend(gm, example_inputs):
+        cm.rewrite(gm, example_inputs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        return torch.compile(model, backend=backend, **compile_kwargs)(*inputs)
+
+
+def _tiny():
+    target = load(str(helpers.TINY_MODEL), "cpu", None)
+    return target.module, target.args
+
+
+def test_replacement_is_used_only_where_the_manifest_says_use(tiny_doc):
+    ln = _ids(tiny_doc, "layer_norm")
+    p = cf.patcher(tiny_doc, use=ln)
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+    capture(cm, model, *args)
+    assert cf.COMPILE.our_nodes(cm.graphs[-1], p.namespace) == {ln[0]: 1}
+    assert cm.replaced == {ln[0]: 1}
+
+
+def test_targets_without_a_compile_record_are_not_used(tiny_doc):
+    p = cf.patcher(tiny_doc, use=None)  # the manifest as packed: no target carries `compile`
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+    capture(cm, model, *args)
+    assert cm.use == frozenset() and cm.replaced == {}
+    assert cf.COMPILE.our_nodes(cm.graphs[-1], p.namespace) == {}
+
+
+def test_every_used_call_path_is_replaced_and_output_equals_eager(tiny_doc):
+    """softmax through nn.Softmax, torch.softmax, Tensor.softmax and F.softmax: four nodes, one target."""
+    ids = _ids(tiny_doc)
+    p = cf.patcher(tiny_doc, use=ids)
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+    with torch.inference_mode():
+        ref = model(*args)
+    got = capture(cm, model, *args)
+    sm = _ids(tiny_doc, "softmax")[0]
+    assert cm.replaced[sm] == 4
+    assert set(cm.replaced) == set(ids)
+    assert compare_outputs(ref, got)["within_tolerance"]
+
+
+def test_another_shape_is_left_to_inductor(tiny_doc):
+    """layer_norm was verified on [4, 16, 64]; traced on [8, 16, 64] it stays Inductor's."""
+    p = cf.patcher(tiny_doc, use=_ids(tiny_doc))
+    cm = cf.COMPILE.CompileMode(p)
+    model = _tiny()[0]
+    capture(cm, torch.nn.Sequential(model.proj, model.ln), torch.randn(4, 16, 64))
+    assert cm.replaced == {_ids(tiny_doc, "layer_norm")[0]: 1}
+    cm2 = cf.COMPILE.CompileMode(p)
+    capture(cm2, torch.nn.Sequential(model.proj, model.ln), torch.randn(8, 16, 64))
+    assert cm2.replaced == {}
+
+
+def test_another_dtype_is_left_to_inductor(tiny_doc):
+    p = cf.patcher(tiny_doc, use=_ids(tiny_doc))
+    cm = cf.COMPILE.CompileMode(p)
+    model = _tiny()[0].double()
+    capture(cm, model, torch.randn(4, 16, 64, dtype=torch.float64))
+    assert cm.replaced == {}
+
+
+def test_dynamic_shapes_are_left_to_inductor(tiny_doc):
+    """A symbolic batch size stands for sizes never verified (a size the graph pins, as Tiny's reshape
+    pins its batch, is a plain int again and may be replaced)."""
+    p = cf.patcher(tiny_doc, use=_ids(tiny_doc))
+    cm = cf.COMPILE.CompileMode(p)
+    model = _tiny()[0]
+    capture(cm, torch.nn.Sequential(model.proj, model.ln), torch.randn(4, 16, 64), dynamic=True)
+    assert cm.replaced == {}
+
+
+def test_a_graph_that_needs_autograd_is_left_to_inductor(tiny_doc):
+    """Grad mode on and the weights requiring grad: the kernels have no backward."""
+    p = cf.patcher(tiny_doc, use=_ids(tiny_doc, "layer_norm"))
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+
+    def backend(gm, example_inputs):
+        cm.rewrite(gm, example_inputs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*args)
+    assert cm.replaced == {}
+
+
+def test_disabled_package_compiles_without_replacing(tiny_doc, monkeypatch):
+    monkeypatch.setenv("FORGE_PACK_DISABLE", "1")
+    p = cf.patcher(tiny_doc, use=_ids(tiny_doc))
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        capture(cm, model, *args)
+    assert cm.replaced == {}
+    assert any("disabled by FORGE_PACK_DISABLE" in str(x.message) for x in w)
+
+
+def test_compile_refuses_another_backend(tiny_doc):
+    cm = cf.COMPILE.CompileMode(cf.patcher(tiny_doc, use=[]))
+    with pytest.raises(TypeError, match="chooses the backend itself"):
+        cm.compile(torch.nn.Identity(), backend="eager")
+
+
+@pytest.mark.parametrize("model_file", ["vision_net.py", "vae_decoder.py", "llm_block.py"])
+def test_example_models_compiled_with_the_package_equal_eager(tmp_path_factory, model_file):
+    doc = _packed_doc(tmp_path_factory, MODELS / model_file)
+    ids = _ids(doc)
+    p = cf.patcher(doc, use=ids)
+    cm = cf.COMPILE.CompileMode(p)
+    target = load(str(MODELS / model_file), "cpu", None)
+    with torch.inference_mode():
+        ref = target.module(*target.args, **target.kwargs)
+    got = capture(cm, target.module, *target.args, **{})
+    assert cm.replaced, f"no verified call of {model_file} was replaced"
+    assert set(cm.replaced) <= set(ids)
+    assert compare_outputs(ref, got)["within_tolerance"]
+
+
+def test_inductor_compile_with_the_package_equals_eager(tiny_doc):
+    """Through Inductor's C++ backend: our op is an opaque node among Inductor's kernels."""
+    ids = _ids(tiny_doc)
+    p = cf.patcher(tiny_doc, use=ids)
+    cm = cf.COMPILE.CompileMode(p)
+    model, args = _tiny()
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        ref = model(*args)
+        got = cm.compile(model)(*args)
+    assert set(cm.replaced) == set(ids)
+    assert compare_outputs(ref, got)["within_tolerance"]
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ the compile gate
+
+
+def _timing(median_us: float, iqr_us: float, n: int = 30) -> Timing:
+    return Timing(median_us, iqr_us, n, median_us - iqr_us, "monotonic")
+
+
+def test_gate_judges_slower_beyond_noise_not_faster_and_faster():
+    ok, why = compile_gate.judge(_timing(1000, 10), _timing(1200, 10))
+    assert not ok and why.startswith("makes the compiled model slower: 0.83x the plain compiled model")
+    ok, why = compile_gate.judge(_timing(1000, 100), _timing(1010, 100))
+    assert not ok and why.startswith("not faster compiled (within measurement noise)")
+    ok, why = compile_gate.judge(_timing(1000, 10), _timing(800, 10))
+    assert ok and why.startswith("faster compiled: 1.25x")
+
+
+class _Slowed(torch.nn.Module):
+    """The plain compiled model made slower by a fixed delay: the gate's "faster" case, deterministically."""
+
+    def __init__(self, inner, delay_s: float):
+        super().__init__()
+        self.inner, self.delay_s = inner, delay_s
+
+    def forward(self, *args, **kwargs):
+        import time
+
+        time.sleep(self.delay_s)
+        return self.inner(*args, **kwargs)
+
+
+@pytest.fixture
+def one_thread():
+    """Sleep-based timings on a shared CPU: one intra-op thread, so no OpenMP barrier waits on a busy core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _graph_only(compile_mode_cls):
+    class GraphOnly(compile_mode_cls):
+        """The graph pass without Inductor (its C++ compile costs ~20 s each here)."""
+
+        def backend(self, gm, example_inputs, **kwargs):
+            self.rewrite(gm, example_inputs)
+            return gm.forward
+
+    return GraphOnly
+
+
+def test_compile_gate_drops_a_slower_replacement_and_keeps_a_faster_one(tmp_path_factory, one_thread):
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    by_op = {t["op"]: t["id"] for t in doc["targets"]}
+    slow, fast = by_op["softmax"], by_op["layer_norm"]
+    p = cf.patcher(doc, slow_s={slow: 0.090})  # the plain model pays 0.030 s, the slow kernel 0.090 s
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    result = compile_gate.measure(target, p, _graph_only(cf.COMPILE.CompileMode), budget_s=2.0, max_n=9,
+                                  compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    recs = result["targets"]
+    assert recs[slow]["use"] is False
+    assert recs[slow]["reason"].startswith("makes the compiled model slower: ")
+    assert recs[slow]["compiled_with_ms"] > recs[slow]["compiled_ms"] + 40
+    assert recs[fast]["use"] is True and recs[fast]["reason"].startswith("faster compiled: ")
+    assert result["used"] == [fast]
+    summary = compile_gate.record(doc, result)
+    assert summary["used"] == [fast] and summary["compiled_with_ms"] < summary["compiled_ms"]
+    assert {t["id"]: t["compile"]["use"] for t in doc["targets"]} == {slow: False, fast: True}
+    doc["schema_version"] = manifest.SCHEMA_VERSION
+    manifest.validate(manifest._integrity().seal(doc), "compile-gate manifest")
+
+
+def test_compile_gate_leaves_the_least_gain_to_inductor_when_winners_lose_together(tmp_path_factory, one_thread):
+    """Each wins alone (20 ms and 25 ms against the plain model's 30 ms), together they lose (45 ms): the
+    one that gained least alone (softmax) goes, and the other's alone figures are the package's."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    by_op = {t["op"]: t["id"] for t in doc["targets"]}
+    ln, sm = by_op["layer_norm"], by_op["softmax"]
+    p = cf.patcher(doc, slow_s={ln: 0.020, sm: 0.025})
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    result = compile_gate.measure(target, p, _graph_only(cf.COMPILE.CompileMode), budget_s=2.0, max_n=9,
+                                  compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    recs = result["targets"]
+    assert recs[ln]["use"] is True and result["used"] == [ln]
+    assert recs[sm]["use"] is False
+    assert recs[sm]["reason"].startswith("faster compiled alone, but the kernels used together lose (makes the "
+                                         "compiled model slower: ")
+    assert recs[sm]["reason"].endswith("it gained least alone, so it is left to Inductor")
+    assert Timing.from_json(result["compiled_with"]).median_us == pytest.approx(recs[ln]["compiled_with_ms"] * 1e3)
+
+
+def test_compile_gate_drops_a_less_accurate_replacement(tmp_path_factory, one_thread):
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
+    p = cf.patcher(doc, wrong={sm})
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    result = compile_gate.measure(target, p, _graph_only(cf.COMPILE.CompileMode), budget_s=1.0, max_n=5,
+                                  compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.010))
+    rec = result["targets"][sm]
+    assert rec["use"] is False
+    assert rec["reason"].startswith("less accurate compiled: with only this kernel, the patched model's outputs "
+                                    "differ from the original's by up to")
+
+
+def test_a_model_torch_compile_cannot_compile_leaves_compile_mode_unused(tiny_doc):
+    doc = json.loads(json.dumps(tiny_doc))
+    summary = compile_gate.run_compile_gate(Path("."), None, doc,
+                                            check=lambda d, i: {"error": "torch.compile failed on the model: X"})
+    assert summary["used"] == [] and summary["error"] == "torch.compile failed on the model: X"
+    assert all(t["compile"] == {"use": False, "reason": "torch.compile failed on the model: X", "compiled_ms": None,
+                                "compiled_with_ms": None} for t in doc["targets"])
+    line = compile_gate.summary_line(None, summary)
+    assert line == "Whole model: compile mode unavailable: torch.compile failed on the model: X"
+
+
+def test_a_version_2_manifest_without_compile_fields_still_loads_and_checks(tiny_doc, tmp_path):
+    doc = json.loads(json.dumps(tiny_doc))
+    assert doc["schema_version"] == 3 and manifest.integrity(doc)[0] == "ok"
+    doc["schema_version"] = 2
+    sealed = manifest._integrity().seal(doc)
+    manifest.validate(sealed, "v2")
+    assert manifest.integrity(sealed)[0] == "ok"
+    edited = json.loads(json.dumps(sealed))
+    edited["targets"][0]["compile"] = {"use": True, "reason": "x", "compiled_ms": 1.0, "compiled_with_ms": 0.5}
+    assert manifest.integrity(edited)[0] == "edited"  # the compile figures are covered by the digest
+
+
+def test_the_emitted_package_exports_compile_and_backend(tmp_path, monkeypatch):
+    """The packed package's own __init__: compile / backend exist; with its extension missing it warns
+    once and compiles with plain Inductor (no replacement), output as eager's."""
+    run = helpers.make_cpu_run(tmp_path / "run")
+    out = tmp_path / "pkg"
+    assert pack(run, out, "cm_export_pkg", confirm=False).written
+    path = out / "cm_export_pkg" / "manifest.json"
+    doc = json.loads(path.read_text())
+    for t in doc["targets"]:
+        t["compile"] = {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.5}
+    manifest.write(path, doc)
+    monkeypatch.syspath_prepend(str(out))
+    import cm_export_pkg as pkg
+
+    assert callable(pkg.compile) and callable(pkg.backend)
+    assert pkg._COMPILE.use == frozenset(t["id"] for t in doc["targets"])
+    model, args = _tiny()
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as w, torch.inference_mode():
+        warnings.simplefilter("always")
+        ref = model(*args)
+        got = torch.compile(model, backend=pkg.backend)(*args)
+    assert any("compile mode runs plain Inductor: its compiled extension failed to load" in str(x.message) for x in w)
+    assert pkg._COMPILE.replaced == {}
+    assert compare_outputs(ref, got)["within_tolerance"]
+
+
+def test_the_package_readme_says_what_compile_mode_uses(tiny_doc):
+    from forge_pack.pack import readme
+
+    doc = json.loads(json.dumps(tiny_doc))
+    assert readme.compile_note(doc) == ("This package was built without measuring compile mode, so `compile` uses "
+                                        "none of its kernels.")
+    ids = [t["id"] for t in doc["targets"]]
+    compile_gate.record(doc, {"targets": {i: {"use": i == ids[0], "reason": "faster compiled: x" if i == ids[0]
+                                              else "makes the compiled model slower: y", "compiled_ms": 2.0,
+                                              "compiled_with_ms": 1.0}
+                                          for i in ids},
+                              "used": [ids[0]], "compiled": _timing(2000, 10).to_json(),
+                              "compiled_with": _timing(1600, 10).to_json()})
+    note = readme.compile_note(doc)
+    assert note.startswith(f"Measured: `torch.compile` 2.000 ms, with {ids[0]} 1.600 ms (1.25x); "
+                           f"{ids[1]} not used: makes the compiled model slower: y")
+    assert note in readme.render(doc) and "$compile_note" not in readme.render(doc)
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
+    """CUDA: mode="reduce-overhead" (CUDA graphs) with the package's op in the graph, output as eager's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run = helpers.make_cuda_run(tmp_path / "run")
+    out = tmp_path / "pkg"
+    assert pack(run, out, "cm_cuda_pkg", confirm=False).written
+    doc = json.loads((out / "cm_cuda_pkg" / "manifest.json").read_text())
+    cap = "%d.%d" % torch.cuda.get_device_capability()
+    doc["build"]["cuda_arch_list"] = cap
+    sm = next(t for t in doc["targets"] if t["op"] == "softmax" and t["signature"]["output"]["dtype"] == "float32")
+    ns_doc = {**doc, "targets": [sm]}
+    p = cf.patcher(ns_doc, use=[sm["id"]])
+    for name in ("CUDA",):
+        cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), name)
+    cm = cf.COMPILE.CompileMode(p)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
+
+    x = torch.randn(4, 8, 256, device="cuda", dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        ref = M()(x)
+        compiled = cm.compile(M(), mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = compiled(x)
+    assert cm.replaced == {sm["id"]: 1}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_export_writes_a_pt2_with_only_the_used_kernels_that_runs_as_eager(tmp_path_factory, tmp_path):
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
+    p = cf.patcher(doc, use=[sm])
+    cm = cf.COMPILE.CompileMode(p)
+    model, args, kwargs = cf.COMPILE.load_model_file(str(TWO_OPS))
+    done = cm.export(model, args, kwargs, str(tmp_path / "two.pt2"))
+    assert done["nodes"] == {sm: 1} and Path(done["path"]).is_file()
+    assert not p.applied and torch.nn.functional.softmax is cf.PATCH.ORIGINALS[("torch.nn.functional", "softmax")]
+    run = cf.COMPILE.load_exported(p, done["path"])
+    with torch.no_grad():
+        torch.testing.assert_close(run(*args), model(*args), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_pack_runs_the_compile_gate_and_records_each_targets_decision(tmp_path):
+    """The real thing on the CPU: pack (winners pre-confirmed) builds the extension, passes the
+    whole-model gate, measures the model compiled with and without each C++ kernel, and records it."""
+    from forge_pack.cli.build import format_result
+    from forge_pack.core.verdict import Baseline, Evaluation, Verdict
+    from forge_pack.evaluate import confirm
+    from forge_pack.pack.packager import collect, read_run
+
+    run = helpers.make_cpu_run(tmp_path / "run", TWO_OPS)
+    info, (winners, _) = read_run(run), collect(run)
+    base = Baseline(_timing(10.0, 0.4), _timing(12.0, 0.4))
+    ev = Evaluation(Verdict(True, "ok"), _timing(5.0, 0.2), speedup_vs_eager=2.0)
+    (info.run_dir / confirm.CONFIRM_FILE).write_text(json.dumps(
+        {w.hotspot.id: confirm.KernelConfirmation(w.hotspot.id, w.node_id, w.candidate.content_hash, True, "2.00x",
+                                                  ev, base).to_json() for w in winners}))
+    result = pack(run, tmp_path / "pkg", "gate_cm_pkg", say=lambda s: None)
+    assert result.written
+    doc = manifest.load(tmp_path / "pkg" / "gate_cm_pkg" / "manifest.json")
+    assert doc["schema_version"] == 3 and manifest.integrity(doc)[0] == "ok"
+    for t in doc["targets"]:
+        c = t["compile"]
+        assert c["compiled_ms"] > 0 and c["compiled_with_ms"] > 0
+        assert c["use"] == c["reason"].startswith("faster compiled: ")
+    c = doc["compile_result"]
+    assert c["used"] == [t["id"] for t in doc["targets"] if t["compile"]["use"]]
+    assert c["compiled_ms"] > 0 and c["compile_s"] > 0
+    line = next(x for x in format_result(result).splitlines() if x.startswith("Whole model: eager "))
+    assert ", eager+package " in line and ", compile " in line and "compile+package" in line

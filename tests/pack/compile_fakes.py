@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from forge_pack.evaluate.verdict_rules import eager_fn
+from forge_pack.targets import registry
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates" / "package"
 _COUNT = itertools.count()
@@ -43,7 +43,7 @@ def python_ops(doc: dict, slow_s: dict | None = None, wrong: set | None = None) 
         sig = t["signature"]
         present = [name for name, s in sig["inputs"] if s is not None]
         lib.define(f"{t['id']}({', '.join('Tensor ' + n for n in present)}) -> Tensor")
-        fn = eager_fn(t["op"], dict(sig["params"]), sig["output"]["dtype"])
+        fn = registry.get(t["op"]).eager(dict(sig["params"]), sig["output"]["dtype"])
         delay = (slow_s or {}).get(t["id"], 0.0)
         factor = 1.5 if t["id"] in (wrong or ()) else 1.0
 

@@ -26,7 +26,8 @@ def test_forge_pack_build_on_cpu_then_install_apply_revert(tmp_path, cli_env, fo
     assert doc["run_dir"] == str(run) and doc["search"]["hotspots"]
     result = doc["pack"]
     if not result["written"]:  # a slow shared CPU may find nothing faster: said plainly, no package
-        assert "No faster kernel" in result["message"] and not out.exists()
+        assert ("No faster kernel" in result["message"] or result["message"].startswith(
+            "no whole-model gain: no package written")) and not out.exists()
         pytest.skip("no kernel beat eager on this machine: " + result["message"])
     manifest = json.loads((out / "tiny_build" / "manifest.json").read_text())
     assert all(t["confirmed"] for t in manifest["targets"])

@@ -406,7 +406,8 @@ def _copy_static(stage: Path, name: str, doc: dict) -> None:
             "PACKAGE_DESCRIPTION": desc.replace('"', "'").replace("\\", "/")}
     for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
                       ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
-                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py")):
+                      ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py"),
+                      ("_bench.py", f"{name}/_bench.py")):
         text = (t / src).read_text()
         for k, v in subs.items():
             text = text.replace(k, v)

@@ -22,7 +22,6 @@ import typer
 
 from forge_pack.core.errors import ForgeError
 from forge_pack.evaluate.model_accuracy import describe
-from forge_pack.evaluate.model_gain import figures
 from forge_pack.pack.packager import PackResult, check_name, check_out_dir, default_name, pack
 
 DEFAULT_BUDGET = 50
@@ -32,12 +31,10 @@ def format_result(r: PackResult, allow_no_gain: bool = False) -> str:
     from forge_pack.evaluate.model_gain import judge_gain
 
     if not r.written:
-        lines = [r.message]
-        if r.model_result and r.model_result.get("eager"):  # the gate measured the model: show what it saw
-            m = r.model_result
-            lines.append(f"Whole model: {figures(m)}")
-            lines.append(f"  gate: {judge_gain(m).reason}")
-            lines.append("  (--allow-no-gain writes the package anyway)")
+        lines = [r.message]  # the gate's figures are in the message when it measured the model
+        if r.model_result and r.model_result.get("eager"):
+            lines += [f"  not packed: {d['pretty']}: {d['reason']}" for d in r.dropped]
+            lines.append("  --allow-no-gain writes the package anyway")
         return "\n".join(lines)
     lines = [r.message]
     for t in r.targets:

@@ -208,3 +208,33 @@ def test_from_run_with_a_larger_budget_searches_on(tmp_path, monkeypatch):
     build_mod.build_command("m.py", tmp_path / "out", name="m_forge", from_run=run, budget=4, toolkit=fake_toolkit(),
                             stdout=lambda s: None)
     assert (run / "calls.log").read_text().count("\n") > before
+
+
+# ------------------------------------------------------------------ the real thing, on the CPU
+
+
+@pytest.mark.slow
+def test_cli_search_then_build_from_run_packs_without_searching_again(tmp_path, cli_env, forge_cmd):
+    import json
+    import subprocess
+
+    model = Path(__file__).resolve().parent / "models" / "norm_head.py"
+    run, out = tmp_path / "run", tmp_path / "pkg"
+    r = subprocess.run([*forge_cmd, "search", str(model), "--device", "cpu", "--budget", "3", "--top", "1",
+                        "--run-dir", str(run)], capture_output=True, text=True, env=cli_env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    r = subprocess.run([*forge_cmd, "build", str(helpers.E2E_MODEL), "--from-run", str(run), "--out", str(out)],
+                       capture_output=True, text=True, env=cli_env, timeout=900)
+    assert r.returncode == 1 and r.stderr.startswith(f"error: the run in {run} searched another model file")
+    r = subprocess.run([*forge_cmd, "build", str(model), "--from-run", str(run), "--out", str(out), "--name", "nh",
+                        "--allow-no-gain", "--json"], capture_output=True, text=True, env=cli_env, timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert f"reusing the finished search in {run} (no new search)" in r.stderr
+    assert not any(line.startswith(("timing eager", "[profile]", "[1/1]")) for line in r.stderr.splitlines())
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["run_dir"] == str(run) and doc["search"]["hotspots"]
+    if not doc["pack"]["written"]:  # a busy CPU may find nothing faster in 3 evaluations: said plainly
+        assert doc["pack"]["message"].startswith("No faster kernel") and not out.exists()
+        pytest.skip("no kernel beat eager on this machine: " + doc["pack"]["message"])
+    assert (out / "nh" / "manifest.json").is_file() and doc["pack"]["model_result"]["within_tolerance"]
+    assert "confirming 1 winning kernel on unseen inputs" in r.stderr

@@ -33,7 +33,7 @@ def bench():
 
 def test_bench_module_is_standalone():
     imports = [line.split()[1] for line in TEMPLATE.read_text().splitlines() if line.startswith(("import ", "from "))]
-    assert imports == ["__future__", "os", "statistics", "time", "pathlib", "typing", "torch"]
+    assert imports == ["__future__", "contextlib", "os", "statistics", "time", "pathlib", "typing", "torch"]
 
 
 def test_cpu_time_is_the_smaller_of_wall_and_cpu_time(bench):
@@ -160,3 +160,16 @@ def test_bench_json_carries_the_warnings_and_the_statistics(cli, capsys, monkeyp
     t = doc["targets"][0]
     assert t["eager"]["n"] == t["kernel"]["n"] == 4 and t["measured_speedup"] == pytest.approx(2.0)
     assert set(t["kernel"]) == {"median_us", "iqr_us", "n", "min_us"}
+
+
+@pytest.mark.gpu
+def test_cuda_bench_pair_times_with_events_and_at_least_30_calls(bench):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    x = {"x": torch.randn(4096, 4096, device="cuda")}
+    soft = lambda d: torch.softmax(d["x"], -1)  # noqa: E731
+    r = bench.bench_pair(soft, soft, x, "cuda", reps=5, warmup=2)
+    assert r["eager"]["n"] == r["kernel"]["n"] == 30  # MIN_CUDA_REPS
+    assert r["copies"] == 4 and 0.8 < r["speedup"] < 1.25  # the same op on both sides, flushed alike

@@ -26,6 +26,7 @@ Plain torch and the standard library: nothing here may import forge_pack.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -177,8 +178,10 @@ def bench_pair(eager: Callable[[dict], object], kernel: Callable[[dict], object]
                reps: int = REPS, warmup: int = WARMUP) -> dict:
     """Eager and kernel on the same rotating copies of ``inputs``, each with the protocol above."""
     copies = _copies(inputs, rotation_count(_nbytes(inputs)))
-    flusher = Flusher(device)
-    with torch.inference_mode():
+    # the events, the spin and the flush go to the GPU the kernels run on, not to the current one
+    on_device = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else contextlib.nullcontext()
+    with on_device, torch.inference_mode():
+        flusher = Flusher(device)
         e = time_calls([lambda x=x: eager(x) for x in copies], device, reps, warmup, flusher)
         k = time_calls([lambda x=x: kernel(x) for x in copies], device, reps, warmup, flusher)
     return {"eager": e, "kernel": k, "speedup": e["median_us"] / max(k["median_us"], 1e-9), "copies": len(copies)}

@@ -19,15 +19,15 @@ import helpers  # noqa: E402
 def test_forge_pack_build_on_cpu_then_install_apply_revert(tmp_path, cli_env, forge_cmd):
     out, run = tmp_path / "tiny_build", tmp_path / "run"
     r = subprocess.run([*forge_cmd, "build", str(helpers.E2E_MODEL), "--device", "cpu", "--budget", "4", "--top", "2",
-                        "--out", str(out), "--name", "tiny_build", "--run-dir", str(run), "--json"],
+                        "--out", str(out), "--name", "tiny_build", "--run-dir", str(run), "--json",
+                        "--allow-no-gain"],  # the install path is under test, whatever the end-to-end gain here
                        capture_output=True, text=True, env=cli_env, timeout=1500)
     assert r.returncode == 0, r.stderr[-6000:]
     doc = json.loads(r.stdout.strip().splitlines()[-1])  # --json: exactly one document
     assert doc["run_dir"] == str(run) and doc["search"]["hotspots"]
     result = doc["pack"]
     if not result["written"]:  # a slow shared CPU may find nothing faster: said plainly, no package
-        assert ("No faster kernel" in result["message"] or result["message"].startswith(
-            "no whole-model gain: no package written")) and not out.exists()
+        assert "No faster kernel" in result["message"] and not out.exists()
         pytest.skip("no kernel beat eager on this machine: " + result["message"])
     manifest = json.loads((out / "tiny_build" / "manifest.json").read_text())
     assert all(t["confirmed"] for t in manifest["targets"])

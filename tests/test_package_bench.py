@@ -111,6 +111,7 @@ def cli(package, monkeypatch):
     from bench_pkg import _verify
 
     monkeypatch.setattr(pkg._PATCHER, "load", lambda: True)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as the re-started bench has it
 
     def kernel(t):
         names = [n for n, s in t["signature"]["inputs"] if s is not None]
@@ -137,6 +138,22 @@ def test_bench_prints_median_iqr_n_and_the_builds_figure(cli, capsys, monkeypatc
         speedup, at_build = line.split(", n=6)")[-1].split()[:2]
         assert speedup.endswith("x") and at_build == "2.00x"  # the build's figure (the test run records 2.0x)
     assert not any("machine is busy: load average" in line for line in out)
+
+
+def test_bench_on_the_cpu_restarts_itself_with_the_builds_openmp_wait_policy(cli, monkeypatch):
+    import subprocess
+
+    pkg, main = cli
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    ran = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, env: ran.append((cmd, env)) or
+                        subprocess.CompletedProcess(cmd, 3))
+    assert main.main(["bench", "--n", "7", "--json"]) == 3  # the restarted bench's exit status
+    (cmd, env), = ran
+    assert cmd[1:] == ["-m", PKG, "bench", "--n", "7", "--warmup", "10", "--json"]
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice is kept: no restart
+    assert pkg._bench.passive_rerun_env("cpu") is None and pkg._bench.passive_rerun_env("cuda:0") is None
 
 
 def test_bench_warns_when_the_load_is_faked_high(cli, capsys, monkeypatch):

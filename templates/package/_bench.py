@@ -187,6 +187,21 @@ def bench_pair(eager: Callable[[dict], object], kernel: Callable[[dict], object]
     return {"eager": e, "kernel": k, "speedup": e["median_us"] / max(k["median_us"], 1e-9), "copies": len(copies)}
 
 
+# ------------------------------------------------------------------ the CPU's OpenMP runtime
+
+
+def passive_rerun_env(device: str) -> dict | None:
+    """The environment to run bench again in, or None to run it here. The build's CPU workers run
+    with OMP_WAIT_POLICY=PASSIVE (forge_pack/evaluate/worker.py): OpenMP threads that spin after a
+    parallel region steal the cores the next one needs, and on a busy 2-core machine that turns a
+    1 ms kernel into an 8 ms one. The policy is read when the OpenMP runtime loads (with torch,
+    before this code runs), so bench sets it by starting itself again; an explicit
+    OMP_WAIT_POLICY is left as the user set it."""
+    if device.startswith("cuda") or os.environ.get("OMP_WAIT_POLICY") is not None:
+        return None
+    return {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 # ------------------------------------------------------------------ is the machine busy?
 
 
@@ -226,8 +241,10 @@ def _cell(t: dict) -> str:
 def format_report(rows: list[dict], device: str, warnings: list[str], edited_message: str | None = None,
                   warmup: int = WARMUP) -> str:
     """A table: per target eager and kernel median (IQR, n) in µs, their ratio, and the build's ratio."""
+    cpu = "" if device.startswith("cuda") else (f"; {torch.get_num_threads()} CPU threads, OMP_WAIT_POLICY="
+                                                f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}")
     lines = [f"device {device}; timed as the build times: warm-up {warmup}, a cache flush before every call, "
-             f"rotating input copies, median (IQR, n) in µs"]
+             f"rotating input copies, median (IQR, n) in µs{cpu}"]
     lines += warnings
     if edited_message:
         lines.append(f"WARNING: {edited_message}; the 'at build' column is left out")

@@ -1,8 +1,11 @@
 """The end-to-end demo: build a package for a model, install it, apply it, show before and after.
 
     python -m forge_pack.cli.demo MODEL.py [--device cpu] [--budget N] [--out DIR] [--name PKG]
-        forge-pack build (replacing DIR), pip install --no-build-isolation into this environment,
-        then `show` in a fresh process (the package imported the way a user imports it).
+        forge-pack build (replacing DIR), then the whole-model gate's verdict. The gate writes a
+        package only when the patched model is faster end to end by more than the noise
+        (forge_pack.evaluate.model_gain); when it wrote none, the demo says so and why, installs
+        nothing and exits 0. Otherwise pip install --no-build-isolation into this environment, then
+        `show` in a fresh process (the package imported the way a user imports it).
     python -m forge_pack.cli.demo show PKG MODEL.py [--device cpu] [--dtype D] [--json]
         the model's outputs and latency, original vs patched with PKG, and revert checked bitwise.
 """
@@ -53,6 +56,7 @@ def show(package: str, model: str, device: str | None, dtype: str | None) -> dic
             **cmp, "bitwise_after_revert": all(torch.equal(a, b) for a, b in zip(out_a, tensors(reverted))),
             "eager_ms": t_eager.median_us / 1e3, "patched_ms": t_patched.median_us / 1e3,
             "speedup": t_eager.median_us / max(t_patched.median_us, 1e-9),
+            "eager": t_eager.to_json(), "patched": t_patched.to_json(),
             "before": [_head(t) for t in out_a[:3]], "after": [_head(t) for t in out_b[:3]]}
 
 
@@ -71,7 +75,27 @@ def print_show(r: dict) -> None:
         print(f"  {describe(acc)} (tolerance basis: {acc['basis']})")
     elif acc.get("note"):
         print(f"  {acc['note']}")
-    print(f"  latency: {r['eager_ms']:.3f} ms eager -> {r['patched_ms']:.3f} ms patched ({r['speedup']:.2f}x)")
+    from forge_pack.evaluate.model_gain import judge_gain
+
+    verdict = judge_gain(r)
+    print(f"  latency: {r['eager_ms']:.3f} ms eager -> {r['patched_ms']:.3f} ms patched ({r['speedup']:.2f}x): "
+          f"{'a gain' if verdict.gain else 'no gain'} here ({verdict.reason})")
+
+
+def gate_lines(result) -> list[str]:
+    """What the whole-model gate decided for a build, in the demo's words."""
+    from forge_pack.evaluate.model_gain import judge_gain
+
+    m = result.model_result
+    if result.written:
+        if m and m.get("eager"):
+            return [f"demo: the whole-model gate passed: {judge_gain(m).reason}"]
+        return ["demo: the package was written without a whole-model check"]
+    if m and m.get("eager"):
+        return [f"demo: the whole-model gate wrote no package: {judge_gain(m).reason}",
+                "demo: nothing to install; the model stays as it is (the kernels' own gains are in the table "
+                "above; they do not add up to a faster model on this machine)"]
+    return [f"demo: no package written: {result.message}", "demo: nothing to install; the model stays as it is"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     except ForgeError as e:
         print(f"error: {e.message}\nhint: {e.hint}", file=sys.stderr)
         return 1
+    print()
+    for line in gate_lines(result):
+        print(line)
     if not result.written:
-        print("demo: nothing to install (no kernel beat eager on this machine); the model stays as it is.")
         return 0
     print(f"\n$ pip install --no-build-isolation {a.out}", flush=True)
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",

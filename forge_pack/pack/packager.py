@@ -411,7 +411,7 @@ def _copy_static(stage: Path, name: str, doc: dict) -> None:
     for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
                       ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
                       ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py"),
-                      ("_compile.py", f"{name}/_compile.py")):
+                      ("_compile.py", f"{name}/_compile.py"), ("_bench.py", f"{name}/_bench.py")):
         text = (t / src).read_text()
         for k, v in subs.items():
             text = text.replace(k, v)
@@ -472,9 +472,10 @@ def vendored_rules_body(text: bytes) -> bytes:
 
 
 def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, force: bool = False, wheel: bool = False,
-         *, confirm: bool = True, model_check: bool = True,
+         *, confirm: bool = True, model_check: bool = True, require_gain: bool = False,
          say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> PackResult:
-    """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist)."""
+    """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist).
+    require_gain: write nothing unless the whole-model check measured a gain (model_gain.judge_gain)."""
     from forge_pack.evaluate import confirm as confirm_mod
     from forge_pack.pack import readme
 
@@ -543,6 +544,13 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
                 why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
                 return PackResult(False, f"No kernel passed the whole-model check, so no package was written ({why}).",
                                   dropped=dropped)
+            if require_gain:
+                from forge_pack.evaluate.model_gain import judge_gain
+
+                verdict = judge_gain(gate.model_result)
+                if not verdict.gain:
+                    return PackResult(False, f"no whole-model gain: no package written ({verdict.reason}).",
+                                      dropped=dropped, model_result=gate.model_result)
             doc, winners = gate.doc, gate.winners
             doc["dropped"], doc["model_result"] = dropped, gate.model_result
             from forge_pack.evaluate.compile_gate import run_compile_gate

@@ -1,0 +1,60 @@
+"""Whether the whole model got faster: the speed half of the whole-model gate.
+
+``model_gate`` keeps the kernels whose patched model still computes the same outputs; this module
+reads the same check's interleaved end-to-end timing (``confirm.compare_patched``: eager and patched
+medians, IQRs and call counts) and says whether the patched model is faster by more than the
+noise. ``build`` and ``pack`` write no package when it is not, unless told ``--allow-no-gain``.
+
+The rule is the one a single kernel is confirmed with (``confirm.judge``): the two medians must
+differ by more than two standard errors of their difference, each standard error estimated from its
+IQR and n. A patched model measured faster by less than that is "within the noise", and a package
+that may not speed anything up is not worth installing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Two standard errors of the difference of two medians: a gain smaller than that appears about one
+# time in twenty on a model that did not get faster at all.
+NOISE_SE = 2.0
+
+
+@dataclass(frozen=True)
+class GainVerdict:
+    gain: bool
+    speedup: float | None  # eager median / patched median (None: the check was not timed)
+    reason: str  # a sentence with the measured figures
+
+
+def _se_us(t: dict) -> float:
+    """Standard error of a median from its IQR: 1.253 * sigma / sqrt(n), sigma ~ IQR / 1.349."""
+    return 0.93 * float(t.get("iqr_us") or 0.0) / max(int(t.get("n") or 1), 1) ** 0.5
+
+
+def figures(model_result: dict) -> str:
+    """'13.753 ms eager (IQR 0.210, n=50) -> 16.269 ms patched (IQR 0.330, n=50), 0.85x'."""
+    e, p = model_result["eager"], model_result["patched"]
+
+    def one(t: dict, what: str) -> str:
+        return f"{t['median_us'] / 1e3:.3f} ms {what} (IQR {t['iqr_us'] / 1e3:.3f}, n={t['n']})"
+
+    return f"{one(e, 'eager')} -> {one(p, 'patched')}, {model_result['speedup']:.2f}x"
+
+
+def judge_gain(model_result: dict | None) -> GainVerdict:
+    """The verdict on a whole-model check's timing; an untimed check (None, or no timings) is no gain
+    shown, with the reason saying so."""
+    if not model_result or not model_result.get("eager") or not model_result.get("patched"):
+        return GainVerdict(False, None, "the whole model was not timed")
+    e, p = model_result["eager"], model_result["patched"]
+    speedup = e["median_us"] / max(p["median_us"], 1e-9)
+    noise = NOISE_SE * (_se_us(e) ** 2 + _se_us(p) ** 2) ** 0.5
+    line = figures({**model_result, "speedup": speedup})
+    if p["median_us"] >= e["median_us"]:
+        return GainVerdict(False, speedup, f"the patched model is not faster: {line}")
+    if e["median_us"] - p["median_us"] <= noise:
+        return GainVerdict(False, speedup, f"the patched model is faster by less than the measurement noise "
+                                           f"({noise / 1e3:.3f} ms): {line}")
+    return GainVerdict(True, speedup, f"the patched model is faster by more than the measurement noise "
+                                      f"({noise / 1e3:.3f} ms): {line}")

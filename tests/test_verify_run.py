@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forge_pack.targets import ops
+from forge_pack.targets import ops, registry
 from forge_pack.evaluate import verify
 from forge_pack.evaluate import verdict_rules as rules
 from forge_pack.core.candidate import Candidate, KernelLaunch, LaunchSpec, Workspace
@@ -412,7 +412,7 @@ def test_make_set_holds_the_reference_the_allowance_and_a_fingerprint():
     s = verify.make_set("k", SIG, {"x": x}, "cpu")
     assert (s.kind, s.sig) == ("k", SIG) and s.tensors["x"] is x
     assert torch.equal(s.ref, torch.softmax(x.double(), -1))
-    want = rules.allowance(torch.softmax(x, -1), s.ref, "float32", "softmax")
+    want = rules.allowance(torch.softmax(x, -1), s.ref, "float32", registry.get("softmax"))
     assert torch.equal(torch.as_tensor(s.atol_floor), torch.as_tensor(want))
     assert s.fingerprint == verify.fingerprint(s) and len(s.fingerprint) == 2
 

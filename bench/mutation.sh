@@ -28,9 +28,9 @@ declare -A SELECT=(
   [verify]="tests/test_verify_run.py tests/test_verify_inputs.py"
   [evaluate]="tests/test_evaluate_flow.py"
   [timing]="tests/test_timing_protocol.py"
-  # the shipped `python -m <package> verify` (templates/package/_verify.py: FILES in mutation_report.py)
+  # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
   [package_verify]="tests/test_package_verify_checks.py"
-  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py"
   # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
   #  the unit tests reach the same code)
   [object_check]="tests/test_object_check_decisions.py tests/test_object_check.py
@@ -54,7 +54,7 @@ if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi
 run() {
   local name=$1; shift
   local files=() tests=() m
-  for m in "$@"; do files+=("$("$PYTHON" bench/mutation_report.py --file "$m")"); tests+=(${SELECT[$m]}); done
+  for m in "$@"; do files+=($("$PYTHON" bench/mutation_report.py --file "$m")); tests+=(${SELECT[$m]}); done
   local work=build/mutation/$name
   rm -rf "$work" && mkdir -p "$work"
   # the tree as git sees it (tracked + untracked, not ignored), so a run never picks up stale builds
@@ -82,8 +82,9 @@ run() {
 todo=()
 for m in "$@"; do
   [[ -n ${SELECT[$m]:-} ]] || { echo "unknown module $m (one of: ${!SELECT[*]})" >&2; exit 2; }
-  src=$("$PYTHON" bench/mutation_report.py --file "$m")
-  [[ -f $src ]] || { echo "skipping $m: $src does not exist"; continue; }
+  missing=
+  for src in $("$PYTHON" bench/mutation_report.py --file "$m"); do [[ -f $src ]] || missing+=" $src"; done
+  [[ -z $missing ]] || { echo "skipping $m:$missing does not exist"; continue; }
   todo+=("$m")
 done
 if (( check )); then

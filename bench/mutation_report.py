@@ -4,7 +4,7 @@
     python bench/mutation_report.py --write M...     merge fresh results of modules M into the results
     python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
     python bench/mutation_report.py --names M...     mutmut name globs of the mutants to run: each module's SCOPE, else all of it
-    python bench/mutation_report.py --file M         the file module M names (FILES; else forge_pack/M.py)
+    python bench/mutation_report.py --file M         the files module M mutates (FILES), space-separated
 
 A module's score excludes the mutants listed as equivalent in bench/mutation/equivalent.tsv (a
 mutant name, a tab, the one-line reason); timeouts count as killed (the suite did not pass with
@@ -25,18 +25,38 @@ RESULTS = ROOT / "bench" / "results"
 EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
 ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing",
          "package_verify"]
-# Modules outside forge_pack/: the shipped `python -m <package> verify` (mutmut names it
-# templates.package._verify; its tests import it from the template under that name).
-FILES = {"package_verify": "templates/package/_verify.py"}
+# module key -> the files it mutates (mutmut names a mutant by its file's dotted path). Most are
+# one file of a stage subpackage; "evaluate" is the parent side (evaluator.py) and the worker's
+# judge (judge.py); "verdict_rules" is the generic rules plus the per-kind facts they are given
+# (forge_pack/targets/<kind>.py, the TargetSpecs); package_verify is the shipped
+# `python -m <package> verify` (templates/package/_verify.py).
+_KINDS = ["avg_pool", "batch_norm", "group_norm", "layer_norm", "norm_common", "rms_norm", "softmax"]
+FILES = {
+    "verdict": ["forge_pack/core/verdict.py"],
+    "tolerance": ["forge_pack/evaluate/tolerance.py"],
+    "static_check": ["forge_pack/evaluate/static_check.py"],
+    "verdict_rules": ["forge_pack/evaluate/verdict_rules.py"] + [f"forge_pack/targets/{k}.py" for k in _KINDS],
+    "object_check": ["forge_pack/evaluate/object_check.py"],
+    "model_gate": ["forge_pack/evaluate/model_gate.py"],
+    "verify": ["forge_pack/evaluate/verify.py"],
+    "evaluate": ["forge_pack/evaluate/evaluator.py", "forge_pack/evaluate/judge.py"],
+    "timing": ["forge_pack/evaluate/timing.py"],
+    "package_verify": ["templates/package/_verify.py"],
+}
+
+
+def sources(module: str) -> list[str]:
+    return FILES[module]
 
 
 def source(module: str) -> str:
-    return FILES.get(module, f"forge_pack/{module}.py")
+    """The module's label in the results: its file, or its files joined with " + "."""
+    return " + ".join(FILES[module])
 
 
-def mutmut_module(module: str) -> str:
-    """The dotted name mutmut gives a module's mutants (its file's path)."""
-    return source(module)[:-len(".py")].replace("/", ".")
+def mutmut_module(path: str) -> str:
+    """The dotted name mutmut gives a file's mutants (its path)."""
+    return path[:-len(".py")].replace("/", ".")
 
 
 # Modules measured on part of their functions only (mutmut name globs; every other mutant of the file
@@ -91,10 +111,9 @@ def equivalents() -> dict[str, str]:
 def fresh(module: str, work: str = "") -> dict | None:
     """One module's counts from the run in build/mutation/WORK (default: the module's own run)."""
     work_dir = ROOT / "build" / "mutation" / (work or module)
-    meta = work_dir / "mutants" / f"{source(module)}.meta"
-    if not meta.exists():
+    codes = _codes(work_dir, module)
+    if codes is None:
         return None
-    codes = json.loads(meta.read_text())["exit_code_by_key"]
     if module in SCOPE:
         codes = {k: v for k, v in codes.items() if in_scope(module, k)}
     eq = equivalents()
@@ -112,6 +131,17 @@ def fresh(module: str, work: str = "") -> dict | None:
     entry["tests"] = _selection(work_dir)
     entry["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     return entry
+
+
+def _codes(work_dir: Path, module: str) -> dict | None:
+    """mutmut's exit code per mutant of every file of the module; None if a file has no results."""
+    codes = {}
+    for path in sources(module):
+        meta = work_dir / "mutants" / f"{path}.meta"
+        if not meta.exists():
+            return None
+        codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return codes
 
 
 def in_scope(module: str, name: str) -> bool:
@@ -208,8 +238,7 @@ def check(modules: list[str]) -> int:
 def partial(modules: list[str]) -> None:
     """The mutants a MUTANTS-restricted run checked, per module (unchecked ones left out)."""
     for m in modules:
-        meta = ROOT / "build" / "mutation" / m / "mutants" / f"{source(m)}.meta"
-        codes = {k: v for k, v in json.loads(meta.read_text())["exit_code_by_key"].items() if v is not None}
+        codes = {k: v for k, v in (_codes(ROOT / "build" / "mutation" / m, m) or {}).items() if v is not None}
         killed = [k for k, v in codes.items() if v in KILLED]
         print(f"{m} (partial): {len(codes)} checked, {len(killed)} killed")
         for k, v in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
@@ -223,10 +252,11 @@ def _is_source(item: str) -> bool:
 
 def main() -> int:
     if sys.argv[1:2] == ["--file"]:
-        print(source(sys.argv[2]))
+        print(" ".join(sources(sys.argv[2])))
         return 0
     if sys.argv[1:2] == ["--names"]:
-        print(" ".join(g for m in sys.argv[2:] for g in SCOPE.get(m, [mutmut_module(m) + ".*"])))
+        print(" ".join(g for m in sys.argv[2:]
+                       for g in SCOPE.get(m, [mutmut_module(f) + ".*" for f in sources(m)])))
         return 0
     if sys.argv[1:2] == ["--configure"]:  # by hand: test arguments may be pytest options (--deselect=...)
         items = sys.argv[3:]

@@ -1,5 +1,5 @@
 """CI's guard on the mutation scores: re-run mutmut on the trust-core modules whose tests are fast
-in-process unit tests (verdict.py, tolerance.py, static_check.py, model_gate.py, verify.py, timing.py:
+in-process unit tests (core/verdict.py and evaluate/{tolerance,static_check,model_gate,verify,timing}.py:
 CHECK_MODULES in bench/mutation.sh) and fail if a score is below the one committed in
 bench/results/mutation.json.
 
@@ -33,6 +33,7 @@ def test_mutation_scores_of_the_fast_trust_core_modules_do_not_drop():
                        capture_output=True, text=True, timeout=1200)
     print(r.stdout[-4000:])
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
-    for module in ("verdict", "tolerance", "static_check", "model_gate", "verify", "timing"):
-        assert f"forge_pack/{module}.py: " in r.stdout, r.stdout
+    for path in ("core/verdict", "evaluate/tolerance", "evaluate/static_check", "evaluate/model_gate",
+                 "evaluate/verify", "evaluate/timing"):
+        assert f"forge_pack/{path}.py: " in r.stdout, r.stdout
     assert "DROPPED" not in r.stdout

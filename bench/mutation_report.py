@@ -1,7 +1,8 @@
 """bench/results/mutation.md and .json from mutmut's results; the CI comparison against them.
 
     python bench/mutation_report.py --configure PYPROJECT SOURCE.py... TEST...   (used by mutation.sh)
-    python bench/mutation_report.py --write M...     merge fresh results of modules M into the results
+    python bench/mutation_report.py --write M... [--work W]   merge fresh results of modules M into the results
+                                                     (from build/mutation/W: e.g. _check, the --check run)
     python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
     python bench/mutation_report.py --names M...     mutmut name globs of the mutants to run: each module's SCOPE, else all of it
     python bench/mutation_report.py --file M         the files module M mutates (FILES), space-separated
@@ -169,11 +170,11 @@ def line(label: str, m: int, k: int) -> str:
     return f"{label}: {m} mutants, {k} killed ({pct(k, m)})"
 
 
-def write(modules: list[str]) -> None:
+def write(modules: list[str], work: str = "") -> None:
     path = RESULTS / "mutation.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     for m in modules:
-        entry = fresh(m)
+        entry = fresh(m, work)
         if entry is not None:
             data[m] = entry
     data = {m: data[m] for m in sorted(data, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))}
@@ -268,6 +269,8 @@ def main() -> int:
     ap.add_argument("--write", nargs="+", metavar="MODULE")
     ap.add_argument("--check", nargs="+", metavar="MODULE")
     ap.add_argument("--partial", nargs="+", metavar="MODULE")
+    ap.add_argument("--work", default="", help="with --write: read the results of build/mutation/WORK "
+                    "(e.g. _check, the CI run over all its modules) instead of each module's own run")
     a = ap.parse_args()
     if a.configure:
         items = a.configure[1:]
@@ -275,7 +278,7 @@ def main() -> int:
                   [i for i in items if not _is_source(i)])
         return 0
     if a.write:
-        write(a.write)
+        write(a.write, a.work)
         return 0
     if a.check:
         return check(a.check)

@@ -19,6 +19,7 @@ import torch
 
 from forge_pack.evaluate import verdict_rules
 from forge_pack.evaluate import verify as judge
+from forge_pack.targets import dtypes, registry
 from forge_pack.targets.sigparse import parse_signature
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +54,9 @@ def _import_verify():
     pkg._verdict_rules = verdict_rules
     patch = types.ModuleType("templates.package._patch")
     patch.ORIGINALS = {}
+    # the package's copy of the target registry is forge_pack/targets itself (vendored verbatim)
+    patch.TARGETS = registry
+    patch.DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.CANONICAL}
     for name, m in (("templates", top), ("templates.package", pkg),
                     ("templates.package._verdict_rules", verdict_rules), ("templates.package._patch", patch)):
         sys.modules[name] = m
@@ -85,7 +89,7 @@ def ln_target():
 
 
 def target(tid="t0", fixtures=(), sig=SIG):
-    tol = verdict_rules.tolerance(sig.op, sig.output.dtype)
+    tol = verdict_rules.tolerance(registry.get(sig.op), sig.output.dtype)
     return {"id": tid, "op": sig.op, "signature": sig.to_json(), "fixtures": list(fixtures),
             "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "eager_slack": verdict_rules.EAGER_SLACK}}
 
@@ -138,7 +142,7 @@ def test_eager_is_the_original_op_of_the_target(pv):
 def test_draw_uses_the_copied_generators_with_the_seed(pv):
     t = target()
     got = pv.draw(t, "large", 9, "cpu")["x"]
-    want = verdict_rules.make_inputs(pv._plain_inputs(t), "large", torch.Generator().manual_seed(9), "cpu")["x"]
+    want = registry.get("softmax").make_inputs(pv._plain_inputs(t), "large", torch.Generator().manual_seed(9), "cpu")["x"]
     assert torch.equal(got, want)
 
 
@@ -159,7 +163,7 @@ def test_derive_picks_a_source_then_transforms_it_from_one_generator(pv):
     got = pv.derive(t, "scale", sources, 21)["x"]
     gen = torch.Generator().manual_seed(21)
     pick = verdict_rules.derived_source(3, gen)
-    want = verdict_rules.derive_inputs("softmax", pv._params(t), "scale", x_of(pick), gen)["x"]
+    want = verdict_rules.derive_inputs(registry.get("softmax"), pv._params(t), "scale", x_of(pick), gen)["x"]
     assert made == [pick] and torch.equal(got, want)
 
 
@@ -170,14 +174,14 @@ def test_input_sets_are_captured_fresh_derived_adversarial_with_their_seeds(pv, 
     sets = pv.input_sets(t, "cpu", 5, 2)
     assert [k for k, _ in sets] == (["captured[0]", "fresh[0]", "fresh[1]"]
                                     + [f"derived:{k}" for k in verdict_rules.DERIVED_KINDS]
-                                    + [f"adversarial:{k}" for k in verdict_rules.adversarial_kinds("softmax")])
+                                    + [f"adversarial:{k}" for k in registry.get("softmax").adversarial])
     made = {k: m() for k, m in sets}
     assert torch.equal(made["captured[0]"]["x"], x_of(77)["x"])
     assert torch.equal(made["fresh[1]"]["x"], pv.draw(t, "fresh", pv._seed(5, "t0", "fresh", 1), "cpu")["x"])
     k = verdict_rules.DERIVED_KINDS[0]
     want = pv.derive(t, k, [lambda: x_of(77)], pv._seed(5, "t0", "derived", k))["x"]
     assert torch.equal(made[f"derived:{k}"]["x"], want)  # derived from the shipped fixture
-    a = verdict_rules.adversarial_kinds("softmax")[0]
+    a = registry.get("softmax").adversarial[0]
     assert torch.equal(made[f"adversarial:{a}"]["x"], pv.draw(t, a, pv._seed(5, "t0", "adversarial", a), "cpu")["x"])
     assert loaded and all(x == ("a.safetensors", "cpu") for x in loaded)
 
@@ -322,8 +326,8 @@ def test_check_set_row_errors_and_allowance_are_the_rules(pv):
 
     r = pv.check_set(target(), off, "k", x, "cpu")
     ref = torch.softmax(x["x"].double(), -1)
-    allow = verdict_rules.allowance(torch.softmax(x["x"], -1), ref, "float32", "softmax")
-    cmp = verdict_rules.compare(off(x["x"]), ref, "float32", "softmax", atol_floor=allow, input_kind="k")
+    allow = verdict_rules.allowance(torch.softmax(x["x"], -1), ref, "float32", registry.get("softmax"))
+    cmp = verdict_rules.compare(off(x["x"]), ref, "float32", registry.get("softmax"), atol_floor=allow, input_kind="k")
     assert r["allowance"] == float(allow.max())
     assert (r["max_abs"], r["max_rel"]) == (cmp.max_abs_err, cmp.max_rel_err)
 
@@ -480,7 +484,7 @@ def test_run_passes_an_honest_package_and_prints_a_row_per_set(pv, tmp_path, mon
     _manifest(pv, tmp_path, [target()])
     lines = []
     assert pv.run("cpu", fresh=1, seed=5, say=lines.append) == 0
-    n = 1 + len(verdict_rules.DERIVED_KINDS) + len(verdict_rules.adversarial_kinds("softmax"))
+    n = 1 + len(verdict_rules.DERIVED_KINDS) + len(registry.get("softmax").adversarial)
     assert lines[0].startswith("verification rules: forge_pack/evaluate/verdict_rules.py sha256 ")
     assert lines[0].endswith("(the build's final check); fresh and derived inputs seed 5; device cpu")
     assert lines[1] == ("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against "
@@ -504,7 +508,7 @@ def test_run_counts_failing_sets_of_every_kernel(pv, tmp_path, monkeypatch):
     _manifest(pv, tmp_path, [target("t0"), target("t1")], fn=wrong)
     lines = []
     assert pv.run("cpu", fresh=1, seed=3, say=lines.append) == 1
-    n = 1 + len(verdict_rules.DERIVED_KINDS) + len(verdict_rules.adversarial_kinds("softmax"))
+    n = 1 + len(verdict_rules.DERIVED_KINDS) + len(registry.get("softmax").adversarial)
     rows = [ln for ln in lines if ln.startswith(("t0 ", "t1 "))]
     fails = [r for r in rows if "  FAIL " in r]
     assert len(rows) == 2 * n and len(fails) >= 2 * (n - 2)
@@ -567,7 +571,7 @@ def test_run_refuses_a_manifest_tolerance_that_is_not_the_rules(pv, tmp_path, mo
     _manifest(pv, tmp_path, [t])
     lines = []
     assert pv.run("cpu", fresh=0, seed=1, say=lines.append) == 1
-    tol = verdict_rules.tolerance("softmax", "float32")
+    tol = verdict_rules.tolerance(registry.get("softmax"), "float32")
     assert lines[3] == (f"t0      FAIL tolerance: the manifest records atol {tol.atol}, rtol 0.5, slack "
                         f"{verdict_rules.EAGER_SLACK}; the rules say {tol.atol}, {tol.rtol}, {verdict_rules.EAGER_SLACK}")
     assert lines[-1].startswith("FAIL: 1 kernel, 1 failing checks on cpu")
@@ -681,7 +685,7 @@ def test_derive_passes_the_targets_op_to_the_rules(pv):
         got = pv.derive(t, kind, [lambda: src], 5)
         gen = torch.Generator().manual_seed(5)
         verdict_rules.derived_source(1, gen)
-        want = verdict_rules.derive_inputs("layer_norm", pv._params(t), kind, src, gen)
+        want = verdict_rules.derive_inputs(registry.get("layer_norm"), pv._params(t), kind, src, gen)
         assert all((got[k] is None and want[k] is None) or torch.equal(got[k], want[k]) for k in want), kind
 
 

@@ -17,6 +17,7 @@ import torch
 
 from forge_pack.targets import abi, ops
 from forge_pack.evaluate import evaluator as evaluate
+from forge_pack.evaluate import judge
 from forge_pack.evaluate import timing as timing_mod
 from forge_pack.evaluate import verify
 from forge_pack.evaluate import verdict_rules as rules
@@ -26,7 +27,6 @@ from forge_pack.evaluate.launch import LaunchError
 from forge_pack.targets.sigparse import parse_signature
 from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.core.verdict import Baseline, Timing, Verdict
-from forge_pack.evaluate.worker import WorkerDied, WorkerTimeout
 
 SIG = ops.with_output(parse_signature("softmax", "x: f32[4,16], dim=-1"))
 MOVED = abi.bytes_moved(SIG)  # 512 bytes
@@ -46,40 +46,40 @@ def T(median, clock="monotonic"):
 
 def test_implausible_after_a_flush_explains_the_floor_it_beats():
     cfg = TimingConfig()
-    why = evaluate.implausible(T(1.0), 10.0, 51.2, SIG, cfg, cold=True, cache=1 << 20)
+    why = judge.implausible(T(1.0), 10.0, 51.2, SIG, cfg, cold=True, cache=1 << 20)
     assert why == (f"median 1.00 us is below 0.8x the bandwidth floor 10.00 us ({MOVED} bytes at 51 GB/s, after a "
                    f"cache flush): no kernel moves its bytes faster than a copy (work done outside the timed calls?)")
 
 
 def test_implausible_is_exact_at_the_margin_for_the_monotonic_clock():
     cfg = TimingConfig()
-    assert evaluate.implausible(T(8.0), 10.0, 1.0, SIG, cfg, True, 1) is None
-    assert evaluate.implausible(T(7.99), 10.0, 1.0, SIG, cfg, True, 1) is not None
+    assert judge.implausible(T(8.0), 10.0, 1.0, SIG, cfg, True, 1) is None
+    assert judge.implausible(T(7.99), 10.0, 1.0, SIG, cfg, True, 1) is not None
 
 
 def test_implausible_forgives_cuda_events_half_a_microsecond():
     cfg = TimingConfig()
-    assert evaluate.implausible(T(7.5, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is None
-    assert evaluate.implausible(T(7.49, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is not None
+    assert judge.implausible(T(7.5, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is None
+    assert judge.implausible(T(7.49, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is not None
 
 
 def test_implausible_follows_the_configured_margin():
     cfg = TimingConfig(implausible_margin=0.5)
-    assert evaluate.implausible(T(6.0), 10.0, 1.0, SIG, cfg, True, 1) is None
-    why = evaluate.implausible(T(4.0), 10.0, 1.0, SIG, cfg, True, 1)
+    assert judge.implausible(T(6.0), 10.0, 1.0, SIG, cfg, True, 1) is None
+    why = judge.implausible(T(4.0), 10.0, 1.0, SIG, cfg, True, 1)
     assert why.startswith("median 4.00 us is below 0.5x the bandwidth floor 10.00 us")
 
 
 def test_implausible_without_a_flush_judges_only_working_sets_far_beyond_the_cache():
     cfg = TimingConfig(implausible_uncached_factor=8.0)
-    assert evaluate.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8 + 1) is None
-    why = evaluate.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8)
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8 + 1) is None
+    why = judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8)
     assert why == (f"median 1.00 us is below 0.8x the bandwidth floor 10.00 us ({MOVED} bytes at 1 GB/s, a working "
                    f"set of 8x the cache): no kernel moves its bytes faster than a copy (work done outside the "
                    f"timed calls?)")
     cfg4 = TimingConfig(implausible_uncached_factor=4.0)
-    assert evaluate.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4) is not None
-    assert evaluate.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4 + 1) is None
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4) is not None
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4 + 1) is None
 
 
 # ---------------------------------------------------------------- small helpers
@@ -97,11 +97,11 @@ def test_launch_verdict_takes_the_errors_own_reason():
         made.append(where)
         return verify.launch_error_verdict(err, where or "")
 
-    v = evaluate._launch_verdict(LaunchError("boom", reason="out_of_bounds"), make, "loading")
+    v = judge._launch_verdict(LaunchError("boom", reason="out_of_bounds"), make, "loading")
     assert v == Verdict(False, "out_of_bounds", "loading: boom") and made == ["loading"]
-    v = evaluate._launch_verdict(LaunchError("boom"), make)
+    v = judge._launch_verdict(LaunchError("boom"), make)
     assert v == Verdict(False, "launch_error", "boom") and made[-1] is None
-    assert evaluate._launch_verdict(RuntimeError("x"), make) == Verdict(False, "launch_error", "x")
+    assert judge._launch_verdict(RuntimeError("x"), make) == Verdict(False, "launch_error", "x")
 
 
 # ---------------------------------------------------------------- fake module (CPU runner shape)
@@ -164,7 +164,7 @@ FAST = TimingConfig(warmup=2, reps=3, flush=False, rotate=2, compile_baseline=Fa
 
 def test_an_honest_kernel_is_timed_with_every_call_checked():
     m = FakeModule()
-    timing, verdict = evaluate.time_candidate(m, cand(), SIG, base_set(), FAST, "cpu")
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base_set(), FAST, "cpu")
     assert verdict is None and timing.n == 3 and timing.clock == "monotonic"
     assert timing.min_us >= 2.0  # the runner's own clock plus the zeroing
     assert m.calls == 2 + 3 and len(m.runs) == 2  # two copies (rotate=2)
@@ -173,11 +173,11 @@ def test_an_honest_kernel_is_timed_with_every_call_checked():
 
 def test_the_copies_are_bounded_by_rotate():
     m = FakeModule()
-    evaluate.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False, rotate=3), "cpu")
+    judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False, rotate=3), "cpu")
     assert len(m.runs) == 3
     m = FakeModule()
     cfg = TimingConfig(warmup=1, reps=1, flush=False, rotate=3, rotate_max_bytes=MOVED + 64)
-    evaluate.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
+    judge.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
     assert len(m.runs) == 1  # the workspace bytes count too
 
 
@@ -190,7 +190,7 @@ def test_every_call_sees_one_element_of_x_changed_by_the_judge():
 
     base = base_set()
     m = FakeModule(look)
-    timing, verdict = evaluate.time_candidate(m, cand(), SIG, base, TimingConfig(warmup=1, reps=2, flush=False,
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base, TimingConfig(warmup=1, reps=2, flush=False,
                                                                                 rotate=1), "cpu")
     assert verdict is None
     rng = random.Random(verify.seed_for("timing", cand().content_hash, SIG.key()))
@@ -210,7 +210,7 @@ def test_a_kernel_writing_its_input_while_timed_is_input_mutated():
         if n == 2:
             t["x"][0, 0] = 123.0
 
-    timing, v = evaluate.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
+    timing, v = judge.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
     assert v.reason == "input_mutated" and timing is None
     assert v.detail.startswith("call 2 of the timing loop (warm-up, copy 1): input `x` changed during the call "
                                "(1 elements, first at (0, 0): 123 vs")
@@ -222,7 +222,7 @@ def test_a_kernel_misbehaving_in_a_timed_batch_is_caught_with_the_calls_so_far()
         if n == 4:
             t["out"][1, 1] += 0.5
 
-    timing, v = evaluate.time_candidate(FakeModule(late), cand(), SIG, base_set(), FAST, "cpu")
+    timing, v = judge.time_candidate(FakeModule(late), cand(), SIG, base_set(), FAST, "cpu")
     assert (v.ok, v.reason) == (False, "mismatch") and timing.n == 2
     assert v.detail.startswith("call 4 of the timing loop (timed, copy 1): the output is wrong for its inputs (1 of "
                                "64 elements, ")
@@ -238,7 +238,7 @@ def test_a_kernel_returning_a_cached_result_is_caught():
             first["out"] = torch.softmax(t["x"], -1)
         t["out"].copy_(first["out"])
 
-    _, v = evaluate.time_candidate(FakeModule(cached), cand(), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(cached), cand(), SIG, base_set(), FAST, "cpu")
     # copy 0's first call was computed from its own changed input; copy 1 gets copy 0's answer
     assert v.reason == "mismatch" and v.detail.startswith("call 2 of the timing loop (warm-up, copy 1)")
 
@@ -251,7 +251,7 @@ def test_a_timed_output_is_judged_with_the_sets_eager_allowance():
         honest(t, n, run)
         t["out"][0, 0] += 0.5
 
-    _, v = evaluate.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
     assert v is None
 
 
@@ -264,7 +264,7 @@ def test_a_timed_output_is_judged_by_the_ops_own_tolerance_row():
         honest(t, n, run)
         t["out"][0, 0] += 5e-6
 
-    _, v = evaluate.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
     assert v is not None and v.reason == "mismatch"
 
 
@@ -274,7 +274,7 @@ def test_a_sentinel_left_in_a_timed_output_is_unwritten_output():
         if n == 3:
             rules.fill_sentinel(t["out"][2, 3:5])
 
-    _, v = evaluate.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
     assert (v.reason, v.detail) == ("unwritten_output", "call 3 of the timing loop (timed, copy 0): 2 of 64 output "
                                                         "elements not written (first at index (2, 3))")
 
@@ -293,7 +293,7 @@ def test_a_workspace_overrun_while_timed_is_caught_and_canaries_reset():
         if n == 5:
             whole_bytes(t["wz"])[-1] = 0
 
-    timing, v = evaluate.time_candidate(FakeModule(overrun), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    timing, v = judge.time_candidate(FakeModule(overrun), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
     assert (v.reason, v.detail) == ("mismatch", "call 5 of the timing loop (timed, copy 0): out-of-bounds write past "
                                                 "the end of out or a workspace")
 
@@ -304,7 +304,7 @@ def test_a_canary_hit_once_is_reported_at_that_call_only():
         if n == 1:
             whole_bytes(t["ws"])[0] = 0
 
-    _, v = evaluate.time_candidate(FakeModule(once), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(once), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
     assert v.detail.startswith("call 1 of the timing loop (warm-up, copy 0): out-of-bounds")
 
 
@@ -316,7 +316,7 @@ def test_timed_workspaces_are_zeroed_or_garbled_before_every_call():
         t["wz"].fill_(3)
         honest(t, n, run)
 
-    timing, v = evaluate.time_candidate(FakeModule(look), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    timing, v = judge.time_candidate(FakeModule(look), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
     assert v is None
     assert all(z for z, _, _, _ in seen) and {(a, b) for _, _, a, b in seen} == {(64, 32)}
     assert not torch.equal(seen[0][1], seen[2][1])  # copy 0 gets new garbage between its calls
@@ -327,7 +327,7 @@ def test_timed_workspaces_are_zeroed_or_garbled_before_every_call():
 def test_zero_workspace_time_is_added_to_the_runners_clock(monkeypatch):
     ticks = iter([0.0, 0.25] * 100)
     monkeypatch.setattr(evaluate.time, "perf_counter", lambda: next(ticks))
-    timing, v = evaluate.time_candidate(FakeModule(), cand((WS, WZ)), SIG, base_set(),
+    timing, v = judge.time_candidate(FakeModule(), cand((WS, WZ)), SIG, base_set(),
                                         TimingConfig(warmup=0, reps=2, flush=False, rotate=1), "cpu")
     assert v is None and timing.median_us == pytest.approx(0.25e6 + 2.0)
 
@@ -339,7 +339,7 @@ def test_a_timed_output_slot_is_a_fresh_allocation_per_call():
         ptrs.append(t["out"])
         honest(t, n, run)
 
-    evaluate.time_candidate(FakeModule(look), cand(), SIG, base_set(), FAST, "cpu")
+    judge.time_candidate(FakeModule(look), cand(), SIG, base_set(), FAST, "cpu")
     assert len({id(p) for p in ptrs}) == len(ptrs) == 5
     assert all(p.shape == (4, 16) and p.stride() == (16, 1) and p.dtype == torch.float32 for p in ptrs)
 
@@ -348,7 +348,7 @@ def test_allocating_stages_once_per_call_and_only_when_not_staged():
     m = FakeModule()
     run = m.bind(None, {"x": torch.randn(4, 16), "out": torch.empty(4, 16)})
     slot = {"called": False}
-    call = evaluate._allocating(run, [], slot, SIG.output)
+    call = judge._allocating(run, [], slot, SIG.output)
     call()  # not staged by the timer: stages itself
     assert run.staged == 1 and slot["called"] is True
     call.stage()
@@ -363,11 +363,11 @@ def test_marking_and_zeroing_wrappers_of_the_cuda_path():
     log = []
     z = torch.ones(4)
     slot = {"called": False}
-    call = evaluate._marking(evaluate._with_zeroing(lambda: log.append(float(z.sum())), [z]), slot)
+    call = judge._marking(judge._with_zeroing(lambda: log.append(float(z.sum())), [z]), slot)
     call()
     assert log == [0.0] and slot["called"] is True
     plain = lambda: None  # noqa: E731
-    assert evaluate._with_zeroing(plain, []) is plain
+    assert judge._with_zeroing(plain, []) is plain
 
 
 def test_before_timed_call_prefills_out_with_the_sentinel_in_even_batches_and_garbage_in_odd():
@@ -376,7 +376,7 @@ def test_before_timed_call_prefills_out_with_the_sentinel_in_even_batches_and_ga
     g = torch.zeros(8, dtype=torch.uint8)
     slot = {"tensors": {"x": x}, "pending": []}
     state = {"batch": 0}
-    before = evaluate._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
+    before = judge._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
     before()
     assert rules.count_sentinel(out)[0] == 64 and int(g.to(torch.int64).sum()) > 0
     state["batch"] = 1
@@ -398,7 +398,7 @@ def test_check_batch_applies_the_judges_changes_to_the_shadow_and_skips_uncalled
     out.copy_(torch.softmax(x, -1))
     state = {"calls": 0}
     base = SimpleNamespace(atol_floor=0.0)
-    assert evaluate._check_batch([slot, idle], SIG, base, "timed", state) is None
+    assert judge._check_batch([slot, idle], SIG, base, "timed", state) is None
     assert state["calls"] == 1 and slot["called"] is False and slot["pending"] == []
     assert float(slot["shadow"]["x"][1, 1]) == 5.0
 
@@ -407,7 +407,7 @@ def test_check_batch_ignores_an_absent_optional_input():
     x = torch.randn(4, 16)
     slot = {"index": 0, "called": True, "tensors": {"x": x, "weight": None},
             "shadow": {"x": x.clone(), "weight": None}, "pending": [], "out": torch.softmax(x, -1), "wholes": []}
-    assert evaluate._check_batch([slot], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0}) is None
+    assert judge._check_batch([slot], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0}) is None
 
 
 # ---------------------------------------------------------------- check_bounds
@@ -416,7 +416,7 @@ def test_check_batch_ignores_an_absent_optional_input():
 def test_check_bounds_runs_once_flush_at_the_end_and_once_at_the_start():
     m = FakeModule()
     base = base_set()
-    evaluate.check_bounds(m, cand((WS, Workspace("none", "0"))), base, "cpu")
+    judge.check_bounds(m, cand((WS, Workspace("none", "0"))), base, "cpu")
     assert [r.guard for r in m.runs] == ["end", "start"] and m.calls == 2
     for r in m.runs:
         assert r.t["x"] is not base.tensors["x"] and torch.equal(r.t["x"], base.tensors["x"])
@@ -430,7 +430,7 @@ def test_check_bounds_lets_a_fault_escape_as_out_of_bounds():
             raise LaunchError("SIGSEGV at the guard page", reason="out_of_bounds")
 
     with pytest.raises(LaunchError) as e:
-        evaluate.check_bounds(FakeModule(faults), cand(), base_set(), "cpu")
+        judge.check_bounds(FakeModule(faults), cand(), base_set(), "cpu")
     assert e.value.reason == "out_of_bounds"
 
 
@@ -440,7 +440,7 @@ def test_check_bounds_synchronises_cuda(monkeypatch):
     monkeypatch.setattr(ops, "empty_like_spec", lambda spec, device: torch.empty(4, 16))
     real_zeros = torch.zeros
     monkeypatch.setattr(torch, "zeros", lambda *a, **k: real_zeros(*a, dtype=k.get("dtype")))
-    evaluate.check_bounds(FakeModule(), cand((WS,)), base_set(), "cuda")
+    judge.check_bounds(FakeModule(), cand((WS,)), base_set(), "cuda")
     assert len(calls) == 2
 
 
@@ -455,9 +455,9 @@ class FakeSession:
         self.bw, self._healthy = bw, healthy
         self.loaded = []
 
-    def load(self, req):
-        self.loaded.append(req["key"])
-        self.sets.setdefault(req["key"], (self.static, []))
+    def load(self, inputs):
+        self.loaded.append(inputs.key)
+        self.sets.setdefault(inputs.key, (self.static, []))
 
     def healthy(self):
         return self._healthy
@@ -466,9 +466,10 @@ class FakeSession:
         return self.bw
 
 
-def request(c: Candidate, cfg=FAST, **kw):
-    return {"key": "k", "candidate": c.to_json(), "signature": SIG.to_json(), "timing": cfg.to_json(),
-            "artifact": "/nowhere/k.so", "seed": 3, **kw}
+def request(c: Candidate, cfg=FAST, seed=3, final=False, bounds=False) -> judge.JudgeCandidate:
+    """The job the parent sends for one candidate (inputs under key "k")."""
+    inputs = judge.LoadInputs("k", SIG, seed=seed, final=final)
+    return judge.JudgeCandidate(inputs, c, "/nowhere/k.so", cfg, bounds=bounds)
 
 
 @pytest.fixture
@@ -493,27 +494,27 @@ def test_worker_evaluate_verifies_times_and_reports_the_floor(loaded):
     from forge_pack.evaluate.sandbox import default_memory_cap
 
     s = FakeSession(bw=25.0)
-    reply = evaluate.worker_evaluate(s, request(cand()))
-    v = Verdict.from_json(reply["verdict"])
+    reply = judge.judge(s, request(cand()))
+    v = reply.verdict
     assert (v.ok, v.reason) == (True, "ok") and v.detail.endswith("input sets verified")
-    assert reply["floor_us"] == abi.floor_us(SIG, 25.0) and reply["copy_bandwidth_gbs"] == 25.0
-    assert Timing.from_json(reply["timing"]).n == 3
+    assert reply.floor_us == abi.floor_us(SIG, 25.0) and reply.copy_bandwidth_gbs == 25.0
+    assert reply.timing.n == 3
     assert loaded["calls"] == [("cpu", "/nowhere/k.so", ("k",), {"memory_cap": default_memory_cap(MOVED)})]
     m = loaded["module"]
-    assert m.closed == 1 and m.settled == 1 and "poisoned" not in reply and "sets_dropped" not in reply
-    assert s.loaded == ["k"] and "attributes" not in reply
+    assert m.closed == 1 and m.settled == 1 and reply.retire is False and reply.sets_dropped is False
+    assert s.loaded == ["k"] and reply.attributes == {}
 
 
 def test_worker_evaluate_uses_the_configured_memory_cap(loaded):
-    evaluate.worker_evaluate(FakeSession(), request(cand(), TimingConfig(**{**FAST.to_json(), "cpu_memory_cap": 4096})))
+    judge.judge(FakeSession(), request(cand(), TimingConfig(**{**FAST.to_json(), "cpu_memory_cap": 4096})))
     assert loaded["calls"][0][3] == {"memory_cap": 4096}
 
 
 def test_worker_evaluate_loads_a_cuda_module_without_a_cap(loaded):
     loaded["module"] = LaunchError("no device")
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand(backend="cuda")))
+    reply = judge.judge(FakeSession(), request(cand(backend="cuda")))
     assert loaded["calls"][0][3] == {}
-    assert Verdict.from_json(reply["verdict"]) == Verdict(False, "launch_error", "loading the module: no device")
+    assert reply.verdict == Verdict(False, "launch_error", "loading the module: no device")
 
 
 def test_worker_evaluate_verifies_sets_cheap_and_likely_failures_first(loaded, monkeypatch):
@@ -529,7 +530,7 @@ def test_worker_evaluate_verifies_sets_cheap_and_likely_failures_first(loaded, m
     cap = verify.fresh_sets(SIG, "cpu", 9, "c", final=False)[0]
     cap.kind = "captured[0]"
     s = FakeSession(static=[cap] + static)
-    evaluate.worker_evaluate(s, request(cand()))
+    judge.judge(s, request(cand()))
     order = ["fresh", "derived", "odd", "adversarial", "captured"]
     assert kinds == sorted(kinds, key=order.index) and set(kinds) == set(order)
 
@@ -543,8 +544,8 @@ def test_worker_evaluate_derives_from_the_captured_sets(loaded, monkeypatch):
     cap.kind = "captured[0]"
     odd = verify.fresh_sets(SIG, "cpu", 8, "c", final=False)[0]
     odd.kind = "odd:4x16"
-    evaluate.worker_evaluate(FakeSession(static=[odd, cap]), request(cand()))
-    evaluate.worker_evaluate(FakeSession(static=[odd]), request(cand()))
+    judge.judge(FakeSession(static=[odd, cap]), request(cand()))
+    judge.judge(FakeSession(static=[odd]), request(cand()))
     assert got == [["captured[0]"], ["fresh[0]"]]
 
 
@@ -553,8 +554,8 @@ def test_worker_evaluate_seeds_fresh_inputs_by_seed_hash_and_mode(loaded, monkey
     real = verify.fresh_sets
     monkeypatch.setattr(verify, "fresh_sets", lambda *a, **k: got.append(a) or real(*a, **k))
     c = cand()
-    evaluate.worker_evaluate(FakeSession(), request(c, seed=11, final=True))
-    evaluate.worker_evaluate(FakeSession(), {k: v for k, v in request(c).items() if k not in ("seed",)})
+    judge.judge(FakeSession(), request(c, seed=11, final=True))
+    judge.judge(FakeSession(), judge.JudgeCandidate(judge.LoadInputs("k", SIG), c, "/nowhere/k.so", FAST))
     assert got == [(SIG, "cpu", 11, c.content_hash, True), (SIG, "cpu", 0, c.content_hash, False)]
 
 
@@ -564,9 +565,9 @@ def test_worker_evaluate_returns_the_verification_failure_untimed(loaded):
         t["out"][0, 0] = 3.0
 
     loaded["module"] = FakeModule(wrong)
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand()))
-    assert Verdict.from_json(reply["verdict"]).reason == "mismatch"
-    assert "timing" not in reply and "floor_us" not in reply and loaded["module"].closed == 1
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert reply.verdict.reason == "mismatch"
+    assert reply.timing is None and reply.floor_us is None and loaded["module"].closed == 1
 
 
 def test_worker_evaluate_reports_a_timing_failure_with_every_check(loaded):
@@ -579,8 +580,8 @@ def test_worker_evaluate_reports_a_timing_failure_with_every_check(loaded):
             t["out"][0, 0] += 1.0
 
     loaded["module"] = FakeModule(late)
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand()))
-    v = Verdict.from_json(reply["verdict"])
+    reply = judge.judge(FakeSession(), request(cand()))
+    v = reply.verdict
     assert (v.ok, v.reason) == (False, "mismatch") and "of the timing loop" in v.detail
     assert v.checks[-1].input_kind.startswith("timed[") and len(v.checks) > 1
     assert v.max_abs_err is not None and v.max_abs_err < 1e-3  # verification's errors, not the timed one
@@ -588,30 +589,30 @@ def test_worker_evaluate_reports_a_timing_failure_with_every_check(loaded):
 
 def test_worker_evaluate_rejects_an_implausibly_fast_kernel(loaded, monkeypatch):
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: True)
-    reply = evaluate.worker_evaluate(FakeSession(bw=1e-9), request(cand()))
-    v = Verdict.from_json(reply["verdict"])
+    reply = judge.judge(FakeSession(bw=1e-9), request(cand()))
+    v = reply.verdict
     assert (v.ok, v.reason) == (False, "implausible_speedup")
     assert v.detail.startswith("median ") and "after a cache flush" in v.detail
-    assert v.checks and v.max_abs_err is not None and "timing" in reply
+    assert v.checks and v.max_abs_err is not None and reply.timing is not None
 
 
 def test_worker_evaluate_judges_plausibility_with_the_machines_cache(loaded, monkeypatch):
     seen = []
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: seen.append(("cold", device, cfg)) or False)
     monkeypatch.setattr(timing_mod, "cache_bytes", lambda device: seen.append(("cache", device)) or 1)
-    reply = evaluate.worker_evaluate(FakeSession(bw=1e-9), request(cand()))
-    assert Verdict.from_json(reply["verdict"]).reason == "implausible_speedup"
+    reply = judge.judge(FakeSession(bw=1e-9), request(cand()))
+    assert reply.verdict.reason == "implausible_speedup"
     assert seen == [("cold", "cpu", FAST), ("cache", "cpu")]
-    assert "a working set of 512x the cache" in Verdict.from_json(reply["verdict"]).detail
+    assert "a working set of 512x the cache" in reply.verdict.detail
 
 
 def test_worker_evaluate_runs_the_guard_page_check_when_final_or_asked(loaded):
     for kw, want in (({"final": True}, ["end", "start"]), ({"bounds": True}, ["end", "start"]), ({}, [])):
         loaded["module"] = FakeModule(guard=True)
-        evaluate.worker_evaluate(FakeSession(), request(cand(), **kw))
+        judge.judge(FakeSession(), request(cand(), **kw))
         assert [r.guard for r in loaded["module"].runs if r.guard] == want, kw
     loaded["module"] = FakeModule(guard=False)
-    evaluate.worker_evaluate(FakeSession(), request(cand(), final=True))
+    judge.judge(FakeSession(), request(cand(), final=True))
     assert [r.guard for r in loaded["module"].runs if r.guard] == []
 
 
@@ -622,9 +623,9 @@ def test_worker_evaluate_turns_a_guard_page_fault_into_out_of_bounds(loaded):
         honest(t, n, run)
 
     loaded["module"] = FakeModule(faults, guard=True)
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand(), bounds=True))
-    assert Verdict.from_json(reply["verdict"]) == Verdict(False, "out_of_bounds", "SIGSEGV")
-    assert "poisoned" not in reply and loaded["module"].closed == 1 and "timing" not in reply
+    reply = judge.judge(FakeSession(), request(cand(), bounds=True))
+    assert reply.verdict == Verdict(False, "out_of_bounds", "SIGSEGV")
+    assert reply.retire is False and loaded["module"].closed == 1 and reply.timing is None
 
 
 def test_a_sticky_launch_error_poisons_the_worker_and_leaves_the_module_open(loaded):
@@ -632,60 +633,60 @@ def test_a_sticky_launch_error_poisons_the_worker_and_leaves_the_module_open(loa
         raise LaunchError("illegal address", sticky=True, reason="crash")
 
     loaded["module"] = FakeModule(crashes)
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand()))
-    assert Verdict.from_json(reply["verdict"]) == Verdict(False, "crash", "illegal address")
-    assert reply["poisoned"] is True and loaded["module"].closed == 0
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert reply.verdict == Verdict(False, "crash", "illegal address")
+    assert reply.retire is True and loaded["module"].closed == 0
 
 
 def test_a_launch_error_in_an_unhealthy_worker_poisons_it(loaded):
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(LaunchError("bad launch")))
-    reply = evaluate.worker_evaluate(FakeSession(healthy=False), request(cand()))
-    assert reply["poisoned"] is True and Verdict.from_json(reply["verdict"]).reason == "launch_error"
+    reply = judge.judge(FakeSession(healthy=False), request(cand()))
+    assert reply.retire is True and reply.verdict.reason == "launch_error"
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(LaunchError("bad launch")))
-    reply = evaluate.worker_evaluate(FakeSession(healthy=True), request(cand()))
-    assert "poisoned" not in reply and loaded["module"].closed == 1
+    reply = judge.judge(FakeSession(healthy=True), request(cand()))
+    assert reply.retire is False and loaded["module"].closed == 1
 
 
 def test_a_sticky_load_error_poisons_only_an_unhealthy_worker(loaded):
     loaded["module"] = LaunchError("context lost", sticky=True)
-    assert evaluate.worker_evaluate(FakeSession(healthy=False), request(cand()))["poisoned"] is True
-    assert evaluate.worker_evaluate(FakeSession(healthy=True), request(cand()))["poisoned"] is False
+    assert judge.judge(FakeSession(healthy=False), request(cand())).retire is True
+    assert judge.judge(FakeSession(healthy=True), request(cand())).retire is False
     loaded["module"] = LaunchError("bad object", sticky=False)
-    assert evaluate.worker_evaluate(FakeSession(healthy=False), request(cand()))["poisoned"] is False
+    assert judge.judge(FakeSession(healthy=False), request(cand())).retire is False
 
 
 def test_a_runtime_error_of_a_cpu_candidate_is_forge_packs_own(loaded):
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: none here")))
     with pytest.raises(RuntimeError):
-        evaluate.worker_evaluate(FakeSession(), request(cand()))
+        judge.judge(FakeSession(), request(cand()))
     assert loaded["module"].closed == 1
 
 
 def test_an_asynchronous_cuda_fault_is_a_launch_error(loaded):
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: illegal address")))
-    reply = evaluate.worker_evaluate(FakeSession(healthy=False), request(cand(backend="cuda")))
-    assert Verdict.from_json(reply["verdict"]) == Verdict(False, "launch_error", "CUDA error: illegal address")
-    assert reply["poisoned"] is True and loaded["module"].closed == 0
+    reply = judge.judge(FakeSession(healthy=False), request(cand(backend="cuda")))
+    assert reply.verdict == Verdict(False, "launch_error", "CUDA error: illegal address")
+    assert reply.retire is True and loaded["module"].closed == 0
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: x")))
-    reply = evaluate.worker_evaluate(FakeSession(healthy=True), request(cand(backend="cuda")))
-    assert "poisoned" not in reply and loaded["module"].closed == 1
+    reply = judge.judge(FakeSession(healthy=True), request(cand(backend="cuda")))
+    assert reply.retire is False and loaded["module"].closed == 1
 
 
 def test_a_cuda_runtime_error_without_cuda_in_it_is_raised_from_a_healthy_worker(loaded):
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError):
-        evaluate.worker_evaluate(FakeSession(healthy=True), request(cand(backend="cuda")))
+        judge.judge(FakeSession(healthy=True), request(cand(backend="cuda")))
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
-    reply = evaluate.worker_evaluate(FakeSession(healthy=False), request(cand(backend="cuda")))
-    assert Verdict.from_json(reply["verdict"]).reason == "launch_error"
+    reply = judge.judge(FakeSession(healthy=False), request(cand(backend="cuda")))
+    assert reply.verdict.reason == "launch_error"
 
 
 def test_worker_evaluate_reports_cuda_attributes(loaded):
     m = FakeModule()
     m.attributes = lambda: {"k": {"registers": 32}}
     loaded["module"] = m
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand(backend="cuda")))
-    assert reply["attributes"] == {"k": {"registers": 32}}
+    reply = judge.judge(FakeSession(), request(cand(backend="cuda")))
+    assert reply.attributes == {"k": {"registers": 32}}
 
 
 def test_a_write_into_a_cached_set_outside_the_calls_is_input_mutated(loaded):
@@ -694,11 +695,11 @@ def test_a_write_into_a_cached_set_outside_the_calls_is_input_mutated(loaded):
     m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
     loaded["module"] = m
     s = FakeSession(static=static)
-    reply = evaluate.worker_evaluate(s, request(cand()))
-    v = Verdict.from_json(reply["verdict"])
+    reply = judge.judge(s, request(cand()))
+    v = reply.verdict
     assert (v.ok, v.reason, v.detail) == (False, "input_mutated", "a cached input set changed during the evaluation "
                                                                   "(its content fingerprint differs afterwards)")
-    assert reply["sets_dropped"] is True and "k" not in s.sets and v.checks and v.max_abs_err is not None
+    assert reply.sets_dropped is True and "k" not in s.sets and v.checks and v.max_abs_err is not None
 
 
 def test_a_stray_write_after_a_failed_verdict_keeps_the_verdict_and_drops_the_sets(loaded):
@@ -710,8 +711,8 @@ def test_a_stray_write_after_a_failed_verdict_keeps_the_verdict_and_drops_the_se
     m = FakeModule(wrong)
     m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
     loaded["module"] = m
-    reply = evaluate.worker_evaluate(FakeSession(static=static), request(cand()))
-    assert Verdict.from_json(reply["verdict"]).reason == "mismatch" and reply["sets_dropped"] is True
+    reply = judge.judge(FakeSession(static=static), request(cand()))
+    assert reply.verdict.reason == "mismatch" and reply.sets_dropped is True
 
 
 # ---------------------------------------------------------------- worker_baseline
@@ -1186,10 +1187,10 @@ def ln_cand():
 
 def test_an_absent_optional_input_stays_absent_in_timing_and_bounds():
     m = FakeModule(ln_honest)
-    timing, v = evaluate.time_candidate(m, ln_cand(), LNS, ln_set(), FAST, "cpu")
+    timing, v = judge.time_candidate(m, ln_cand(), LNS, ln_set(), FAST, "cpu")
     assert v is None and all(r.t["bias"] is None for r in m.runs)
     m = FakeModule(ln_honest)
-    evaluate.check_bounds(m, ln_cand(), ln_set(), "cpu")
+    judge.check_bounds(m, ln_cand(), ln_set(), "cpu")
     assert all(r.t["bias"] is None for r in m.runs)
 
 
@@ -1229,7 +1230,7 @@ def test_the_compiled_baseline_is_timed_like_eager_with_one_copy(monkeypatch):
 
 def test_worker_evaluate_loads_a_cuda_module_by_backend_artifact_and_names(loaded):
     loaded["module"].attributes = lambda: {}
-    evaluate.worker_evaluate(FakeSession(), request(cand(backend="cuda")))
+    judge.judge(FakeSession(), request(cand(backend="cuda")))
     assert loaded["calls"][0][:3] == ("cuda", "/nowhere/k.so", ("k",))
 
 
@@ -1238,7 +1239,7 @@ def test_worker_evaluate_derives_with_its_seed_hash_and_mode(loaded, monkeypatch
     real = verify.derived_sets
     monkeypatch.setattr(verify, "derived_sets", lambda *a: got.append(a[:5]) or real(*a))
     c = cand()
-    evaluate.worker_evaluate(FakeSession(), request(c, seed=5, final=True))
+    judge.judge(FakeSession(), request(c, seed=5, final=True))
     assert got == [(SIG, "cpu", 5, c.content_hash, True)]
 
 
@@ -1255,21 +1256,21 @@ def test_a_module_without_guard_support_or_settle_is_still_judged(loaded):
             pass
 
     loaded["module"] = Plain()
-    reply = evaluate.worker_evaluate(FakeSession(), request(cand(), final=True))
-    assert Verdict.from_json(reply["verdict"]).ok
+    reply = judge.judge(FakeSession(), request(cand(), final=True))
+    assert reply.verdict.ok
 
 
 def test_worker_evaluate_with_cached_sets_passes_an_honest_kernel(loaded):
     static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
-    reply = evaluate.worker_evaluate(FakeSession(static=static), request(cand()))
-    assert Verdict.from_json(reply["verdict"]).ok and "sets_dropped" not in reply
+    reply = judge.judge(FakeSession(static=static), request(cand()))
+    assert reply.verdict.ok and reply.sets_dropped is False
 
 
 def test_worker_evaluate_asks_the_session_for_bandwidth_with_the_config(loaded):
     s = FakeSession()
     cfgs = []
     s.bandwidth = lambda cfg: cfgs.append(cfg) or 10.0
-    evaluate.worker_evaluate(s, request(cand()))
+    judge.judge(s, request(cand()))
     assert cfgs == [FAST]
 
 
@@ -1280,21 +1281,21 @@ def test_failed_verdicts_keep_both_error_figures(loaded, monkeypatch):
             t["out"][0, 0] += 1.0
 
     loaded["module"] = FakeModule(late)
-    v = Verdict.from_json(evaluate.worker_evaluate(FakeSession(), request(cand()))["verdict"])
+    v = judge.judge(FakeSession(), request(cand())).verdict
     assert v.max_rel_err is not None and v.max_abs_err is not None
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: True)
     loaded["module"] = FakeModule(late)
-    v = Verdict.from_json(evaluate.worker_evaluate(FakeSession(bw=1e-9), request(cand()))["verdict"])
+    v = judge.judge(FakeSession(bw=1e-9), request(cand())).verdict
     assert v.reason == "mismatch"  # a timing failure is not re-judged as implausible
     loaded["module"] = FakeModule()
-    v = Verdict.from_json(evaluate.worker_evaluate(FakeSession(bw=1e-9), request(cand()))["verdict"])
+    v = judge.judge(FakeSession(bw=1e-9), request(cand())).verdict
     assert v.reason == "implausible_speedup" and v.max_rel_err is not None
     static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
     m = FakeModule()
     m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
     loaded["module"] = m
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: False)
-    v = Verdict.from_json(evaluate.worker_evaluate(FakeSession(static=static), request(cand()))["verdict"])
+    v = judge.judge(FakeSession(static=static), request(cand())).verdict
     assert v.reason == "input_mutated" and v.max_rel_err is not None
 
 
@@ -1303,21 +1304,21 @@ def test_failed_batch_checks_are_not_ok():
         honest(t, n, run)
         t["x"][0, 0] = 9.0
 
-    _, v = evaluate.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
     assert v.ok is False
 
     def overrun(t, n, run):
         honest(t, n, run)
         whole_bytes(t["ws"])[0] = 0
 
-    _, v = evaluate.time_candidate(FakeModule(overrun), cand((WS,)), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(overrun), cand((WS,)), SIG, base_set(), FAST, "cpu")
     assert v.ok is False
 
     def lazy(t, n, run):
         honest(t, n, run)
         rules.fill_sentinel(t["out"][0, :1])
 
-    _, v = evaluate.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
+    _, v = judge.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
     assert v.ok is False
 
 
@@ -1325,14 +1326,14 @@ def test_check_batch_goes_on_past_a_slot_that_was_not_called():
     x = torch.randn(4, 16)
     bad = {"index": 1, "called": True, "tensors": {"x": x}, "shadow": {"x": x + 1}, "pending": [],
            "out": torch.softmax(x, -1), "wholes": []}
-    v = evaluate._check_batch([{"index": 0, "called": False}, bad], SIG, SimpleNamespace(atol_floor=0.0), "timed",
+    v = judge._check_batch([{"index": 0, "called": False}, bad], SIG, SimpleNamespace(atol_floor=0.0), "timed",
                               {"calls": 0})
     assert v is not None and v.reason == "input_mutated"
 
 
 def test_a_copy_not_yet_called_is_not_checked():
     m = FakeModule()
-    timing, v = evaluate.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False,
+    timing, v = judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False,
                                                                                   rotate=2), "cpu")
     assert v is None and timing.n == 1
 
@@ -1340,7 +1341,7 @@ def test_a_copy_not_yet_called_is_not_checked():
 def test_the_workspace_bytes_count_toward_the_copies():
     m = FakeModule()
     cfg = TimingConfig(warmup=1, reps=1, flush=False, rotate=3, rotate_max_bytes=2 * (MOVED + 64) - 1)
-    evaluate.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
+    judge.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
     assert len(m.runs) == 1
 
 
@@ -1351,7 +1352,7 @@ def test_a_zero_byte_workspace_gets_one_guarded_byte():
         seen.append(t["none"].numel())
         honest(t, n, run)
 
-    evaluate.time_candidate(FakeModule(look), cand((Workspace("none", "0"),)), SIG, base_set(), FAST, "cpu")
+    judge.time_candidate(FakeModule(look), cand((Workspace("none", "0"),)), SIG, base_set(), FAST, "cpu")
     assert set(seen) == {1}
 
 
@@ -1365,14 +1366,14 @@ def test_timed_module_is_bound_with_the_plan():
             plans.append(p)
             return super().bind(p, tensors, guard)
 
-    evaluate.time_candidate(Recording(), cand(), SIG, base_set(), FAST, "cpu")
-    evaluate.check_bounds(Recording(), cand(), base_set(), "cpu")
+    judge.time_candidate(Recording(), cand(), SIG, base_set(), FAST, "cpu")
+    judge.check_bounds(Recording(), cand(), base_set(), "cpu")
     assert plans and all(isinstance(p, Plan) and p.launches[0].name == "k" for p in plans)
 
 
 def test_bounds_workspaces_are_bytes():
     m = FakeModule()
-    evaluate.check_bounds(m, cand((WS,)), base_set(), "cpu")
+    judge.check_bounds(m, cand((WS,)), base_set(), "cpu")
     assert all(r.t["ws"].dtype == torch.uint8 for r in m.runs)
 
 
@@ -1384,7 +1385,7 @@ def test_cpu_timing_garbage_stream_is_only_workspace_bytes():
         honest(t, n, run)
 
     c = cand((WS,))
-    evaluate.time_candidate(FakeModule(look), c, SIG, base_set(), FAST, "cpu")
+    judge.time_candidate(FakeModule(look), c, SIG, base_set(), FAST, "cpu")
     gen = torch.Generator().manual_seed(verify.seed_for("timing-garbage", c.content_hash, SIG.key()))
     draws = [torch.empty(64, dtype=torch.uint8).random_(0, 256, generator=gen) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(seen[:3], draws))
@@ -1395,7 +1396,7 @@ def test_before_timed_call_alternates_prefill_by_batch_parity_with_seeded_garbag
     slot = {"tensors": {"x": torch.zeros(4, 16)}, "pending": []}
     state = {"batch": 1}
     g = torch.zeros(8, dtype=torch.uint8)
-    before = evaluate._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
+    before = judge._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
     before()
     want = torch.empty(4, 16).normal_(generator=torch.Generator().manual_seed(2))
     assert torch.equal(out, want)
@@ -1409,6 +1410,6 @@ def test_allocating_makes_outputs_in_the_specs_dtype():
     m = FakeModule()
     run = m.bind(None, {"x": torch.randn(4, 16), "out": torch.empty(4, 16)})
     slot = {"called": False}
-    call = evaluate._allocating(run, [], slot, spec)
+    call = judge._allocating(run, [], slot, spec)
     call.stage()
     assert slot["out"].dtype == torch.bfloat16 and slot["out"].shape == (4, 16)

@@ -721,8 +721,7 @@ def test_a_stray_write_after_a_failed_verdict_keeps_the_verdict_and_drops_the_se
 def test_worker_baseline_times_eager_and_reports_the_floor(monkeypatch):
     s = FakeSession(bw=40.0)
     s.torch = torch
-    reply = evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": FAST.to_json(), "seed": 1})
-    b = Baseline.from_json(reply["baseline"])
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, seed=1))
     assert b.eager.n == 3 and b.compiled is None and b.compile_error == ""
     assert (b.floor_us, b.copy_bandwidth_gbs) == (abi.floor_us(SIG, 40.0), 40.0)
 
@@ -738,7 +737,7 @@ def test_worker_baseline_times_eager_over_rotating_copies_of_seeded_inputs(monke
     s = FakeSession()
     s.torch = torch
     cfg = TimingConfig(**{**FAST.to_json(), "rotate": 3})
-    evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": cfg.to_json(), "seed": 4})
+    judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg, seed=4))
     (n, device, got_cfg, flusher, outs), = got
     assert (n, device, got_cfg, flusher) == (3, "cpu", cfg, "Flusher")
     gen = torch.Generator().manual_seed(verify.seed_for(4, "baseline", SIG.key()))
@@ -757,7 +756,7 @@ def test_worker_baseline_times_torch_compile_and_records_its_failure(monkeypatch
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     cfg = TimingConfig(**{**FAST.to_json(), "compile_baseline": True})
-    b = Baseline.from_json(evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": cfg.to_json()})["baseline"])
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
     assert b.compiled is not None and b.compiled.n == 3 and modes == [("max-autotune-no-cudagraphs", False)]
 
     def broken(fn, mode=None, dynamic=None):
@@ -766,15 +765,14 @@ def test_worker_baseline_times_torch_compile_and_records_its_failure(monkeypatch
         return call
 
     monkeypatch.setattr(torch, "compile", broken)
-    b = Baseline.from_json(evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": cfg.to_json()})["baseline"])
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
     assert b.compiled is None and b.compile_error == "RuntimeError: " + ("inductor: " + "e" * 3000)[:2000]
 
 
 def test_worker_baseline_keeps_the_parents_compile_error():
     s = FakeSession()
     s.torch = torch
-    b = Baseline.from_json(evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": FAST.to_json(),
-                                                        "compile_error": "torch.compile: hung"})["baseline"])
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, compile_error="torch.compile: hung"))
     assert b.compile_error == "torch.compile: hung"
 
 
@@ -1200,7 +1198,7 @@ def test_the_baseline_of_an_op_with_an_absent_input_and_the_default_seed(monkeyp
     got = []
     monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, flusher=None: got.append(
         [c() for c in calls]) or Timing(1.0, 0.0, 1))
-    evaluate.worker_baseline(s, {"signature": LNS.to_json(), "timing": FAST.to_json()})
+    judge.measure_baseline(s, judge.MeasureBaseline(LNS, FAST))
     gen = torch.Generator().manual_seed(verify.seed_for(0, "baseline", LNS.key()))
     x = ops.make_inputs(LNS, "fresh", gen, "cpu")
     want = torch.nn.functional.layer_norm(x["x"], (16,), x["weight"], None, 1e-5)
@@ -1222,7 +1220,7 @@ def test_the_compiled_baseline_is_timed_like_eager_with_one_copy(monkeypatch):
 
     monkeypatch.setattr(timing_mod, "time_calls", spy)
     cfg = TimingConfig(**{**FAST.to_json(), "compile_baseline": True, "rotate": 1})
-    b = Baseline.from_json(evaluate.worker_baseline(s, {"signature": SIG.to_json(), "timing": cfg.to_json()})["baseline"])
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
     assert b.compiled is not None and b.compile_error == ""
     assert seen == [("cpu", "Flusher", [True]), ("cpu", "Flusher", [True])]
     assert cfgs == [cfg]

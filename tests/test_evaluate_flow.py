@@ -1,9 +1,11 @@
-"""evaluate.py in process: the plausibility gate, the timing loop's per-call checks, the worker-side
-evaluation and baseline (a stand-in session and a fake module whose calls run Python), and the
-parent-side Evaluator (a stand-in worker pool and build), each with the exact verdict it decides.
+"""The evaluation in process: judge.py's plausibility gate, the timing loop's per-call checks and its
+jobs (JudgeCandidate, MeasureBaseline: a stand-in session and a fake module whose calls run Python),
+and evaluator.py's parent-side Evaluator (a stand-in worker pool and build), each with the exact
+verdict it decides.
 
-Fast on purpose: these are the tests `make mutation` runs against forge_pack/evaluate/evaluator.py (the
-evaluator tests in test_evaluate_cpu.py run the same code through real workers and compiled kernels)."""
+Fast on purpose: these are the tests `make mutation` runs against forge_pack/evaluate/evaluator.py and
+forge_pack/evaluate/judge.py (the evaluator tests in test_evaluate_cpu.py run the same code through
+real workers and compiled kernels)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from forge_pack.evaluate.launch import LaunchError
 from forge_pack.targets.sigparse import parse_signature
 from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.core.verdict import Baseline, Timing, Verdict
+from forge_pack.evaluate.worker import JobError, WorkerLost
 
 SIG = ops.with_output(parse_signature("softmax", "x: f32[4,16], dim=-1"))
 MOVED = abi.bytes_moved(SIG)  # 512 bytes
@@ -444,7 +447,7 @@ def test_check_bounds_synchronises_cuda(monkeypatch):
     assert len(calls) == 2
 
 
-# ---------------------------------------------------------------- worker_evaluate
+# ---------------------------------------------------------------- judge (the JudgeCandidate job)
 
 
 class FakeSession:
@@ -490,7 +493,7 @@ def loaded(monkeypatch):
     return box
 
 
-def test_worker_evaluate_verifies_times_and_reports_the_floor(loaded):
+def test_judge_verifies_times_and_reports_the_floor(loaded):
     from forge_pack.evaluate.sandbox import default_memory_cap
 
     s = FakeSession(bw=25.0)
@@ -505,19 +508,19 @@ def test_worker_evaluate_verifies_times_and_reports_the_floor(loaded):
     assert s.loaded == ["k"] and reply.attributes == {}
 
 
-def test_worker_evaluate_uses_the_configured_memory_cap(loaded):
+def test_judge_uses_the_configured_memory_cap(loaded):
     judge.judge(FakeSession(), request(cand(), TimingConfig(**{**FAST.to_json(), "cpu_memory_cap": 4096})))
     assert loaded["calls"][0][3] == {"memory_cap": 4096}
 
 
-def test_worker_evaluate_loads_a_cuda_module_without_a_cap(loaded):
+def test_judge_loads_a_cuda_module_without_a_cap(loaded):
     loaded["module"] = LaunchError("no device")
     reply = judge.judge(FakeSession(), request(cand(backend="cuda")))
     assert loaded["calls"][0][3] == {}
     assert reply.verdict == Verdict(False, "launch_error", "loading the module: no device")
 
 
-def test_worker_evaluate_verifies_sets_cheap_and_likely_failures_first(loaded, monkeypatch):
+def test_judge_verifies_sets_cheap_and_likely_failures_first(loaded, monkeypatch):
     kinds = []
     real = verify.verify
 
@@ -535,7 +538,7 @@ def test_worker_evaluate_verifies_sets_cheap_and_likely_failures_first(loaded, m
     assert kinds == sorted(kinds, key=order.index) and set(kinds) == set(order)
 
 
-def test_worker_evaluate_derives_from_the_captured_sets(loaded, monkeypatch):
+def test_judge_derives_from_the_captured_sets(loaded, monkeypatch):
     got = []
     real = verify.derived_sets
     monkeypatch.setattr(verify, "derived_sets", lambda sig, dev, seed, h, final, sources: got.append(
@@ -549,7 +552,7 @@ def test_worker_evaluate_derives_from_the_captured_sets(loaded, monkeypatch):
     assert got == [["captured[0]"], ["fresh[0]"]]
 
 
-def test_worker_evaluate_seeds_fresh_inputs_by_seed_hash_and_mode(loaded, monkeypatch):
+def test_judge_seeds_fresh_inputs_by_seed_hash_and_mode(loaded, monkeypatch):
     got = []
     real = verify.fresh_sets
     monkeypatch.setattr(verify, "fresh_sets", lambda *a, **k: got.append(a) or real(*a, **k))
@@ -559,7 +562,7 @@ def test_worker_evaluate_seeds_fresh_inputs_by_seed_hash_and_mode(loaded, monkey
     assert got == [(SIG, "cpu", 11, c.content_hash, True), (SIG, "cpu", 0, c.content_hash, False)]
 
 
-def test_worker_evaluate_returns_the_verification_failure_untimed(loaded):
+def test_judge_returns_the_verification_failure_untimed(loaded):
     def wrong(t, n, run):
         honest(t, n, run)
         t["out"][0, 0] = 3.0
@@ -570,7 +573,7 @@ def test_worker_evaluate_returns_the_verification_failure_untimed(loaded):
     assert reply.timing is None and reply.floor_us is None and loaded["module"].closed == 1
 
 
-def test_worker_evaluate_reports_a_timing_failure_with_every_check(loaded):
+def test_judge_reports_a_timing_failure_with_every_check(loaded):
     calls = []
 
     def late(t, n, run):
@@ -587,7 +590,7 @@ def test_worker_evaluate_reports_a_timing_failure_with_every_check(loaded):
     assert v.max_abs_err is not None and v.max_abs_err < 1e-3  # verification's errors, not the timed one
 
 
-def test_worker_evaluate_rejects_an_implausibly_fast_kernel(loaded, monkeypatch):
+def test_judge_rejects_an_implausibly_fast_kernel(loaded, monkeypatch):
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: True)
     reply = judge.judge(FakeSession(bw=1e-9), request(cand()))
     v = reply.verdict
@@ -596,7 +599,7 @@ def test_worker_evaluate_rejects_an_implausibly_fast_kernel(loaded, monkeypatch)
     assert v.checks and v.max_abs_err is not None and reply.timing is not None
 
 
-def test_worker_evaluate_judges_plausibility_with_the_machines_cache(loaded, monkeypatch):
+def test_judge_judges_plausibility_with_the_machines_cache(loaded, monkeypatch):
     seen = []
     monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: seen.append(("cold", device, cfg)) or False)
     monkeypatch.setattr(timing_mod, "cache_bytes", lambda device: seen.append(("cache", device)) or 1)
@@ -606,7 +609,7 @@ def test_worker_evaluate_judges_plausibility_with_the_machines_cache(loaded, mon
     assert "a working set of 512x the cache" in reply.verdict.detail
 
 
-def test_worker_evaluate_runs_the_guard_page_check_when_final_or_asked(loaded):
+def test_judge_runs_the_guard_page_check_when_final_or_asked(loaded):
     for kw, want in (({"final": True}, ["end", "start"]), ({"bounds": True}, ["end", "start"]), ({}, [])):
         loaded["module"] = FakeModule(guard=True)
         judge.judge(FakeSession(), request(cand(), **kw))
@@ -616,7 +619,7 @@ def test_worker_evaluate_runs_the_guard_page_check_when_final_or_asked(loaded):
     assert [r.guard for r in loaded["module"].runs if r.guard] == []
 
 
-def test_worker_evaluate_turns_a_guard_page_fault_into_out_of_bounds(loaded):
+def test_judge_turns_a_guard_page_fault_into_out_of_bounds(loaded):
     def faults(t, n, run):
         if run.guard:
             raise LaunchError("SIGSEGV", reason="out_of_bounds")
@@ -681,7 +684,7 @@ def test_a_cuda_runtime_error_without_cuda_in_it_is_raised_from_a_healthy_worker
     assert reply.verdict.reason == "launch_error"
 
 
-def test_worker_evaluate_reports_cuda_attributes(loaded):
+def test_judge_reports_cuda_attributes(loaded):
     m = FakeModule()
     m.attributes = lambda: {"k": {"registers": 32}}
     loaded["module"] = m
@@ -715,10 +718,10 @@ def test_a_stray_write_after_a_failed_verdict_keeps_the_verdict_and_drops_the_se
     assert reply.verdict.reason == "mismatch" and reply.sets_dropped is True
 
 
-# ---------------------------------------------------------------- worker_baseline
+# ---------------------------------------------------------------- measure_baseline (the MeasureBaseline job)
 
 
-def test_worker_baseline_times_eager_and_reports_the_floor(monkeypatch):
+def test_measure_baseline_times_eager_and_reports_the_floor(monkeypatch):
     s = FakeSession(bw=40.0)
     s.torch = torch
     b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, seed=1))
@@ -726,7 +729,7 @@ def test_worker_baseline_times_eager_and_reports_the_floor(monkeypatch):
     assert (b.floor_us, b.copy_bandwidth_gbs) == (abi.floor_us(SIG, 40.0), 40.0)
 
 
-def test_worker_baseline_times_eager_over_rotating_copies_of_seeded_inputs(monkeypatch):
+def test_measure_baseline_times_eager_over_rotating_copies_of_seeded_inputs(monkeypatch):
     got = []
 
     def fake_time_calls(calls, device, cfg, flusher=None):
@@ -745,7 +748,7 @@ def test_worker_baseline_times_eager_over_rotating_copies_of_seeded_inputs(monke
     assert all(torch.equal(o, torch.softmax(x, -1)) for o in outs)
 
 
-def test_worker_baseline_times_torch_compile_and_records_its_failure(monkeypatch):
+def test_measure_baseline_times_torch_compile_and_records_its_failure(monkeypatch):
     s = FakeSession()
     s.torch = torch
     modes = []
@@ -769,7 +772,7 @@ def test_worker_baseline_times_torch_compile_and_records_its_failure(monkeypatch
     assert b.compiled is None and b.compile_error == "RuntimeError: " + ("inductor: " + "e" * 3000)[:2000]
 
 
-def test_worker_baseline_keeps_the_parents_compile_error():
+def test_measure_baseline_keeps_the_parents_compile_error():
     s = FakeSession()
     s.torch = torch
     b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, compile_error="torch.compile: hung"))
@@ -780,23 +783,25 @@ def test_worker_baseline_keeps_the_parents_compile_error():
 
 
 class FakeWorker:
+    """One worker of the pool: records each job with its timeout and answers the next result."""
+
     def __init__(self, pool):
-        self.pool, self.loaded = pool, OrderedDict()
+        self.pool, self.memo = pool, {}
         self.backend, self.index, self.generation = pool.backend, 0, 3
 
-    def request(self, req, timeout):
-        self.pool.requests.append((req, timeout))
-        reply = self.pool.replies.pop(0)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+    @property
+    def loaded(self) -> OrderedDict:
+        """The parent's mirror of the hotspot sets this worker holds (the evaluator keeps it in memo)."""
+        return self.memo.setdefault("loaded", OrderedDict())
 
-    def mark_loaded(self, key):
-        self.loaded[key] = True
+    def run(self, job, timeout):
+        self.pool.requests.append((job, timeout))
+        return self.pool.replies.pop(0)
 
 
 class FakePool:
-    def __init__(self, backend, workers, log_dir):
+    def __init__(self, backend, workers, startup, log_dir):
+        assert isinstance(startup, judge.Startup)
         self.backend, self.workers, self.log_dir = backend, workers, log_dir
         self.requests, self.replies, self.closed = [], [], 0
         self.worker = FakeWorker(self)
@@ -845,9 +850,11 @@ def ev(monkeypatch):
     return e
 
 
-def ok_reply(median=2.0, **kw):
-    return {"verdict": Verdict(True, "ok", "3 input sets verified").to_json(),
-            "timing": Timing(median, 0.0, 3).to_json(), "floor_us": 1.0, "copy_bandwidth_gbs": 9.0, **kw}
+LOADED = judge.Loaded(())
+
+
+def ok_reply(median=2.0, floor_us=1.0, **kw):
+    return judge.Judged(Verdict(True, "ok", "3 input sets verified"), Timing(median, 0.0, 3), floor_us, 9.0, **kw)
 
 
 def test_evaluator_refuses_an_unknown_backend():
@@ -872,18 +879,16 @@ def test_evaluator_without_a_run_dir_keeps_no_worker_logs(monkeypatch):
 
 
 def test_evaluate_loads_the_inputs_once_then_evaluates_with_the_full_request(ev):
-    ev.pool.replies = [{"ok": True, "skipped": ["odd:3x5: why"]}, ok_reply(), ok_reply()]
+    ev.pool.replies = [judge.Loaded((), ("odd:3x5: why",)), ok_reply(), ok_reply()]
     c = cand()
     e1 = ev.evaluate(c, HOT, final=True, bounds=True)
     e2 = ev.evaluate(c, HOT, final=True)
     (load, t_load), (req, t_req), (req2, _) = ev.pool.requests
     key = f"{HID}|final|c/0.safetensors|/runs/r1"
-    assert load == {"cmd": "load", "key": key, "signature": ev.signature(HOT).to_json(),
-                    "captures": ["c/0.safetensors"], "run_dir": "/runs/r1", "seed": 7, "final": True}
+    assert load == judge.LoadInputs(key, ev.signature(HOT), ("c/0.safetensors",), "/runs/r1", 7, True)
     assert (t_load, t_req) == (34.0, 12.0)
-    assert req == {**load, "cmd": "evaluate", "candidate": c.to_json(), "artifact": "/tmp/k.so",
-                   "timing": FAST.to_json(), "bounds": True}
-    assert req2["bounds"] is False
+    assert req == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, True)
+    assert req2 == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, False)
     assert e1.extra["skipped_sets"] == ["odd:3x5: why"] and "skipped_sets" not in e2.extra
     assert e1.extra["worker"] == "cpu-0.3" and e1.extra["cached_build"] is False
     assert (e1.compile_s, e1.compile_log, e1.compile_cmd) == (1.5, "built", "g++ -O3")
@@ -891,24 +896,24 @@ def test_evaluate_loads_the_inputs_once_then_evaluates_with_the_full_request(ev)
 
 
 def test_evaluate_search_key_and_mode(ev):
-    ev.pool.replies = [{"ok": True}, ok_reply()]
+    ev.pool.replies = [LOADED, ok_reply()]
     ev.evaluate(cand(), HOT)
-    assert ev.pool.requests[0][0]["key"] == f"{HID}|search|c/0.safetensors|/runs/r1"
-    assert ev.pool.requests[0][0]["final"] is False
+    assert ev.pool.requests[0][0].key == f"{HID}|search|c/0.safetensors|/runs/r1"
+    assert ev.pool.requests[0][0].final is False
 
 
 def test_evaluate_reports_a_failed_load_as_an_internal_error(ev):
-    ev.pool.replies = [{"error": "Traceback: boom"}]
+    ev.pool.replies = [JobError("Traceback: boom")]
     e = ev.evaluate(cand(), HOT)
     assert e.verdict.reason == "internal_error"
     assert e.verdict.detail.startswith("RuntimeError: loading the inputs of softmax(") and "boom" in e.verdict.detail
-    ev.pool.replies = [WorkerTimeout("slow")]
+    ev.pool.replies = [WorkerLost("timeout", "slow")]
     e = ev.evaluate(cand(), HOT)
     assert e.verdict.reason == "internal_error" and "failed: slow" in e.verdict.detail
 
 
 def test_evaluate_computes_speedups_and_the_bandwidth_fraction(ev):
-    ev.pool.replies = [{"ok": True}, ok_reply(median=2.0), ok_reply(median=4.0)]
+    ev.pool.replies = [LOADED, ok_reply(median=2.0), ok_reply(median=4.0)]
     base = Baseline(Timing(10.0, 0.0, 3), Timing(5.0, 0.0, 3))
     e = ev.evaluate(cand(), HOT, baseline=base)
     assert (e.speedup_vs_eager, e.speedup_vs_compile, e.bandwidth_fraction) == (5.0, 2.5, 0.5)
@@ -920,8 +925,8 @@ def test_evaluate_computes_speedups_and_the_bandwidth_fraction(ev):
 
 
 def test_evaluate_without_timing_or_floor_has_no_figures(ev):
-    ev.pool.replies = [{"ok": True}, {"verdict": Verdict(False, "mismatch", "bad").to_json()},
-                       {**ok_reply(), "floor_us": None}]
+    ev.pool.replies = [LOADED, judge.Judged(Verdict(False, "mismatch", "bad")),
+                       ok_reply(floor_us=None)]
     base = Baseline(Timing(10.0, 0.0, 3), None)
     e = ev.evaluate(cand(), HOT, baseline=base)
     assert e.timing is None and e.speedup_vs_eager is None and e.bandwidth_fraction is None
@@ -931,7 +936,7 @@ def test_evaluate_without_timing_or_floor_has_no_figures(ev):
 
 
 def test_evaluate_reports_a_timeout_and_a_crash(ev):
-    ev.pool.replies = [{"ok": True}, WorkerTimeout("t"), WorkerDied("worker killed by SIGSEGV", "log line\n" * 400)]
+    ev.pool.replies = [LOADED, WorkerLost("timeout", "t"), WorkerLost("crash", "worker killed by SIGSEGV", "log line\n" * 400)]
     e = ev.evaluate(cand(), HOT)
     assert e.verdict == Verdict(False, "timeout", "no verdict within 12 s (endless loop or far too slow); the worker "
                                                   "was killed and replaced")
@@ -943,7 +948,7 @@ def test_evaluate_reports_a_timeout_and_a_crash(ev):
 
 
 def test_evaluate_reports_a_worker_error_as_launch_or_internal_error(ev):
-    ev.pool.replies = [{"ok": True}, {"error": "x" * 5000, "poisoned": True}, {"error": "oops"}]
+    ev.pool.replies = [LOADED, JobError("x" * 5000, retire=True), JobError("oops")]
     e = ev.evaluate(cand(), HOT)
     assert e.verdict.reason == "launch_error" and e.verdict.detail == "...\n" + "x" * 4000
     e = ev.evaluate(cand(), HOT)
@@ -951,12 +956,13 @@ def test_evaluate_reports_a_worker_error_as_launch_or_internal_error(ev):
 
 
 def test_evaluate_forgets_loaded_sets_the_worker_dropped_and_keeps_the_rest_fresh(ev):
-    ev.pool.replies = [{"ok": True}, {**ok_reply(), "sets_dropped": True}, {"ok": True}, ok_reply()]
+    ev.pool.replies = [LOADED, ok_reply(sets_dropped=True), LOADED, ok_reply()]
     ev.evaluate(cand(), HOT)
     assert ev.pool.worker.loaded == OrderedDict()
     ev.pool.worker.loaded["other"] = True
     ev.evaluate(cand(), HOT)
-    assert [r[0]["cmd"] for r in ev.pool.requests] == ["load", "evaluate", "load", "evaluate"]
+    assert [type(r[0]).__name__ for r in ev.pool.requests] == ["LoadInputs", "JudgeCandidate", "LoadInputs",
+                                                              "JudgeCandidate"]
     assert list(ev.pool.worker.loaded) == ["other", f"{HID}|search|c/0.safetensors|/runs/r1"]
     ev.pool.worker.loaded.move_to_end(f"{HID}|search|c/0.safetensors|/runs/r1", last=False)
     ev.pool.replies = [ok_reply()]
@@ -966,7 +972,7 @@ def test_evaluate_forgets_loaded_sets_the_worker_dropped_and_keeps_the_rest_fres
 
 def test_evaluate_takes_resources_from_the_attributes_when_the_log_has_none(ev):
     attrs = {"k": {"registers": 40, "static_smem_bytes": 1024, "local_bytes": 8}}
-    ev.pool.replies = [{"ok": True}, ok_reply(attributes=attrs, poisoned=True), ok_reply(attributes={"k": {}})]
+    ev.pool.replies = [LOADED, ok_reply(attributes=attrs, retire=True), ok_reply(attributes={"k": {}})]
     e = ev.evaluate(cand(), HOT)
     assert e.extra["resources"] == {"k": {"registers": 40, "smem_bytes": 1024, "stack_bytes": 8,
                                           "source": "cuFuncGetAttribute"}}
@@ -1027,10 +1033,10 @@ def test_signature_is_filled_and_cached(ev):
 
 def test_baseline_is_requested_once_per_hotspot(ev):
     b = Baseline(Timing(3.0, 0.0, 3), None, floor_us=1.0)
-    ev.pool.replies = [{"baseline": b.to_json()}]
+    ev.pool.replies = [b]
     assert ev.baseline(HOT) == b and ev.baseline(HOT) == b
     (req, timeout), = ev.pool.requests
-    assert req == {"cmd": "baseline", "signature": ev.signature(HOT).to_json(), "timing": FAST.to_json(), "seed": 7}
+    assert req == judge.MeasureBaseline(ev.signature(HOT), FAST, 7)
     assert timeout == 56.0
 
 
@@ -1039,29 +1045,29 @@ def test_baseline_falls_back_to_eager_alone_when_torch_compile_hangs(monkeypatch
     cfg = TimingConfig(compile_baseline=True)
     e = evaluate.Evaluator("cpu", timing=cfg)
     b = Baseline(Timing(3.0, 0.0, 3), None)
-    e.pool.replies = [WorkerTimeout("no reply in 1800 s"), {"baseline": b.to_json()}]
+    e.pool.replies = [WorkerLost("timeout", "no reply in 1800 s"), b]
     assert e.baseline(HOT) == b
     (first, _), (second, _) = e.pool.requests
-    assert first["timing"]["compile_baseline"] is True and "compile_error" not in first
-    assert second["timing"] == {**cfg.to_json(), "compile_baseline": False}
-    assert second["compile_error"] == "torch.compile: no reply in 1800 s"
+    assert first == judge.MeasureBaseline(e.signature(HOT), cfg, 0)
+    assert second == judge.MeasureBaseline(e.signature(HOT), TimingConfig(compile_baseline=False), 0,
+                                           "torch.compile: no reply in 1800 s")
 
 
 def test_baseline_gives_up_after_the_second_failure_or_without_compile(monkeypatch):
     monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
     e = evaluate.Evaluator("cpu", timing=TimingConfig(compile_baseline=True))
-    e.pool.replies = [WorkerDied("died"), WorkerDied("died again")]
+    e.pool.replies = [WorkerLost("crash", "died"), WorkerLost("crash", "died again")]
     with pytest.raises(RuntimeError, match=r"baseline of softmax\(.*\) failed: died again"):
         e.baseline(HOT)
     e = evaluate.Evaluator("cpu", timing=TimingConfig(compile_baseline=False))
-    e.pool.replies = [WorkerTimeout("slow")]
+    e.pool.replies = [WorkerLost("timeout", "slow")]
     with pytest.raises(RuntimeError, match="failed: slow"):
         e.baseline(HOT)
     assert len(e.pool.requests) == 1
 
 
 def test_baseline_error_reply_is_raised_with_the_workers_text(ev):
-    ev.pool.replies = [{"error": "Traceback: eager failed"}]
+    ev.pool.replies = [JobError("Traceback: eager failed")]
     with pytest.raises(RuntimeError, match="failed in the worker:\nTraceback: eager failed"):
         ev.baseline(HOT)
 
@@ -1088,11 +1094,11 @@ def test_every_evaluation_records_its_own_duration(ev, monkeypatch):
         monkeypatch.setattr(evaluate.time, "perf_counter", Clock())
         return ev.evaluate(cand(), HOT)
 
-    assert run([{"ok": True}, ok_reply()]).eval_s == 0.25
-    assert run([WorkerTimeout("t")]).eval_s == 0.25
-    e = run([WorkerDied("gone", "tail")])
+    assert run([LOADED, ok_reply()]).eval_s == 0.25
+    assert run([WorkerLost("timeout", "t")]).eval_s == 0.25
+    e = run([WorkerLost("crash", "gone", "tail")])
     assert (e.eval_s, e.verdict.ok, e.compile_cmd) == (0.25, False, "g++ -O3") and e.extra["worker"] == "cpu-0.3"
-    e = run([{"error": "bad"}])
+    e = run([JobError("bad")])
     assert (e.eval_s, e.compile_cmd) == (0.25, "g++ -O3")
     monkeypatch.setattr(object_check, "check_build", lambda b: Verdict(False, "static_check", "x"))
     e = run([])
@@ -1121,7 +1127,7 @@ def test_evaluate_checks_and_builds_this_candidate_for_the_workers_arch(monkeypa
     e.evaluate(c, HOT)
     assert seen == [("static", c, True), ("compile", c, "sm_90")]
     build.ok = True
-    e.pool.replies = [{"ok": True}, ok_reply()]
+    e.pool.replies = [LOADED, ok_reply()]
     e.evaluate(c, HOT)
     assert seen[-1] == ("object", build)
 
@@ -1140,9 +1146,9 @@ def test_the_set_key_joins_every_capture(ev):
     import dataclasses
 
     hot = dataclasses.replace(HOT, captures=("c/0.safetensors", "c/1.safetensors"))
-    ev.pool.replies = [{"ok": True}, ok_reply()]
+    ev.pool.replies = [LOADED, ok_reply()]
     e = ev.evaluate(cand(), hot)
-    assert ev.pool.requests[0][0]["key"] == f"{HID}|search|c/0.safetensors/c/1.safetensors|/runs/r1"
+    assert ev.pool.requests[0][0].key == f"{HID}|search|c/0.safetensors/c/1.safetensors|/runs/r1"
     assert e.extra["skipped_sets"] == []
 
 
@@ -1226,13 +1232,13 @@ def test_the_compiled_baseline_is_timed_like_eager_with_one_copy(monkeypatch):
     assert cfgs == [cfg]
 
 
-def test_worker_evaluate_loads_a_cuda_module_by_backend_artifact_and_names(loaded):
+def test_judge_loads_a_cuda_module_by_backend_artifact_and_names(loaded):
     loaded["module"].attributes = lambda: {}
     judge.judge(FakeSession(), request(cand(backend="cuda")))
     assert loaded["calls"][0][:3] == ("cuda", "/nowhere/k.so", ("k",))
 
 
-def test_worker_evaluate_derives_with_its_seed_hash_and_mode(loaded, monkeypatch):
+def test_judge_derives_with_its_seed_hash_and_mode(loaded, monkeypatch):
     got = []
     real = verify.derived_sets
     monkeypatch.setattr(verify, "derived_sets", lambda *a: got.append(a[:5]) or real(*a))
@@ -1258,13 +1264,13 @@ def test_a_module_without_guard_support_or_settle_is_still_judged(loaded):
     assert reply.verdict.ok
 
 
-def test_worker_evaluate_with_cached_sets_passes_an_honest_kernel(loaded):
+def test_judge_with_cached_sets_passes_an_honest_kernel(loaded):
     static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
     reply = judge.judge(FakeSession(static=static), request(cand()))
     assert reply.verdict.ok and reply.sets_dropped is False
 
 
-def test_worker_evaluate_asks_the_session_for_bandwidth_with_the_config(loaded):
+def test_judge_asks_the_session_for_bandwidth_with_the_config(loaded):
     s = FakeSession()
     cfgs = []
     s.bandwidth = lambda cfg: cfgs.append(cfg) or 10.0

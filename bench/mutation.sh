@@ -23,7 +23,7 @@ JOBS=${JOBS:-2}
 # module -> the tests that decide its verdicts and figures (space-separated)
 declare -A SELECT=(
   [verdict]="tests/test_verdict.py"
-  [tolerance]="tests/test_tolerance.py"
+  [tolerance]="tests/test_tolerance.py tests/test_tolerance_op_forms.py"
   [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
   [verify]="tests/test_verify_run.py tests/test_verify_inputs.py"
   [evaluate]="tests/test_evaluate_flow.py"

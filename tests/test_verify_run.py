@@ -645,3 +645,60 @@ def test_static_sets_report_skipped_captured_and_odd_sets(monkeypatch):
     assert skipped == [f"{k}: eager PyTorch itself differs from float64 in NaN/Inf positions" for k in
                        ["captured[0]"] + [f"adversarial:{a}" for a in ops.adversarial_kinds(SIG)]
                        + [f"odd:{'x'.join(map(str, o.x.shape))}" for o in odd]]
+
+
+# ---------------------------------------------------------------- the allowance's magnitude
+
+
+POOL = ops.with_output(parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]"))
+
+
+def test_make_set_keeps_the_kinds_magnitude_and_looks_the_allowance_up_by_it():
+    # a pooled mean of large values of both signs: |result| is far below the mean |x| its error scales with
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 8, 8, generator=g) * 1000 + torch.randn(2, 3, 1, 1, generator=g)
+    s = verify.make_set("k", POOL, {"x": x}, "cpu")
+    spec = registry.get("adaptive_avg_pool2d")
+    mag = torch.nn.functional.adaptive_avg_pool2d(x.double().abs(), 1)
+    assert torch.equal(s.magnitude, mag)
+    eager = torch.nn.functional.adaptive_avg_pool2d(x, (1, 1))
+    want = rules.allowance(eager, s.ref, "float32", spec, mag)
+    by_ref = rules.allowance(eager, s.ref, "float32", spec, None)
+    assert not torch.equal(want, by_ref)  # the magnitude decides the allowance here
+    assert torch.equal(s.atol_floor, want)
+
+
+def test_make_set_of_a_kind_without_a_magnitude_has_none():
+    assert verify.make_set("k", SIG, {"x": torch.randn(4, 16)}, "cpu").magnitude is None
+
+
+def _allowance_at_large_magnitudes_only(s):
+    """The set judged by a table that allows 1.0 from magnitude 2^10 up and nothing below, and a
+    magnitude of 1024 everywhere: an error of 0.5 passes by the magnitude, fails by |ref| (< 1)."""
+    table = torch.zeros(2048, dtype=torch.float64)
+    table[(torch.tensor(1024.0, dtype=torch.float64).view(torch.int64) >> 52).item():] = 1.0
+    s.atol_floor = table
+    s.magnitude = torch.full((4, 16), 1024.0, dtype=torch.float64)
+    return s
+
+
+def test_the_first_output_is_judged_with_the_sets_magnitude():
+    def off(t, n):
+        honest(t, n)
+        t["out"][0, 0] += 0.5
+
+    v = verify.verify(FakeModule(off), cand(), [_allowance_at_large_magnitudes_only(fresh_set())], "cpu")
+    assert (v.ok, v.reason, v.detail) == (True, "ok", "1 input sets verified")
+    v = verify.verify(FakeModule(off), cand(), [fresh_set()], "cpu")
+    assert (v.ok, v.reason) == (False, "mismatch")
+
+
+def test_a_second_output_within_the_magnitudes_allowance_is_nondeterministic_not_mismatch():
+    def off_second(t, n):
+        honest(t, n)
+        if n == 2:
+            t["out"][1, 1] += 0.5
+
+    v = verify.verify(FakeModule(off_second), cand(), [_allowance_at_large_magnitudes_only(fresh_set())], "cpu")
+    assert (v.ok, v.reason) == (False, "nondeterministic")
+    assert len(v.checks) == 1 and v.checks[0].passed

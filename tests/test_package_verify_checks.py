@@ -816,3 +816,88 @@ def test_run_prints_sixteen_hex_digits_of_the_rules_hash(pv, tmp_path, monkeypat
     pv.run("cpu", fresh=0, seed=1, say=lines.append)
     have = pv.rules_sha256()
     assert lines[0].startswith(f"verification rules: forge_pack/evaluate/verdict_rules.py sha256 {have[:16]} (the build's")
+
+
+# ---------------------------------------------------------------- the shipped target registry's digest
+
+
+def _ship_targets(tmp_path, files: dict) -> str:
+    """Write _targets/ beside the stand-in module; returns the digest forge-pack would record."""
+    d = tmp_path / "_targets"
+    d.mkdir()
+    for name, text in files.items():
+        (d / name).write_bytes(text)
+    (d / "notes.txt").write_bytes(b"not a module: not in the digest")
+    lines = "".join(f"{n} {hashlib.sha256(files[n]).hexdigest()}\n" for n in sorted(files) if n.endswith(".py"))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_targets_sha256_is_the_digest_of_every_shipped_module_by_name(pv, tmp_path):
+    want = _ship_targets(tmp_path, {"softmax.py": b"A = 1\n", "registry.py": b"B = 2\n"})
+    assert pv.targets_sha256() == want
+    (tmp_path / "_targets" / "softmax.py").write_bytes(b"A = 2\n")
+    assert pv.targets_sha256() != want
+
+
+def test_run_accepts_the_recorded_target_registry(pv, tmp_path, monkeypatch):
+    monkeypatch.setattr(pv, "_cpu_junk_fill", lambda: False)
+    patcher = _manifest(pv, tmp_path, [target()])
+    patcher.manifest["targets_runtime"] = {"source_sha256": _ship_targets(tmp_path, {"softmax.py": b"A = 1\n"})}
+    lines = []
+    assert pv.run("cpu", fresh=0, seed=1, say=lines.append) == 0
+    assert lines[0].startswith("verification rules: ") and lines[-1].startswith("PASS: 1 kernel, 0 failing checks")
+
+
+def test_run_refuses_a_target_registry_that_is_not_the_builds(pv, tmp_path, monkeypatch):
+    monkeypatch.setattr(pv, "_cpu_junk_fill", lambda: False)
+    patcher = _manifest(pv, tmp_path, [target()])
+    have = _ship_targets(tmp_path, {"softmax.py": b"A = 1\n"})
+    patcher.manifest["targets_runtime"] = {"source_sha256": "ab" * 32}
+    lines = []
+    assert pv.run("cpu", fresh=0, seed=1, say=lines.append) == 1
+    assert lines[0] == (f"FAIL targets: _targets/ (digest {have[:16]}) is not the target registry this package was "
+                        f"built with ({'ab' * 8}): reinstall the package")
+    assert lines[-1].startswith("FAIL: 1 kernel, 1 failing checks on cpu")
+
+
+def test_run_counts_a_changed_registry_and_changed_rules_as_two_failures(pv, tmp_path, monkeypatch):
+    monkeypatch.setattr(pv, "_cpu_junk_fill", lambda: False)
+    patcher = _manifest(pv, tmp_path, [target()], sha="0" * 64)
+    _ship_targets(tmp_path, {"softmax.py": b"A = 1\n"})
+    patcher.manifest["targets_runtime"] = {}
+    lines = []
+    assert pv.run("cpu", fresh=0, seed=1, say=lines.append) == 1
+    assert lines[0].startswith("FAIL rules: ")
+    assert lines[1].startswith("FAIL targets: _targets/ (digest ") and lines[1].endswith(
+        "built with (None): reinstall the package")
+    assert lines[-1].startswith("FAIL: 1 kernel, 2 failing checks on cpu")
+
+
+# ---------------------------------------------------------------- the allowance's magnitude
+
+
+def test_check_set_of_a_pool_hands_the_kinds_magnitude_to_the_allowance_and_the_judgement(pv, monkeypatch):
+    pool = parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]")
+    from forge_pack.targets.ops import with_output
+
+    t = target(sig=with_output(pool))
+    x = {"x": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4)) * 100}
+    spec = registry.get("adaptive_avg_pool2d")
+    want = torch.nn.functional.adaptive_avg_pool2d(x["x"].double().abs(), 1)
+    seen = []
+    real_allowance, real_judge = verdict_rules.allowance, verdict_rules.judge_output
+
+    def allowance(eager_out, ref, dtype, s, magnitude=None):
+        seen.append(("allowance", s, magnitude))
+        return real_allowance(eager_out, ref, dtype, s, magnitude)
+
+    def judge_output(out, ref, dtype, s, allow, kind, magnitude=None):
+        seen.append(("judge", s, magnitude))
+        return real_judge(out, ref, dtype, s, allow, kind, magnitude)
+
+    monkeypatch.setattr(pv.rules, "allowance", allowance)
+    monkeypatch.setattr(pv.rules, "judge_output", judge_output)
+    r = pv.check_set(t, lambda x: torch.nn.functional.adaptive_avg_pool2d(x, (1, 1)), "k", x, "cpu")
+    assert r["reason"] is None
+    assert [(w, s) for w, s, _ in seen] == [("allowance", spec), ("judge", spec)]
+    assert all(m is not None and torch.equal(m, want) for _, _, m in seen)

@@ -1417,3 +1417,101 @@ def test_allocating_makes_outputs_in_the_specs_dtype():
     call = judge._allocating(run, [], slot, spec)
     call.stage()
     assert slot["out"].dtype == torch.bfloat16 and slot["out"].shape == (4, 16)
+
+
+# ---------------------------------------------------------------- the worker's Session and the jobs' entry points
+
+
+def test_a_cpu_session_starts_empty_and_takes_its_threads_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FORGE_PACK_THREADS", "1")
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    s = judge.Session("cpu")
+    assert (s.torch, s.backend, s.device, s.copy_bw) == (torch, "cpu", "cpu", None)
+    assert s.sets == OrderedDict() and isinstance(s.sets, OrderedDict) and calls == [1]
+    monkeypatch.delenv("FORGE_PACK_THREADS")
+    judge.Session("cpu")
+    assert calls == [1]
+    c = judge.Session("cuda")
+    assert (c.backend, c.device) == ("cuda", "cuda") and calls == [1]
+
+
+def test_a_cpu_session_says_hello_with_its_backend_pid_torch_and_threads():
+    import os
+
+    assert judge.Session("cpu").hello() == {"backend": "cpu", "pid": os.getpid(), "torch": torch.__version__,
+                                            "name": "cpu", "threads": torch.get_num_threads()}
+
+
+def test_the_sessions_bandwidth_is_measured_once_with_the_config(monkeypatch):
+    got = []
+    monkeypatch.setattr(timing_mod, "copy_bandwidth_gbs", lambda device, cfg: got.append((device, cfg)) or 12.5)
+    s = judge.Session("cpu")
+    assert s.bandwidth(FAST) == 12.5 and s.bandwidth(FAST) == 12.5
+    assert got == [("cpu", FAST)] and s.copy_bw == 12.5
+
+
+def test_the_session_loads_each_key_once_and_keeps_the_two_most_recent(monkeypatch):
+    calls = []
+
+    def static_sets(sig, captures, run_dir, device, seed, final):
+        calls.append((sig, captures, run_dir, device, seed, final))
+        return [SimpleNamespace(kind=f"captured[{len(calls)}]")], [f"odd: skipped {len(calls)}"]
+
+    monkeypatch.setattr(verify, "static_sets", static_sets)
+    s = judge.Session("cpu")
+    a = judge.LoadInputs("a", SIG, ("c/0.safetensors",), "/runs/r", 5, True)
+    assert s.load(a) == judge.Loaded(("captured[1]",), ("odd: skipped 1",))
+    assert calls == [(SIG, ["c/0.safetensors"], "/runs/r", "cpu", 5, True)]
+    assert s.load(a) == judge.Loaded(("captured[1]",), ("odd: skipped 1",)) and len(calls) == 1
+    s.load(judge.LoadInputs("b", SIG))
+    s.load(a)  # touched: "b" is now the oldest
+    s.load(judge.LoadInputs("c", SIG))
+    assert list(s.sets) == ["a", "c"] and judge.Session.MAX_CACHED == 2
+
+
+def test_a_cpu_session_is_always_healthy_and_a_cuda_one_only_if_it_still_computes(monkeypatch):
+    assert judge.Session("cpu").healthy() is True
+    s = judge.Session("cuda")
+    fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None),
+                           ones=lambda n, device=None: torch.ones(n))
+    s.torch = fake
+    assert s.healthy() is True
+    fake.ones = lambda n, device=None: torch.zeros(n)  # 0 + 1 != 2: the context computes garbage
+    assert s.healthy() is False
+
+    def lost():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    fake.cuda.synchronize = lost
+    assert s.healthy() is False
+
+
+def test_the_jobs_share_one_session_per_worker_created_on_first_use(monkeypatch):
+    from forge_pack.evaluate.worker import Context
+
+    ctx = Context("cpu")
+    hello = judge.Startup().run(ctx)
+    s = ctx.state["session"]
+    assert isinstance(s, judge.Session) and s.backend == "cpu" and hello == s.hello()
+    seen = []
+    monkeypatch.setattr(judge.Session, "load", lambda self, inputs: seen.append(("load", self, inputs)) or "L")
+    monkeypatch.setattr(judge.Session, "healthy", lambda self: seen.append(("healthy", self)) or False)
+    monkeypatch.setattr(judge, "judge", lambda session, job: seen.append(("judge", session, job)) or "J")
+    monkeypatch.setattr(judge, "measure_baseline", lambda session, job: seen.append(("base", session, job)) or "B")
+    inputs = judge.LoadInputs("k", SIG)
+    job = judge.JudgeCandidate(inputs, cand(), "/a.so", FAST)
+    base = judge.MeasureBaseline(SIG, FAST)
+    assert inputs.run(ctx) == "L" and job.run(ctx) == "J" and base.run(ctx) == "B"
+    assert job.usable_after_error(ctx) is False
+    assert seen == [("load", s, inputs), ("judge", s, job), ("base", s, base), ("healthy", s)]
+    assert ctx.state["session"] is s
+
+
+def test_a_job_before_startup_creates_the_session_for_the_workers_backend(monkeypatch):
+    from forge_pack.evaluate.worker import Context
+
+    ctx = Context("cuda")
+    monkeypatch.setattr(judge, "measure_baseline", lambda session, job: session)
+    s = judge.MeasureBaseline(SIG, FAST).run(ctx)
+    assert isinstance(s, judge.Session) and s.backend == "cuda" and ctx.state == {"session": s}

@@ -129,6 +129,12 @@ def fresh(module: str, work: str = "") -> dict | None:
             entry["timeouts"] += KILLED[code] == "timeout"
         else:
             entry["survivors"].append(f"{name} ({NOT_KILLED.get(code, f'exit {code}')})")
+    if len(sources(module)) > 1:  # per file: where in a several-file module the survivors are
+        entry["by_file"] = {}
+        for path in sources(module):
+            prefix = mutmut_module(path) + "."
+            mine = [n for n in codes if n.startswith(prefix) and n not in eq]
+            entry["by_file"][path] = [len(mine), sum(codes[n] in KILLED for n in mine)]
     entry["tests"] = _selection(work_dir)
     entry["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     return entry
@@ -204,6 +210,10 @@ def write(modules: list[str], work: str = "") -> None:
         "```",
         "",
     ]
+    parts = [f"{path}: {m_} mutants, {k_} killed ({pct(k_, m_)})"
+             for e in now.values() for path, (m_, k_) in e.get("by_file", {}).items()]
+    if parts:
+        md += ["By file, for the modules of several files:", "", "```", *parts, "```", ""]
     if old:
         md += ["Not yet re-run on the current code (measured on an earlier layout of it; the scores describe "
                "that code, not this):", "", "```"]

@@ -1515,3 +1515,35 @@ def test_a_job_before_startup_creates_the_session_for_the_workers_backend(monkey
     monkeypatch.setattr(judge, "measure_baseline", lambda session, job: session)
     s = judge.MeasureBaseline(SIG, FAST).run(ctx)
     assert isinstance(s, judge.Session) and s.backend == "cuda" and ctx.state == {"session": s}
+
+
+# ---------------------------------------------------------------- the timed calls' allowance magnitude
+
+
+POOL = ops.with_output(parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]"))
+
+
+def test_a_timed_pool_output_is_judged_by_the_kinds_magnitude_not_its_reference():
+    """Means of +-4 (|result| near 0, mean |x| = 4) and a table that allows 1.0 only from magnitude 2
+    up: an error of 0.5 passes when looked up by mean |x| and would fail by |result|."""
+    base = verify.fresh_sets(POOL, "cpu", 3, "hash", final=False)[0]
+    x = torch.full((2, 3, 8, 8), 4.0)
+    x.view(-1)[1::2] = -4.0
+    base.tensors["x"].copy_(x)
+    table = torch.zeros(2048, dtype=torch.float64)
+    table[(torch.tensor(2.0, dtype=torch.float64).view(torch.int64) >> 52).item():] = 1.0
+    base.atol_floor = table
+    c = Candidate(op="adaptive_avg_pool2d", backend="cpu", source="// pool",
+                  spec=LaunchSpec(kernels=(KernelLaunch("k", ("x", "out")),)))
+
+    def off(t, n, run):
+        t["out"].copy_(torch.nn.functional.adaptive_avg_pool2d(t["x"], (1, 1)) + 0.5)
+
+    timing, verdict = judge.time_candidate(FakeModule(off), c, POOL, base, FAST, "cpu")
+    assert verdict is None and timing.n == 3
+
+    def way_off(t, n, run):
+        t["out"].copy_(torch.nn.functional.adaptive_avg_pool2d(t["x"], (1, 1)) + 1.5)
+
+    _, verdict = judge.time_candidate(FakeModule(way_off), c, POOL, base, FAST, "cpu")
+    assert (verdict.ok, verdict.reason) == (False, "mismatch")

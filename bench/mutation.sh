@@ -23,15 +23,17 @@ JOBS=${JOBS:-2}
 # module -> the tests that decide its verdicts and figures (space-separated)
 declare -A SELECT=(
   [verdict]="tests/test_verdict.py"
-  [tolerance]="tests/test_tolerance.py"
+  [tolerance]="tests/test_tolerance.py tests/test_tolerance_op_forms.py"
   [static_check]="tests/test_static_check.py tests/test_static_check_verdicts.py"
-  [verify]="tests/test_verify_inputs.py tests/test_verify_cpu.py tests/test_evaluate_cpu.py"
-  [evaluate]="tests/test_evaluate_cpu.py tests/test_verify_cpu.py"
-  [timing]="tests/test_evaluate_cpu.py"
-  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py"
+  [verify]="tests/test_verify_run.py tests/test_verify_inputs.py"
+  [evaluate]="tests/test_evaluate_flow.py"
+  [timing]="tests/test_timing_protocol.py"
+  # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
+  [package_verify]="tests/test_package_verify_checks.py"
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py"
   # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
   #  the unit tests reach the same code)
-  [object_check]="tests/test_object_check.py
+  [object_check]="tests/test_object_check_decisions.py tests/test_object_check.py
     --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
     --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked
     --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"
@@ -39,8 +41,10 @@ declare -A SELECT=(
     --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
     --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"
 )
-MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify evaluate timing"
-CHECK_MODULES="verdict tolerance static_check verdict_rules model_gate"  # the fast ones: CI's guard
+MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify timing package_verify evaluate"
+# CI's guard: the modules whose tests are in-process unit tests (a few minutes together on 2 cores).
+# verdict_rules (1500+ mutants), object_check (compiles), package_verify and evaluate: `make mutation` only.
+CHECK_MODULES="verdict tolerance static_check model_gate verify timing"
 
 check=0
 if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi
@@ -50,7 +54,7 @@ if [[ ${1:-} == --check ]]; then check=1; shift; set -- $CHECK_MODULES; fi
 run() {
   local name=$1; shift
   local files=() tests=() m
-  for m in "$@"; do files+=("forge_pack/$m.py"); tests+=(${SELECT[$m]}); done
+  for m in "$@"; do files+=($("$PYTHON" bench/mutation_report.py --file "$m")); tests+=(${SELECT[$m]}); done
   local work=build/mutation/$name
   rm -rf "$work" && mkdir -p "$work"
   # the tree as git sees it (tracked + untracked, not ignored), so a run never picks up stale builds
@@ -64,8 +68,12 @@ run() {
   start=$(date +%s)
   # one thread per process: torch's OpenMP pool does not survive mutmut's fork per mutant (busy-waits
   # until the CPU limit and reads as a timeout); FORGE_PACK_CPU_THREADS does the same for the workers.
-  (cd "$work" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORGE_PACK_CPU_THREADS=1 FORGE_MUTMUT_HITS=$hits \
-     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" ${MUTANTS:-} > mutmut.log 2>&1) \
+  # only the modules' own mutants, and of a module scoped to some of its functions (SCOPE in
+  # mutation_report.py) only those; set -f: the names are globs for mutmut, never for the shell
+  local names=${MUTANTS:-}
+  [[ -n $names ]] || names=$("$PYTHON" bench/mutation_report.py --names "$@")
+  (set -f; cd "$work" && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 FORGE_PACK_CPU_THREADS=1 FORGE_MUTMUT_HITS=$hits \
+     PYTHONPATH=$ROOT/bench/mutation "$MUTMUT" run --max-children "$JOBS" $names > mutmut.log 2>&1) \
     || { tail -c 3000 "$work/mutmut.log"; rm -rf "$hits"; exit 1; }
   rm -rf "$hits"
   echo "   done in $(( $(date +%s) - start )) s"
@@ -74,7 +82,9 @@ run() {
 todo=()
 for m in "$@"; do
   [[ -n ${SELECT[$m]:-} ]] || { echo "unknown module $m (one of: ${!SELECT[*]})" >&2; exit 2; }
-  [[ -f forge_pack/$m.py ]] || { echo "skipping $m: forge_pack/$m.py does not exist"; continue; }
+  missing=
+  for src in $("$PYTHON" bench/mutation_report.py --file "$m"); do [[ -f $src ]] || missing+=" $src"; done
+  [[ -z $missing ]] || { echo "skipping $m:$missing does not exist"; continue; }
   todo+=("$m")
 done
 if (( check )); then

@@ -1,8 +1,11 @@
 """bench/results/mutation.md and .json from mutmut's results; the CI comparison against them.
 
-    python bench/mutation_report.py --configure PYPROJECT forge_pack/M.py... TEST...   (used by mutation.sh)
-    python bench/mutation_report.py --write M...     merge fresh results of modules M into the results
+    python bench/mutation_report.py --configure PYPROJECT SOURCE.py... TEST...   (used by mutation.sh)
+    python bench/mutation_report.py --write M... [--work W]   merge fresh results of modules M into the results
+                                                     (from build/mutation/W: e.g. _check, the --check run)
     python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
+    python bench/mutation_report.py --names M...     mutmut name globs of the mutants to run: each module's SCOPE, else all of it
+    python bench/mutation_report.py --file M         the files module M mutates (FILES), space-separated
 
 A module's score excludes the mutants listed as equivalent in bench/mutation/equivalent.tsv (a
 mutant name, a tab, the one-line reason); timeouts count as killed (the suite did not pass with
@@ -21,7 +24,53 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
-ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing"]
+ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing",
+         "package_verify"]
+# module key -> the files it mutates (mutmut names a mutant by its file's dotted path). Most are
+# one file of a stage subpackage; "evaluate" is the parent side (evaluator.py) and the worker's
+# judge (judge.py); "verdict_rules" is the generic rules plus the per-kind facts they are given
+# (forge_pack/targets/<kind>.py, the TargetSpecs); package_verify is the shipped
+# `python -m <package> verify` (templates/package/_verify.py).
+_KINDS = ["avg_pool", "batch_norm", "group_norm", "layer_norm", "norm_common", "rms_norm", "softmax"]
+FILES = {
+    "verdict": ["forge_pack/core/verdict.py"],
+    "tolerance": ["forge_pack/evaluate/tolerance.py"],
+    "static_check": ["forge_pack/evaluate/static_check.py"],
+    "verdict_rules": ["forge_pack/evaluate/verdict_rules.py"] + [f"forge_pack/targets/{k}.py" for k in _KINDS],
+    "object_check": ["forge_pack/evaluate/object_check.py"],
+    "model_gate": ["forge_pack/evaluate/model_gate.py"],
+    "verify": ["forge_pack/evaluate/verify.py"],
+    "evaluate": ["forge_pack/evaluate/evaluator.py", "forge_pack/evaluate/judge.py"],
+    "timing": ["forge_pack/evaluate/timing.py"],
+    "package_verify": ["templates/package/_verify.py"],
+}
+
+
+def sources(module: str) -> list[str]:
+    return FILES[module]
+
+
+def source(module: str) -> str:
+    """The module's label in the results: its file, or its files joined with " + "."""
+    return " + ".join(FILES[module])
+
+
+def mutmut_module(path: str) -> str:
+    """The dotted name mutmut gives a file's mutants (its path)."""
+    return path[:-len(".py")].replace("/", ".")
+
+
+# Modules measured on part of their functions only (mutmut name globs; every other mutant of the file
+# is neither run nor counted). timing.py: the CPU protocol and everything that decides the
+# plausibility gate's inputs and the figures; its CUDA-only functions (_time_cuda, queue_lead,
+# gpu_cycles_per_us, _cuda_l2_bytes) need a GPU and are left out (docs/testing.md).
+SCOPE = {
+    "timing": [f"forge_pack.evaluate.timing.{f}__mutmut_*" for f in (
+        "x_summarize", "x__cpu_llc_bytes", "x__cpu_llc_domains", "x_cache_bytes", "x_flush_bytes", "x_cold_cache",
+        "xǁFlusherǁ__init__", "xǁFlusherǁ__call__", "x_time_calls", "x__nothing", "x__never", "x__batches",
+        "x__time_cpu", "x_copy_bandwidth_gbs", "x_rotation_count", "xǁTimingConfigǁto_json",
+        "xǁTimingConfigǁfrom_json")],
+}
 
 # mutmut 3 exit codes (mutmut.stats.status_by_exit_code), folded into what the score needs
 KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout", 36: "timeout",
@@ -39,7 +88,8 @@ def configure(pyproject: Path, modules: list[str], tests: list[str]) -> None:
     after = rest[tail.start():] if tail else ""
     table = "\n".join([
         "[tool.mutmut]",
-        'source_paths = ["forge_pack"]',
+        # forge_pack always: the tests import it from the copy, never from an installed checkout
+        f"source_paths = {json.dumps(sorted({'forge_pack'} | {m.split('/')[0] for m in modules}))}",
         f"only_mutate = {json.dumps(modules)}",
         'also_copy = ["templates", "bench"]',
         'pytest_add_cli_args = ["-p", "no:randomly", "-p", "no:cacheprovider", "-p", "forge_mutmut_hits"]',
@@ -62,10 +112,11 @@ def equivalents() -> dict[str, str]:
 def fresh(module: str, work: str = "") -> dict | None:
     """One module's counts from the run in build/mutation/WORK (default: the module's own run)."""
     work_dir = ROOT / "build" / "mutation" / (work or module)
-    meta = work_dir / "mutants" / "forge_pack" / f"{module}.py.meta"
-    if not meta.exists():
+    codes = _codes(work_dir, module)
+    if codes is None:
         return None
-    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    if module in SCOPE:
+        codes = {k: v for k, v in codes.items() if in_scope(module, k)}
     eq = equivalents()
     entry = {"mutants": 0, "killed": 0, "timeouts": 0, "survivors": [], "equivalent": []}
     for name, code in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
@@ -78,9 +129,32 @@ def fresh(module: str, work: str = "") -> dict | None:
             entry["timeouts"] += KILLED[code] == "timeout"
         else:
             entry["survivors"].append(f"{name} ({NOT_KILLED.get(code, f'exit {code}')})")
+    if len(sources(module)) > 1:  # per file: where in a several-file module the survivors are
+        entry["by_file"] = {}
+        for path in sources(module):
+            prefix = mutmut_module(path) + "."
+            mine = [n for n in codes if n.startswith(prefix) and n not in eq]
+            entry["by_file"][path] = [len(mine), sum(codes[n] in KILLED for n in mine)]
     entry["tests"] = _selection(work_dir)
     entry["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     return entry
+
+
+def _codes(work_dir: Path, module: str) -> dict | None:
+    """mutmut's exit code per mutant of every file of the module; None if a file has no results."""
+    codes = {}
+    for path in sources(module):
+        meta = work_dir / "mutants" / f"{path}.meta"
+        if not meta.exists():
+            return None
+        codes.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return codes
+
+
+def in_scope(module: str, name: str) -> bool:
+    import fnmatch
+
+    return module not in SCOPE or any(fnmatch.fnmatch(name, g) for g in SCOPE[module])
 
 
 def _selection(work_dir: Path) -> list[str]:
@@ -102,19 +176,27 @@ def line(label: str, m: int, k: int) -> str:
     return f"{label}: {m} mutants, {k} killed ({pct(k, m)})"
 
 
-def write(modules: list[str]) -> None:
+def label(module: str, entry: dict) -> str:
+    """A result's file(s): the entry's own where it was measured on an earlier layout."""
+    return entry.get("file", source(module))
+
+
+def write(modules: list[str], work: str = "") -> None:
     path = RESULTS / "mutation.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     for m in modules:
-        entry = fresh(m)
+        entry = fresh(m, work)
         if entry is not None:
-            data[m] = entry
+            data[m] = entry  # a fresh run replaces an earlier layout's result (and its "file"/"measured_on")
     data = {m: data[m] for m in sorted(data, key=lambda m: ORDER.index(m) if m in ORDER else len(ORDER))}
     path.write_text(json.dumps(data, indent=1) + "\n")
     eq = equivalents()
-    lines = [line(f"forge_pack/{m}.py", e["mutants"], e["killed"]) for m, e in data.items()]
-    total_m = sum(e["mutants"] for e in data.values())
-    total_k = sum(e["killed"] for e in data.values())
+    # results measured on an earlier layout of the code are shown apart: they do not describe it now
+    now = {m: e for m, e in data.items() if "measured_on" not in e}
+    old = {m: e for m, e in data.items() if "measured_on" in e}
+    lines = [line(label(m, e), e["mutants"], e["killed"]) for m, e in now.items()]
+    total_m = sum(e["mutants"] for e in now.values())
+    total_k = sum(e["killed"] for e in now.values())
     md = [
         "# Mutation testing of the trust core",
         "",
@@ -127,16 +209,31 @@ def write(modules: list[str]) -> None:
         line("total", total_m, total_k),
         "```",
         "",
+    ]
+    parts = [f"{path}: {m_} mutants, {k_} killed ({pct(k_, m_)})"
+             for e in now.values() for path, (m_, k_) in e.get("by_file", {}).items()]
+    if parts:
+        md += ["By file, for the modules of several files:", "", "```", *parts, "```", ""]
+    if old:
+        md += ["Not yet re-run on the current code (measured on an earlier layout of it; the scores describe "
+               "that code, not this):", "", "```"]
+        md += [f"{line(label(m, e), e['mutants'], e['killed'])} [{e['measured_on']}]" for m, e in old.items()]
+        md += ["```", ""]
+    md += [
+        "Scoped: " + "; ".join(f"{source(m)} counts only {', '.join(g.split('.')[-1].replace('__mutmut_*', '') for g in gs)}"
+                               for m, gs in SCOPE.items() if m in data) + " (docs/testing.md says why).",
+        "",
         "| module | tests run against it | mutants | killed | of which timeouts | survived | equivalent | run |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m, e in data.items():
-        md.append(f"| forge_pack/{m}.py | {', '.join(e['tests'])} | {e['mutants']} | {e['killed']} | {e['timeouts']} "
-                  f"| {len(e['survivors'])} | {len(e['equivalent'])} | {e['date']} |")
+        when = e["date"] + (f" ({e['measured_on']})" if "measured_on" in e else "")
+        md.append(f"| {label(m, e)} | {', '.join(e['tests'])} | {e['mutants']} | {e['killed']} | {e['timeouts']} "
+                  f"| {len(e['survivors'])} | {len(e['equivalent'])} | {when} |")
     md += ["", "## Survivors", ""]
     for m, e in data.items():
         if e["survivors"]:
-            md.append(f"- forge_pack/{m}.py: " + ", ".join(s.split(".")[-1] for s in e["survivors"]))
+            md.append(f"- {label(m, e)}: " + ", ".join(s.split(".")[-1] for s in e["survivors"]))
     md += ["", "## Equivalent mutants (bench/mutation/equivalent.tsv)", ""]
     for m, e in data.items():
         for name in e["equivalent"]:
@@ -157,7 +254,7 @@ def check(modules: list[str]) -> int:
         b = base.get(m)
         now, then = e["killed"] / max(e["mutants"], 1), (b["killed"] / max(b["mutants"], 1)) if b else 0.0
         ok = now >= then - 1e-9
-        print(f"{line('forge_pack/' + m + '.py', e['mutants'], e['killed'])}; committed {pct(b['killed'], b['mutants']) if b else 'none'}"
+        print(f"{line(source(m), e['mutants'], e['killed'])}; committed {pct(b['killed'], b['mutants']) if b else 'none'}"
               f" -> {'ok' if ok else 'DROPPED'}")
         if not ok:
             print("   survivors now: " + ", ".join(s for s in e["survivors"] if s not in (b or {}).get("survivors", [])))
@@ -168,8 +265,7 @@ def check(modules: list[str]) -> int:
 def partial(modules: list[str]) -> None:
     """The mutants a MUTANTS-restricted run checked, per module (unchecked ones left out)."""
     for m in modules:
-        meta = ROOT / "build" / "mutation" / m / "mutants" / "forge_pack" / f"{m}.py.meta"
-        codes = {k: v for k, v in json.loads(meta.read_text())["exit_code_by_key"].items() if v is not None}
+        codes = {k: v for k, v in (_codes(ROOT / "build" / "mutation" / m, m) or {}).items() if v is not None}
         killed = [k for k, v in codes.items() if v in KILLED]
         print(f"{m} (partial): {len(codes)} checked, {len(killed)} killed")
         for k, v in sorted(codes.items(), key=lambda kv: _natural(kv[0])):
@@ -177,25 +273,38 @@ def partial(modules: list[str]) -> None:
                 print(f"   {k}: {NOT_KILLED.get(v, f'exit {v}')}")
 
 
+def _is_source(item: str) -> bool:
+    return item.endswith(".py") and not item.startswith(("tests/", "-"))
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--file"]:
+        print(" ".join(sources(sys.argv[2])))
+        return 0
+    if sys.argv[1:2] == ["--names"]:
+        print(" ".join(g for m in sys.argv[2:]
+                       for g in SCOPE.get(m, [mutmut_module(f) + ".*" for f in sources(m)])))
+        return 0
     if sys.argv[1:2] == ["--configure"]:  # by hand: test arguments may be pytest options (--deselect=...)
         items = sys.argv[3:]
-        configure(Path(sys.argv[2]), [i for i in items if i.startswith("forge_pack/")],
-                  [i for i in items if not i.startswith("forge_pack/")])
+        configure(Path(sys.argv[2]), [i for i in items if _is_source(i)],
+                  [i for i in items if not _is_source(i)])
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--configure", nargs="+", metavar="ARG")
     ap.add_argument("--write", nargs="+", metavar="MODULE")
     ap.add_argument("--check", nargs="+", metavar="MODULE")
     ap.add_argument("--partial", nargs="+", metavar="MODULE")
+    ap.add_argument("--work", default="", help="with --write: read the results of build/mutation/WORK "
+                    "(e.g. _check, the CI run over all its modules) instead of each module's own run")
     a = ap.parse_args()
     if a.configure:
         items = a.configure[1:]
-        configure(Path(a.configure[0]), [i for i in items if i.startswith("forge_pack/")],
-                  [i for i in items if not i.startswith("forge_pack/")])
+        configure(Path(a.configure[0]), [i for i in items if _is_source(i)],
+                  [i for i in items if not _is_source(i)])
         return 0
     if a.write:
-        write(a.write)
+        write(a.write, a.work)
         return 0
     if a.check:
         return check(a.check)

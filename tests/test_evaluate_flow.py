@@ -1,0 +1,1549 @@
+"""The evaluation in process: judge.py's plausibility gate, the timing loop's per-call checks and its
+jobs (JudgeCandidate, MeasureBaseline: a stand-in session and a fake module whose calls run Python),
+and evaluator.py's parent-side Evaluator (a stand-in worker pool and build), each with the exact
+verdict it decides.
+
+Fast on purpose: these are the tests `make mutation` runs against forge_pack/evaluate/evaluator.py and
+forge_pack/evaluate/judge.py (the evaluator tests in test_evaluate_cpu.py run the same code through
+real workers and compiled kernels)."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from forge_pack.targets import abi, ops
+from forge_pack.evaluate import evaluator as evaluate
+from forge_pack.evaluate import judge
+from forge_pack.evaluate import timing as timing_mod
+from forge_pack.evaluate import verify
+from forge_pack.evaluate import verdict_rules as rules
+from forge_pack.core.candidate import Candidate, KernelLaunch, LaunchSpec, Workspace
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.evaluate.launch import LaunchError
+from forge_pack.targets.sigparse import parse_signature
+from forge_pack.evaluate.timing import TimingConfig
+from forge_pack.core.verdict import Baseline, Timing, Verdict
+from forge_pack.evaluate.worker import JobError, WorkerLost
+
+SIG = ops.with_output(parse_signature("softmax", "x: f32[4,16], dim=-1"))
+MOVED = abi.bytes_moved(SIG)  # 512 bytes
+
+
+def cand(workspaces=(), backend="cpu") -> Candidate:
+    return Candidate(op="softmax", backend=backend, source="// fake " + str(len(workspaces)),
+                     spec=LaunchSpec(kernels=(KernelLaunch("k", ("x", "out")),), workspaces=tuple(workspaces)))
+
+
+# ---------------------------------------------------------------- implausible
+
+
+def T(median, clock="monotonic"):
+    return Timing(median_us=median, iqr_us=0.0, n=5, clock=clock)
+
+
+def test_implausible_after_a_flush_explains_the_floor_it_beats():
+    cfg = TimingConfig()
+    why = judge.implausible(T(1.0), 10.0, 51.2, SIG, cfg, cold=True, cache=1 << 20)
+    assert why == (f"median 1.00 us is below 0.8x the bandwidth floor 10.00 us ({MOVED} bytes at 51 GB/s, after a "
+                   f"cache flush): no kernel moves its bytes faster than a copy (work done outside the timed calls?)")
+
+
+def test_implausible_is_exact_at_the_margin_for_the_monotonic_clock():
+    cfg = TimingConfig()
+    assert judge.implausible(T(8.0), 10.0, 1.0, SIG, cfg, True, 1) is None
+    assert judge.implausible(T(7.99), 10.0, 1.0, SIG, cfg, True, 1) is not None
+
+
+def test_implausible_forgives_cuda_events_half_a_microsecond():
+    cfg = TimingConfig()
+    assert judge.implausible(T(7.5, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is None
+    assert judge.implausible(T(7.49, "cuda_events"), 10.0, 1.0, SIG, cfg, True, 1) is not None
+
+
+def test_implausible_follows_the_configured_margin():
+    cfg = TimingConfig(implausible_margin=0.5)
+    assert judge.implausible(T(6.0), 10.0, 1.0, SIG, cfg, True, 1) is None
+    why = judge.implausible(T(4.0), 10.0, 1.0, SIG, cfg, True, 1)
+    assert why.startswith("median 4.00 us is below 0.5x the bandwidth floor 10.00 us")
+
+
+def test_implausible_without_a_flush_judges_only_working_sets_far_beyond_the_cache():
+    cfg = TimingConfig(implausible_uncached_factor=8.0)
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8 + 1) is None
+    why = judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg, cold=False, cache=MOVED // 8)
+    assert why == (f"median 1.00 us is below 0.8x the bandwidth floor 10.00 us ({MOVED} bytes at 1 GB/s, a working "
+                   f"set of 8x the cache): no kernel moves its bytes faster than a copy (work done outside the "
+                   f"timed calls?)")
+    cfg4 = TimingConfig(implausible_uncached_factor=4.0)
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4) is not None
+    assert judge.implausible(T(1.0), 10.0, 1.0, SIG, cfg4, cold=False, cache=MOVED // 4 + 1) is None
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def test_tail_keeps_short_texts_and_cuts_long_ones_at_the_end():
+    assert evaluate._tail("abcdef", 6) == "abcdef"
+    assert evaluate._tail("abcdefg", 6) == "...\nbcdefg"
+
+
+def test_launch_verdict_takes_the_errors_own_reason():
+    made = []
+
+    def make(err, where=None):
+        made.append(where)
+        return verify.launch_error_verdict(err, where or "")
+
+    v = judge._launch_verdict(LaunchError("boom", reason="out_of_bounds"), make, "loading")
+    assert v == Verdict(False, "out_of_bounds", "loading: boom") and made == ["loading"]
+    v = judge._launch_verdict(LaunchError("boom"), make)
+    assert v == Verdict(False, "launch_error", "boom") and made[-1] is None
+    assert judge._launch_verdict(RuntimeError("x"), make) == Verdict(False, "launch_error", "x")
+
+
+# ---------------------------------------------------------------- fake module (CPU runner shape)
+
+
+class FakeRun:
+    """A bound CPU call: stage, retarget (fresh output per call), elapsed_s, like the sandbox's."""
+
+    def __init__(self, module, tensors, guard=None):
+        self.m, self.t, self.guard = module, dict(tensors), guard
+        self.staged = 0
+
+    def retarget(self, name, tensor, fresh=False):
+        self.t[name] = tensor
+        self.m.log.append(("retarget", name, fresh))
+
+    def stage(self):
+        self.staged += 1
+
+    def elapsed_s(self):
+        return 2e-6
+
+    def __call__(self):
+        self.m.calls += 1
+        self.m.behave(self.t, self.m.calls, self)
+
+
+class FakeModule:
+    def __init__(self, behave=None, guard=False):
+        self.behave = behave or honest
+        self.calls, self.log, self.runs, self.closed = 0, [], [], 0
+        self.supports_guard = guard
+        self.settled = 0
+
+    def bind(self, p, tensors, guard=None):
+        r = FakeRun(self, tensors, guard)
+        self.runs.append(r)
+        return r
+
+    def close(self):
+        self.closed += 1
+
+    def settle(self):
+        self.settled += 1
+
+
+def honest(t, n, run):
+    t["out"].copy_(torch.softmax(t["x"], -1))
+
+
+def base_set():
+    return verify.fresh_sets(SIG, "cpu", 3, "hash", final=False)[0]
+
+
+FAST = TimingConfig(warmup=2, reps=3, flush=False, rotate=2, compile_baseline=False)
+
+
+# ---------------------------------------------------------------- time_candidate / _check_batch
+
+
+def test_an_honest_kernel_is_timed_with_every_call_checked():
+    m = FakeModule()
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base_set(), FAST, "cpu")
+    assert verdict is None and timing.n == 3 and timing.clock == "monotonic"
+    assert timing.min_us >= 2.0  # the runner's own clock plus the zeroing
+    assert m.calls == 2 + 3 and len(m.runs) == 2  # two copies (rotate=2)
+    assert all(e == ("retarget", "out", True) for e in m.log) and len(m.log) == 5
+
+
+def test_the_copies_are_bounded_by_rotate():
+    m = FakeModule()
+    judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False, rotate=3), "cpu")
+    assert len(m.runs) == 3
+    m = FakeModule()
+    cfg = TimingConfig(warmup=1, reps=1, flush=False, rotate=3, rotate_max_bytes=MOVED + 64)
+    judge.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
+    assert len(m.runs) == 1  # the workspace bytes count too
+
+
+def test_every_call_sees_one_element_of_x_changed_by_the_judge():
+    seen = []
+
+    def look(t, n, run):
+        seen.append(t["x"].clone())
+        honest(t, n, run)
+
+    base = base_set()
+    m = FakeModule(look)
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base, TimingConfig(warmup=1, reps=2, flush=False,
+                                                                                rotate=1), "cpu")
+    assert verdict is None
+    rng = random.Random(verify.seed_for("timing", cand().content_hash, SIG.key()))
+    x = base.tensors["x"].clone()
+    sign = 1.0
+    for got in seen:
+        idx = tuple(rng.randrange(n) for n in x.shape)
+        sign = -sign
+        x[idx] = sign * (4.0 + 2.0 * rng.random())
+        assert torch.equal(got, x)
+    assert torch.equal(base.tensors["x"], base_set().tensors["x"])  # the verified set itself is untouched
+
+
+def test_a_kernel_writing_its_input_while_timed_is_input_mutated():
+    def writes(t, n, run):
+        honest(t, n, run)
+        if n == 2:
+            t["x"][0, 0] = 123.0
+
+    timing, v = judge.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
+    assert v.reason == "input_mutated" and timing is None
+    assert v.detail.startswith("call 2 of the timing loop (warm-up, copy 1): input `x` changed during the call "
+                               "(1 elements, first at (0, 0): 123 vs")
+
+
+def test_a_kernel_misbehaving_in_a_timed_batch_is_caught_with_the_calls_so_far():
+    def late(t, n, run):
+        honest(t, n, run)
+        if n == 4:
+            t["out"][1, 1] += 0.5
+
+    timing, v = judge.time_candidate(FakeModule(late), cand(), SIG, base_set(), FAST, "cpu")
+    assert (v.ok, v.reason) == (False, "mismatch") and timing.n == 2
+    assert v.detail.startswith("call 4 of the timing loop (timed, copy 1): the output is wrong for its inputs (1 of "
+                               "64 elements, ")
+    assert v.detail.endswith("): the kernel behaves differently when timed (cached or skipped work?)")
+    assert len(v.checks) == 1 and v.checks[0].input_kind == "timed[1]" and v.checks[0].mismatches == 1
+
+
+def test_a_kernel_returning_a_cached_result_is_caught():
+    first = {}
+
+    def cached(t, n, run):
+        if "out" not in first:
+            first["out"] = torch.softmax(t["x"], -1)
+        t["out"].copy_(first["out"])
+
+    _, v = judge.time_candidate(FakeModule(cached), cand(), SIG, base_set(), FAST, "cpu")
+    # copy 0's first call was computed from its own changed input; copy 1 gets copy 0's answer
+    assert v.reason == "mismatch" and v.detail.startswith("call 2 of the timing loop (warm-up, copy 1)")
+
+
+def test_a_timed_output_is_judged_with_the_sets_eager_allowance():
+    base = base_set()
+    base.atol_floor = 1.0
+
+    def off(t, n, run):
+        honest(t, n, run)
+        t["out"][0, 0] += 0.5
+
+    _, v = judge.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
+    assert v is None
+
+
+def test_a_timed_output_is_judged_by_the_ops_own_tolerance_row():
+    x = torch.zeros(4, 16)
+    x[0, 0] = -30.0  # a probability ~1e-13 there: softmax's row (atol 1e-8) does not forgive 5e-6
+    base = verify.make_set("tiny", SIG, {"x": x}, "cpu")
+
+    def off(t, n, run):
+        honest(t, n, run)
+        t["out"][0, 0] += 5e-6
+
+    _, v = judge.time_candidate(FakeModule(off), cand(), SIG, base, FAST, "cpu")
+    assert v is not None and v.reason == "mismatch"
+
+
+def test_a_sentinel_left_in_a_timed_output_is_unwritten_output():
+    def lazy(t, n, run):
+        honest(t, n, run)
+        if n == 3:
+            rules.fill_sentinel(t["out"][2, 3:5])
+
+    _, v = judge.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
+    assert (v.reason, v.detail) == ("unwritten_output", "call 3 of the timing loop (timed, copy 0): 2 of 64 output "
+                                                        "elements not written (first at index (2, 3))")
+
+
+WS = Workspace("ws", "64", False)
+WZ = Workspace("wz", "32", True)
+
+
+def whole_bytes(t):
+    return torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage())
+
+
+def test_a_workspace_overrun_while_timed_is_caught_and_canaries_reset():
+    def overrun(t, n, run):
+        honest(t, n, run)
+        if n == 5:
+            whole_bytes(t["wz"])[-1] = 0
+
+    timing, v = judge.time_candidate(FakeModule(overrun), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    assert (v.reason, v.detail) == ("mismatch", "call 5 of the timing loop (timed, copy 0): out-of-bounds write past "
+                                                "the end of out or a workspace")
+
+
+def test_a_canary_hit_once_is_reported_at_that_call_only():
+    def once(t, n, run):
+        honest(t, n, run)
+        if n == 1:
+            whole_bytes(t["ws"])[0] = 0
+
+    _, v = judge.time_candidate(FakeModule(once), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    assert v.detail.startswith("call 1 of the timing loop (warm-up, copy 0): out-of-bounds")
+
+
+def test_timed_workspaces_are_zeroed_or_garbled_before_every_call():
+    seen = []
+
+    def look(t, n, run):
+        seen.append((bool((t["wz"] == 0).all()), t["ws"].clone(), t["ws"].numel(), t["wz"].numel()))
+        t["wz"].fill_(3)
+        honest(t, n, run)
+
+    timing, v = judge.time_candidate(FakeModule(look), cand((WS, WZ)), SIG, base_set(), FAST, "cpu")
+    assert v is None
+    assert all(z for z, _, _, _ in seen) and {(a, b) for _, _, a, b in seen} == {(64, 32)}
+    assert not torch.equal(seen[0][1], seen[2][1])  # copy 0 gets new garbage between its calls
+    gen = torch.Generator().manual_seed(verify.seed_for("timing-garbage", cand((WS, WZ)).content_hash, SIG.key()))
+    assert torch.equal(seen[0][1], torch.empty(64, dtype=torch.uint8).random_(0, 256, generator=gen))
+
+
+def test_zero_workspace_time_is_added_to_the_runners_clock(monkeypatch):
+    ticks = iter([0.0, 0.25] * 100)
+    monkeypatch.setattr(evaluate.time, "perf_counter", lambda: next(ticks))
+    timing, v = judge.time_candidate(FakeModule(), cand((WS, WZ)), SIG, base_set(),
+                                        TimingConfig(warmup=0, reps=2, flush=False, rotate=1), "cpu")
+    assert v is None and timing.median_us == pytest.approx(0.25e6 + 2.0)
+
+
+def test_a_timed_output_slot_is_a_fresh_allocation_per_call():
+    ptrs = []
+
+    def look(t, n, run):
+        ptrs.append(t["out"])
+        honest(t, n, run)
+
+    judge.time_candidate(FakeModule(look), cand(), SIG, base_set(), FAST, "cpu")
+    assert len({id(p) for p in ptrs}) == len(ptrs) == 5
+    assert all(p.shape == (4, 16) and p.stride() == (16, 1) and p.dtype == torch.float32 for p in ptrs)
+
+
+def test_allocating_stages_once_per_call_and_only_when_not_staged():
+    m = FakeModule()
+    run = m.bind(None, {"x": torch.randn(4, 16), "out": torch.empty(4, 16)})
+    slot = {"called": False}
+    call = judge._allocating(run, [], slot, SIG.output)
+    call()  # not staged by the timer: stages itself
+    assert run.staged == 1 and slot["called"] is True
+    call.stage()
+    call()
+    assert run.staged == 2  # staged ahead by the timer: not again
+    call()
+    assert run.staged == 3
+    assert slot["out"] is run.t["out"]
+
+
+def test_marking_and_zeroing_wrappers_of_the_cuda_path():
+    log = []
+    z = torch.ones(4)
+    slot = {"called": False}
+    call = judge._marking(judge._with_zeroing(lambda: log.append(float(z.sum())), [z]), slot)
+    call()
+    assert log == [0.0] and slot["called"] is True
+    plain = lambda: None  # noqa: E731
+    assert judge._with_zeroing(plain, []) is plain
+
+
+def test_before_timed_call_prefills_out_with_the_sentinel_in_even_batches_and_garbage_in_odd():
+    x = torch.zeros(4, 16)
+    out = torch.zeros(4, 16)
+    g = torch.zeros(8, dtype=torch.uint8)
+    slot = {"tensors": {"x": x}, "pending": []}
+    state = {"batch": 0}
+    before = judge._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
+    before()
+    assert rules.count_sentinel(out)[0] == 64 and int(g.to(torch.int64).sum()) > 0
+    state["batch"] = 1
+    before()
+    assert rules.count_sentinel(out)[0] == 0 and bool(torch.isfinite(out).all())
+    (i1, v1), (i2, v2) = slot["pending"]
+    assert v1 < 0 < v2 and 4.0 <= abs(v1) <= 6.0 and 4.0 <= abs(v2) <= 6.0
+    assert float(x[i2]) == pytest.approx(v2, rel=1e-6)
+
+
+def test_check_batch_applies_the_judges_changes_to_the_shadow_and_skips_uncalled_slots():
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    out = torch.softmax(x, -1)
+    slot = {"index": 0, "called": True, "tensors": {"x": x}, "shadow": {"x": x.clone()}, "pending": [],
+            "out": out, "wholes": []}
+    idle = {"index": 1, "called": False}
+    x[1, 1] = 5.0
+    slot["pending"].append(((1, 1), 5.0))
+    out.copy_(torch.softmax(x, -1))
+    state = {"calls": 0}
+    base = SimpleNamespace(atol_floor=0.0)
+    assert judge._check_batch([slot, idle], SIG, base, "timed", state) is None
+    assert state["calls"] == 1 and slot["called"] is False and slot["pending"] == []
+    assert float(slot["shadow"]["x"][1, 1]) == 5.0
+
+
+def test_check_batch_ignores_an_absent_optional_input():
+    x = torch.randn(4, 16)
+    slot = {"index": 0, "called": True, "tensors": {"x": x, "weight": None},
+            "shadow": {"x": x.clone(), "weight": None}, "pending": [], "out": torch.softmax(x, -1), "wholes": []}
+    assert judge._check_batch([slot], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0}) is None
+
+
+# ---------------------------------------------------------------- check_bounds
+
+
+def test_check_bounds_runs_once_flush_at_the_end_and_once_at_the_start():
+    m = FakeModule()
+    base = base_set()
+    judge.check_bounds(m, cand((WS, Workspace("none", "0"))), base, "cpu")
+    assert [r.guard for r in m.runs] == ["end", "start"] and m.calls == 2
+    for r in m.runs:
+        assert r.t["x"] is not base.tensors["x"] and torch.equal(r.t["x"], base.tensors["x"])
+        assert r.t["out"].shape == (4, 16) and r.t["out"].stride() == (16, 1)
+        assert r.t["ws"].numel() == 64 and bool((r.t["ws"] == 0).all()) and r.t["none"].numel() == 0
+
+
+def test_check_bounds_lets_a_fault_escape_as_out_of_bounds():
+    def faults(t, n, run):
+        if run.guard == "start":
+            raise LaunchError("SIGSEGV at the guard page", reason="out_of_bounds")
+
+    with pytest.raises(LaunchError) as e:
+        judge.check_bounds(FakeModule(faults), cand(), base_set(), "cpu")
+    assert e.value.reason == "out_of_bounds"
+
+
+def test_check_bounds_synchronises_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    monkeypatch.setattr(ops, "empty_like_spec", lambda spec, device: torch.empty(4, 16))
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: real_zeros(*a, dtype=k.get("dtype")))
+    judge.check_bounds(FakeModule(), cand((WS,)), base_set(), "cuda")
+    assert len(calls) == 2
+
+
+# ---------------------------------------------------------------- judge (the JudgeCandidate job)
+
+
+class FakeSession:
+    def __init__(self, static=(), bw=10.0, healthy=True):
+        self.device = "cpu"
+        self.sets = OrderedDict()
+        self.static = list(static)
+        self.bw, self._healthy = bw, healthy
+        self.loaded = []
+
+    def load(self, inputs):
+        self.loaded.append(inputs.key)
+        self.sets.setdefault(inputs.key, (self.static, []))
+
+    def healthy(self):
+        return self._healthy
+
+    def bandwidth(self, cfg):
+        return self.bw
+
+
+def request(c: Candidate, cfg=FAST, seed=3, final=False, bounds=False) -> judge.JudgeCandidate:
+    """The job the parent sends for one candidate (inputs under key "k")."""
+    inputs = judge.LoadInputs("k", SIG, seed=seed, final=final)
+    return judge.JudgeCandidate(inputs, c, "/nowhere/k.so", cfg, bounds=bounds)
+
+
+@pytest.fixture
+def loaded(monkeypatch):
+    """launch.load_module replaced: returns the module set in loaded['module'] and records the call."""
+    from forge_pack.evaluate import launch
+
+    box = {"module": FakeModule(), "calls": []}
+
+    def load_module(backend, artifact, names, **kw):
+        box["calls"].append((backend, artifact, tuple(names), kw))
+        if isinstance(box["module"], Exception):
+            raise box["module"]
+        return box["module"]
+
+    monkeypatch.setattr(launch, "load_module", load_module)
+    monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: False)
+    return box
+
+
+def test_judge_verifies_times_and_reports_the_floor(loaded):
+    from forge_pack.evaluate.sandbox import default_memory_cap
+
+    s = FakeSession(bw=25.0)
+    reply = judge.judge(s, request(cand()))
+    v = reply.verdict
+    assert (v.ok, v.reason) == (True, "ok") and v.detail.endswith("input sets verified")
+    assert reply.floor_us == abi.floor_us(SIG, 25.0) and reply.copy_bandwidth_gbs == 25.0
+    assert reply.timing.n == 3
+    assert loaded["calls"] == [("cpu", "/nowhere/k.so", ("k",), {"memory_cap": default_memory_cap(MOVED)})]
+    m = loaded["module"]
+    assert m.closed == 1 and m.settled == 1 and reply.retire is False and reply.sets_dropped is False
+    assert s.loaded == ["k"] and reply.attributes == {}
+
+
+def test_judge_uses_the_configured_memory_cap(loaded):
+    judge.judge(FakeSession(), request(cand(), TimingConfig(**{**FAST.to_json(), "cpu_memory_cap": 4096})))
+    assert loaded["calls"][0][3] == {"memory_cap": 4096}
+
+
+def test_judge_loads_a_cuda_module_without_a_cap(loaded):
+    loaded["module"] = LaunchError("no device")
+    reply = judge.judge(FakeSession(), request(cand(backend="cuda")))
+    assert loaded["calls"][0][3] == {}
+    assert reply.verdict == Verdict(False, "launch_error", "loading the module: no device")
+
+
+def test_judge_verifies_sets_cheap_and_likely_failures_first(loaded, monkeypatch):
+    kinds = []
+    real = verify.verify
+
+    def spy(module, c, sets, device):
+        kinds.extend(s.kind.split("[")[0].split(":")[0] for s in sets)
+        return real(module, c, sets, device)
+
+    monkeypatch.setattr(verify, "verify", spy)
+    static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
+    cap = verify.fresh_sets(SIG, "cpu", 9, "c", final=False)[0]
+    cap.kind = "captured[0]"
+    s = FakeSession(static=[cap] + static)
+    judge.judge(s, request(cand()))
+    order = ["fresh", "derived", "odd", "adversarial", "captured"]
+    assert kinds == sorted(kinds, key=order.index) and set(kinds) == set(order)
+
+
+def test_judge_derives_from_the_captured_sets(loaded, monkeypatch):
+    got = []
+    real = verify.derived_sets
+    monkeypatch.setattr(verify, "derived_sets", lambda sig, dev, seed, h, final, sources: got.append(
+        [x.kind for x in sources]) or real(sig, dev, seed, h, final, sources))
+    cap = verify.fresh_sets(SIG, "cpu", 9, "c", final=False)[0]
+    cap.kind = "captured[0]"
+    odd = verify.fresh_sets(SIG, "cpu", 8, "c", final=False)[0]
+    odd.kind = "odd:4x16"
+    judge.judge(FakeSession(static=[odd, cap]), request(cand()))
+    judge.judge(FakeSession(static=[odd]), request(cand()))
+    assert got == [["captured[0]"], ["fresh[0]"]]
+
+
+def test_judge_seeds_fresh_inputs_by_seed_hash_and_mode(loaded, monkeypatch):
+    got = []
+    real = verify.fresh_sets
+    monkeypatch.setattr(verify, "fresh_sets", lambda *a, **k: got.append(a) or real(*a, **k))
+    c = cand()
+    judge.judge(FakeSession(), request(c, seed=11, final=True))
+    judge.judge(FakeSession(), judge.JudgeCandidate(judge.LoadInputs("k", SIG), c, "/nowhere/k.so", FAST))
+    assert got == [(SIG, "cpu", 11, c.content_hash, True), (SIG, "cpu", 0, c.content_hash, False)]
+
+
+def test_judge_returns_the_verification_failure_untimed(loaded):
+    def wrong(t, n, run):
+        honest(t, n, run)
+        t["out"][0, 0] = 3.0
+
+    loaded["module"] = FakeModule(wrong)
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert reply.verdict.reason == "mismatch"
+    assert reply.timing is None and reply.floor_us is None and loaded["module"].closed == 1
+
+
+def test_judge_reports_a_timing_failure_with_every_check(loaded):
+    calls = []
+
+    def late(t, n, run):
+        calls.append(n)
+        honest(t, n, run)
+        if run.staged:  # only the timing loop stages its calls
+            t["out"][0, 0] += 1.0
+
+    loaded["module"] = FakeModule(late)
+    reply = judge.judge(FakeSession(), request(cand()))
+    v = reply.verdict
+    assert (v.ok, v.reason) == (False, "mismatch") and "of the timing loop" in v.detail
+    assert v.checks[-1].input_kind.startswith("timed[") and len(v.checks) > 1
+    assert v.max_abs_err is not None and v.max_abs_err < 1e-3  # verification's errors, not the timed one
+
+
+def test_judge_rejects_an_implausibly_fast_kernel(loaded, monkeypatch):
+    monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: True)
+    reply = judge.judge(FakeSession(bw=1e-9), request(cand()))
+    v = reply.verdict
+    assert (v.ok, v.reason) == (False, "implausible_speedup")
+    assert v.detail.startswith("median ") and "after a cache flush" in v.detail
+    assert v.checks and v.max_abs_err is not None and reply.timing is not None
+
+
+def test_judge_judges_plausibility_with_the_machines_cache(loaded, monkeypatch):
+    seen = []
+    monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: seen.append(("cold", device, cfg)) or False)
+    monkeypatch.setattr(timing_mod, "cache_bytes", lambda device: seen.append(("cache", device)) or 1)
+    reply = judge.judge(FakeSession(bw=1e-9), request(cand()))
+    assert reply.verdict.reason == "implausible_speedup"
+    assert seen == [("cold", "cpu", FAST), ("cache", "cpu")]
+    assert "a working set of 512x the cache" in reply.verdict.detail
+
+
+def test_judge_runs_the_guard_page_check_when_final_or_asked(loaded):
+    for kw, want in (({"final": True}, ["end", "start"]), ({"bounds": True}, ["end", "start"]), ({}, [])):
+        loaded["module"] = FakeModule(guard=True)
+        judge.judge(FakeSession(), request(cand(), **kw))
+        assert [r.guard for r in loaded["module"].runs if r.guard] == want, kw
+    loaded["module"] = FakeModule(guard=False)
+    judge.judge(FakeSession(), request(cand(), final=True))
+    assert [r.guard for r in loaded["module"].runs if r.guard] == []
+
+
+def test_judge_turns_a_guard_page_fault_into_out_of_bounds(loaded):
+    def faults(t, n, run):
+        if run.guard:
+            raise LaunchError("SIGSEGV", reason="out_of_bounds")
+        honest(t, n, run)
+
+    loaded["module"] = FakeModule(faults, guard=True)
+    reply = judge.judge(FakeSession(), request(cand(), bounds=True))
+    assert reply.verdict == Verdict(False, "out_of_bounds", "SIGSEGV")
+    assert reply.retire is False and loaded["module"].closed == 1 and reply.timing is None
+
+
+def test_a_sticky_launch_error_poisons_the_worker_and_leaves_the_module_open(loaded):
+    def crashes(t, n, run):
+        raise LaunchError("illegal address", sticky=True, reason="crash")
+
+    loaded["module"] = FakeModule(crashes)
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert reply.verdict == Verdict(False, "crash", "illegal address")
+    assert reply.retire is True and loaded["module"].closed == 0
+
+
+def test_a_launch_error_in_an_unhealthy_worker_poisons_it(loaded):
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(LaunchError("bad launch")))
+    reply = judge.judge(FakeSession(healthy=False), request(cand()))
+    assert reply.retire is True and reply.verdict.reason == "launch_error"
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(LaunchError("bad launch")))
+    reply = judge.judge(FakeSession(healthy=True), request(cand()))
+    assert reply.retire is False and loaded["module"].closed == 1
+
+
+def test_a_sticky_load_error_poisons_only_an_unhealthy_worker(loaded):
+    loaded["module"] = LaunchError("context lost", sticky=True)
+    assert judge.judge(FakeSession(healthy=False), request(cand())).retire is True
+    assert judge.judge(FakeSession(healthy=True), request(cand())).retire is False
+    loaded["module"] = LaunchError("bad object", sticky=False)
+    assert judge.judge(FakeSession(healthy=False), request(cand())).retire is False
+
+
+def test_a_runtime_error_of_a_cpu_candidate_is_forge_packs_own(loaded):
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: none here")))
+    with pytest.raises(RuntimeError):
+        judge.judge(FakeSession(), request(cand()))
+    assert loaded["module"].closed == 1
+
+
+def test_an_asynchronous_cuda_fault_is_a_launch_error(loaded):
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: illegal address")))
+    reply = judge.judge(FakeSession(healthy=False), request(cand(backend="cuda")))
+    assert reply.verdict == Verdict(False, "launch_error", "CUDA error: illegal address")
+    assert reply.retire is True and loaded["module"].closed == 0
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("CUDA error: x")))
+    reply = judge.judge(FakeSession(healthy=True), request(cand(backend="cuda")))
+    assert reply.retire is False and loaded["module"].closed == 1
+
+
+def test_a_cuda_runtime_error_without_cuda_in_it_is_raised_from_a_healthy_worker(loaded):
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError):
+        judge.judge(FakeSession(healthy=True), request(cand(backend="cuda")))
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError("shape mismatch")))
+    reply = judge.judge(FakeSession(healthy=False), request(cand(backend="cuda")))
+    assert reply.verdict.reason == "launch_error"
+
+
+def test_judge_reports_cuda_attributes(loaded):
+    m = FakeModule()
+    m.attributes = lambda: {"k": {"registers": 32}}
+    loaded["module"] = m
+    reply = judge.judge(FakeSession(), request(cand(backend="cuda")))
+    assert reply.attributes == {"k": {"registers": 32}}
+
+
+def test_a_write_into_a_cached_set_outside_the_calls_is_input_mutated(loaded):
+    static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
+    m = FakeModule()
+    m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
+    loaded["module"] = m
+    s = FakeSession(static=static)
+    reply = judge.judge(s, request(cand()))
+    v = reply.verdict
+    assert (v.ok, v.reason, v.detail) == (False, "input_mutated", "a cached input set changed during the evaluation "
+                                                                  "(its content fingerprint differs afterwards)")
+    assert reply.sets_dropped is True and "k" not in s.sets and v.checks and v.max_abs_err is not None
+
+
+def test_a_stray_write_after_a_failed_verdict_keeps_the_verdict_and_drops_the_sets(loaded):
+    static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
+
+    def wrong(t, n, run):
+        t["out"].zero_()
+
+    m = FakeModule(wrong)
+    m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
+    loaded["module"] = m
+    reply = judge.judge(FakeSession(static=static), request(cand()))
+    assert reply.verdict.reason == "mismatch" and reply.sets_dropped is True
+
+
+# ---------------------------------------------------------------- measure_baseline (the MeasureBaseline job)
+
+
+def test_measure_baseline_times_eager_and_reports_the_floor(monkeypatch):
+    s = FakeSession(bw=40.0)
+    s.torch = torch
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, seed=1))
+    assert b.eager.n == 3 and b.compiled is None and b.compile_error == ""
+    assert (b.floor_us, b.copy_bandwidth_gbs) == (abi.floor_us(SIG, 40.0), 40.0)
+
+
+def test_measure_baseline_times_eager_over_rotating_copies_of_seeded_inputs(monkeypatch):
+    got = []
+
+    def fake_time_calls(calls, device, cfg, flusher=None):
+        got.append((len(calls), device, cfg, type(flusher).__name__, [c() for c in calls]))
+        return Timing(5.0, 0.0, 3)
+
+    monkeypatch.setattr(timing_mod, "time_calls", fake_time_calls)
+    s = FakeSession()
+    s.torch = torch
+    cfg = TimingConfig(**{**FAST.to_json(), "rotate": 3})
+    judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg, seed=4))
+    (n, device, got_cfg, flusher, outs), = got
+    assert (n, device, got_cfg, flusher) == (3, "cpu", cfg, "Flusher")
+    gen = torch.Generator().manual_seed(verify.seed_for(4, "baseline", SIG.key()))
+    x = ops.make_inputs(SIG, "fresh", gen, "cpu")["x"]
+    assert all(torch.equal(o, torch.softmax(x, -1)) for o in outs)
+
+
+def test_measure_baseline_times_torch_compile_and_records_its_failure(monkeypatch):
+    s = FakeSession()
+    s.torch = torch
+    modes = []
+
+    def fake_compile(fn, mode=None, dynamic=None):
+        modes.append((mode, dynamic))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    cfg = TimingConfig(**{**FAST.to_json(), "compile_baseline": True})
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
+    assert b.compiled is not None and b.compiled.n == 3 and modes == [("max-autotune-no-cudagraphs", False)]
+
+    def broken(fn, mode=None, dynamic=None):
+        def call(t):
+            raise RuntimeError("inductor: " + "e" * 3000)
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
+    assert b.compiled is None and b.compile_error == "RuntimeError: " + ("inductor: " + "e" * 3000)[:2000]
+
+
+def test_measure_baseline_keeps_the_parents_compile_error():
+    s = FakeSession()
+    s.torch = torch
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, FAST, compile_error="torch.compile: hung"))
+    assert b.compile_error == "torch.compile: hung"
+
+
+# ---------------------------------------------------------------- the parent-side Evaluator
+
+
+class FakeWorker:
+    """One worker of the pool: records each job with its timeout and answers the next result."""
+
+    def __init__(self, pool):
+        self.pool, self.memo = pool, {}
+        self.backend, self.index, self.generation = pool.backend, 0, 3
+
+    @property
+    def loaded(self) -> OrderedDict:
+        """The parent's mirror of the hotspot sets this worker holds (the evaluator keeps it in memo)."""
+        return self.memo.setdefault("loaded", OrderedDict())
+
+    def run(self, job, timeout):
+        self.pool.requests.append((job, timeout))
+        return self.pool.replies.pop(0)
+
+
+class FakePool:
+    def __init__(self, backend, workers, startup, log_dir):
+        assert isinstance(startup, judge.Startup)
+        self.backend, self.workers, self.log_dir = backend, workers, log_dir
+        self.requests, self.replies, self.closed = [], [], 0
+        self.worker = FakeWorker(self)
+        self.info_calls = 0
+
+    @contextmanager
+    def acquire(self):
+        yield self.worker
+
+    def info(self):
+        self.info_calls += 1
+        return {"arch": "sm_90", "name": "fake"}
+
+    def close(self):
+        self.closed += 1
+
+
+class FakeBuild:
+    def __init__(self, ok=True, log="built", resources=None):
+        self.ok, self.log, self.cmd, self.compile_s = ok, log, "g++ -O3", 1.5
+        self.cached, self.path, self.resources = False, "/tmp/k.so", resources or {}
+
+
+HOT = Hotspot(signature=parse_signature("softmax", "x: f32[4,16], dim=-1"), call_paths=("F.softmax",),
+              calls_per_forward=1.0, total_us=1.0, per_call_us=1.0, time_share=1.0, captures=("c/0.safetensors",))
+HID = HOT.id
+
+
+@pytest.fixture
+def ev(monkeypatch):
+    from forge_pack.evaluate import object_check, static_check
+
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    box = {"build": FakeBuild(), "compiled": []}
+
+    def compile_candidate(c, arch=None, cache_dir=None):
+        box["compiled"].append((arch, cache_dir))
+        return box["build"]
+
+    monkeypatch.setattr(evaluate, "compile_candidate", compile_candidate)
+    monkeypatch.setattr(object_check, "check_build", lambda build: None)
+    monkeypatch.setattr(static_check, "check", lambda c, sig: None)
+    e = evaluate.Evaluator("cpu", seed=7, run_dir="/runs/r1", timing=FAST, cache_dir="/cache", timeout_s=12.0,
+                           load_timeout_s=34.0, baseline_timeout_s=56.0)
+    e.box = box
+    return e
+
+
+LOADED = judge.Loaded(())
+
+
+def ok_reply(median=2.0, floor_us=1.0, **kw):
+    return judge.Judged(Verdict(True, "ok", "3 input sets verified"), Timing(median, 0.0, 3), floor_us, 9.0, **kw)
+
+
+def test_evaluator_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        evaluate.Evaluator("tpu")
+
+
+def test_evaluator_logs_workers_under_the_run_dir(ev):
+    assert ev.pool.log_dir == "/runs/r1/workers" and ev.pool.backend == "cpu" and ev.pool.workers == 1
+    assert ev.run_dir == "/runs/r1"
+
+
+def test_evaluator_without_a_run_dir_keeps_no_worker_logs(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    e = evaluate.Evaluator("cpu", workers=3)
+    assert e.pool.log_dir is None and e.run_dir is None and e.pool.workers == 3
+    e2 = evaluate.Evaluator("cpu", log_dir="/logs")
+    assert e2.pool.log_dir == "/logs"
+    with e2 as same:
+        assert same is e2
+    assert e2.pool.closed == 1
+
+
+def test_evaluate_loads_the_inputs_once_then_evaluates_with_the_full_request(ev):
+    ev.pool.replies = [judge.Loaded((), ("odd:3x5: why",)), ok_reply(), ok_reply()]
+    c = cand()
+    e1 = ev.evaluate(c, HOT, final=True, bounds=True)
+    e2 = ev.evaluate(c, HOT, final=True)
+    (load, t_load), (req, t_req), (req2, _) = ev.pool.requests
+    key = f"{HID}|final|c/0.safetensors|/runs/r1"
+    assert load == judge.LoadInputs(key, ev.signature(HOT), ("c/0.safetensors",), "/runs/r1", 7, True)
+    assert (t_load, t_req) == (34.0, 12.0)
+    assert req == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, True)
+    assert req2 == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, False)
+    assert e1.extra["skipped_sets"] == ["odd:3x5: why"] and "skipped_sets" not in e2.extra
+    assert e1.extra["worker"] == "cpu-0.3" and e1.extra["cached_build"] is False
+    assert (e1.compile_s, e1.compile_log, e1.compile_cmd) == (1.5, "built", "g++ -O3")
+    assert ev.box["compiled"] == [(None, "/cache"), (None, "/cache")]
+
+
+def test_evaluate_search_key_and_mode(ev):
+    ev.pool.replies = [LOADED, ok_reply()]
+    ev.evaluate(cand(), HOT)
+    assert ev.pool.requests[0][0].key == f"{HID}|search|c/0.safetensors|/runs/r1"
+    assert ev.pool.requests[0][0].final is False
+
+
+def test_evaluate_reports_a_failed_load_as_an_internal_error(ev):
+    ev.pool.replies = [JobError("Traceback: boom")]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "internal_error"
+    assert e.verdict.detail.startswith("RuntimeError: loading the inputs of softmax(") and "boom" in e.verdict.detail
+    ev.pool.replies = [WorkerLost("timeout", "slow")]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "internal_error" and "failed: slow" in e.verdict.detail
+
+
+def test_evaluate_computes_speedups_and_the_bandwidth_fraction(ev):
+    ev.pool.replies = [LOADED, ok_reply(median=2.0), ok_reply(median=4.0)]
+    base = Baseline(Timing(10.0, 0.0, 3), Timing(5.0, 0.0, 3))
+    e = ev.evaluate(cand(), HOT, baseline=base)
+    assert (e.speedup_vs_eager, e.speedup_vs_compile, e.bandwidth_fraction) == (5.0, 2.5, 0.5)
+    assert e.timing == Timing(2.0, 0.0, 3) and e.verdict.ok
+    assert e.extra["floor_us"] == 1.0 and e.extra["copy_bandwidth_gbs"] == 9.0 and e.extra["attributes"] == {}
+    ev._baselines[HID] = Baseline(Timing(8.0, 0.0, 3), None)
+    e = ev.evaluate(cand(), HOT)  # the cached baseline, no compiled time
+    assert (e.speedup_vs_eager, e.speedup_vs_compile, e.bandwidth_fraction) == (2.0, None, 0.25)
+
+
+def test_evaluate_without_timing_or_floor_has_no_figures(ev):
+    ev.pool.replies = [LOADED, judge.Judged(Verdict(False, "mismatch", "bad")),
+                       ok_reply(floor_us=None)]
+    base = Baseline(Timing(10.0, 0.0, 3), None)
+    e = ev.evaluate(cand(), HOT, baseline=base)
+    assert e.timing is None and e.speedup_vs_eager is None and e.bandwidth_fraction is None
+    assert e.verdict == Verdict(False, "mismatch", "bad")
+    e = ev.evaluate(cand(), HOT, baseline=base)
+    assert e.bandwidth_fraction is None and e.speedup_vs_eager == 5.0
+
+
+def test_evaluate_reports_a_timeout_and_a_crash(ev):
+    ev.pool.replies = [LOADED, WorkerLost("timeout", "t"), WorkerLost("crash", "worker killed by SIGSEGV", "log line\n" * 400)]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict == Verdict(False, "timeout", "no verdict within 12 s (endless loop or far too slow); the worker "
+                                                  "was killed and replaced")
+    assert e.extra["worker"] == "cpu-0.3" and e.compile_cmd == "g++ -O3"
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "crash"
+    assert e.verdict.detail.startswith("worker killed by SIGSEGV while running the candidate\n...\n")
+    assert len(e.verdict.detail) == len("worker killed by SIGSEGV while running the candidate\n...\n") + 2000
+
+
+def test_evaluate_reports_a_worker_error_as_launch_or_internal_error(ev):
+    ev.pool.replies = [LOADED, JobError("x" * 5000, retire=True), JobError("oops")]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "launch_error" and e.verdict.detail == "...\n" + "x" * 4000
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict == Verdict(False, "internal_error", "oops") and e.extra["worker"] == "cpu-0.3"
+
+
+def test_evaluate_forgets_loaded_sets_the_worker_dropped_and_keeps_the_rest_fresh(ev):
+    ev.pool.replies = [LOADED, ok_reply(sets_dropped=True), LOADED, ok_reply()]
+    ev.evaluate(cand(), HOT)
+    assert ev.pool.worker.loaded == OrderedDict()
+    ev.pool.worker.loaded["other"] = True
+    ev.evaluate(cand(), HOT)
+    assert [type(r[0]).__name__ for r in ev.pool.requests] == ["LoadInputs", "JudgeCandidate", "LoadInputs",
+                                                              "JudgeCandidate"]
+    assert list(ev.pool.worker.loaded) == ["other", f"{HID}|search|c/0.safetensors|/runs/r1"]
+    ev.pool.worker.loaded.move_to_end(f"{HID}|search|c/0.safetensors|/runs/r1", last=False)
+    ev.pool.replies = [ok_reply()]
+    ev.evaluate(cand(), HOT)
+    assert list(ev.pool.worker.loaded)[-1] == f"{HID}|search|c/0.safetensors|/runs/r1"  # most recently used last
+
+
+def test_evaluate_takes_resources_from_the_attributes_when_the_log_has_none(ev):
+    attrs = {"k": {"registers": 40, "static_smem_bytes": 1024, "local_bytes": 8}}
+    ev.pool.replies = [LOADED, ok_reply(attributes=attrs, retire=True), ok_reply(attributes={"k": {}})]
+    e = ev.evaluate(cand(), HOT)
+    assert e.extra["resources"] == {"k": {"registers": 40, "smem_bytes": 1024, "stack_bytes": 8,
+                                          "source": "cuFuncGetAttribute"}}
+    assert e.extra["worker_replaced"] is True
+    e = ev.evaluate(cand(), HOT)
+    assert e.extra["resources"] == {"k": {"registers": 0, "smem_bytes": 0, "stack_bytes": 0,
+                                          "source": "cuFuncGetAttribute"}}
+    assert "worker_replaced" not in e.extra
+    ev.box["build"] = FakeBuild(resources={"k": {"registers": 12}})
+    ev.pool.replies = [ok_reply(attributes=attrs)]
+    assert ev.evaluate(cand(), HOT).extra["resources"] == {"k": {"registers": 12}}
+
+
+def test_evaluate_stops_at_the_static_check_compile_error_or_object_check(ev, monkeypatch):
+    from forge_pack.evaluate import object_check, static_check
+
+    monkeypatch.setattr(static_check, "check", lambda c, sig: Verdict(False, "static_check", "bad spec"))
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict == Verdict(False, "static_check", "bad spec") and ev.box["compiled"] == []
+    monkeypatch.setattr(static_check, "check", lambda c, sig: None)
+    ev.box["build"] = FakeBuild(ok=False, log="e" * 5000)
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict == Verdict(False, "compile_error", "...\n" + "e" * 4000)
+    assert e.extra == {"cached_build": False} and e.compile_log == "e" * 5000
+    ev.box["build"] = FakeBuild()
+    monkeypatch.setattr(object_check, "check_build", lambda b: Verdict(False, "static_check", "calls system"))
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict == Verdict(False, "static_check", "calls system") and e.extra == {"cached_build": False}
+    assert ev.pool.requests == []
+
+
+def test_evaluate_records_its_own_faults_as_internal_errors(ev, monkeypatch):
+    from forge_pack.evaluate import static_check
+
+    monkeypatch.setattr(static_check, "check", lambda c, sig: 1 / 0)
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "internal_error" and e.verdict.detail.startswith("ZeroDivisionError: division by zero\n")
+    assert "Traceback" in e.verdict.detail and e.eval_s >= 0.0
+
+
+def test_evaluate_passes_the_cuda_arch_to_the_compiler(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    e = evaluate.Evaluator("cuda")
+    assert e.arch == "sm_90" and evaluate.Evaluator("cpu").arch == ""
+
+
+def test_device_info_is_asked_once_and_carries_the_copy_bandwidth(ev):
+    assert ev.device_info() == {"arch": "sm_90", "name": "fake"}
+    ev._baselines[HID] = Baseline(Timing(1.0, 0.0, 3), None, copy_bandwidth_gbs=321.0)
+    assert ev.device_info() == {"arch": "sm_90", "name": "fake", "copy_bandwidth_gbs": 321.0}
+    assert ev.pool.info_calls == 1
+
+
+def test_signature_is_filled_and_cached(ev):
+    s = ev.signature(HOT)
+    assert s.output is not None and s.output.shape == (4, 16) and ev.signature(HOT) is s
+
+
+def test_baseline_is_requested_once_per_hotspot(ev):
+    b = Baseline(Timing(3.0, 0.0, 3), None, floor_us=1.0)
+    ev.pool.replies = [b]
+    assert ev.baseline(HOT) == b and ev.baseline(HOT) == b
+    (req, timeout), = ev.pool.requests
+    assert req == judge.MeasureBaseline(ev.signature(HOT), FAST, 7)
+    assert timeout == 56.0
+
+
+def test_baseline_falls_back_to_eager_alone_when_torch_compile_hangs(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    cfg = TimingConfig(compile_baseline=True)
+    e = evaluate.Evaluator("cpu", timing=cfg)
+    b = Baseline(Timing(3.0, 0.0, 3), None)
+    e.pool.replies = [WorkerLost("timeout", "no reply in 1800 s"), b]
+    assert e.baseline(HOT) == b
+    (first, _), (second, _) = e.pool.requests
+    assert first == judge.MeasureBaseline(e.signature(HOT), cfg, 0)
+    assert second == judge.MeasureBaseline(e.signature(HOT), TimingConfig(compile_baseline=False), 0,
+                                           "torch.compile: no reply in 1800 s")
+
+
+def test_baseline_gives_up_after_the_second_failure_or_without_compile(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    e = evaluate.Evaluator("cpu", timing=TimingConfig(compile_baseline=True))
+    e.pool.replies = [WorkerLost("crash", "died"), WorkerLost("crash", "died again")]
+    with pytest.raises(RuntimeError, match=r"baseline of softmax\(.*\) failed: died again"):
+        e.baseline(HOT)
+    e = evaluate.Evaluator("cpu", timing=TimingConfig(compile_baseline=False))
+    e.pool.replies = [WorkerLost("timeout", "slow")]
+    with pytest.raises(RuntimeError, match="failed: slow"):
+        e.baseline(HOT)
+    assert len(e.pool.requests) == 1
+
+
+def test_baseline_error_reply_is_raised_with_the_workers_text(ev):
+    ev.pool.replies = [JobError("Traceback: eager failed")]
+    with pytest.raises(RuntimeError, match="failed in the worker:\nTraceback: eager failed"):
+        ev.baseline(HOT)
+
+
+# ---------------------------------------------------------------- exact inputs and figures
+
+
+class Clock:
+    """perf_counter for evaluate: t0 = 100.0, every later reading 100.25."""
+
+    def __init__(self):
+        self.n = 0
+
+    def __call__(self):
+        self.n += 1
+        return 100.0 if self.n == 1 else 100.25
+
+
+def test_every_evaluation_records_its_own_duration(ev, monkeypatch):
+    from forge_pack.evaluate import object_check, static_check
+
+    def run(replies, **patch):
+        ev.pool.replies = list(replies)
+        monkeypatch.setattr(evaluate.time, "perf_counter", Clock())
+        return ev.evaluate(cand(), HOT)
+
+    assert run([LOADED, ok_reply()]).eval_s == 0.25
+    assert run([WorkerLost("timeout", "t")]).eval_s == 0.25
+    e = run([WorkerLost("crash", "gone", "tail")])
+    assert (e.eval_s, e.verdict.ok, e.compile_cmd) == (0.25, False, "g++ -O3") and e.extra["worker"] == "cpu-0.3"
+    e = run([JobError("bad")])
+    assert (e.eval_s, e.compile_cmd) == (0.25, "g++ -O3")
+    monkeypatch.setattr(object_check, "check_build", lambda b: Verdict(False, "static_check", "x"))
+    e = run([])
+    assert (e.eval_s, e.compile_cmd) == (0.25, "g++ -O3")
+    ev.box["build"] = FakeBuild(ok=False)
+    assert run([]).eval_s == 0.25
+    monkeypatch.setattr(static_check, "check", lambda c, sig: Verdict(False, "static_check", "y"))
+    assert run([]).eval_s == 0.25
+    monkeypatch.setattr(static_check, "check", lambda c, sig: 1 / 0)
+    e = run([])
+    assert e.eval_s == 0.25 and e.verdict.ok is False
+
+
+def test_evaluate_checks_and_builds_this_candidate_for_the_workers_arch(monkeypatch):
+    from forge_pack.evaluate import object_check, static_check
+
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    seen = []
+    monkeypatch.setattr(static_check, "check", lambda c, sig: seen.append(("static", c, sig.output is not None)))
+    build = FakeBuild(ok=False)
+    monkeypatch.setattr(evaluate, "compile_candidate", lambda c, arch=None, cache_dir=None: seen.append(
+        ("compile", c, arch)) or build)
+    monkeypatch.setattr(object_check, "check_build", lambda b: seen.append(("object", b)))
+    c = cand(backend="cuda")
+    e = evaluate.Evaluator("cuda")
+    e.evaluate(c, HOT)
+    assert seen == [("static", c, True), ("compile", c, "sm_90")]
+    build.ok = True
+    e.pool.replies = [LOADED, ok_reply()]
+    e.evaluate(c, HOT)
+    assert seen[-1] == ("object", build)
+
+
+def test_evaluator_defaults():
+    pool = evaluate.WorkerPool
+    try:
+        evaluate.WorkerPool = FakePool
+        e = evaluate.Evaluator("cpu")
+    finally:
+        evaluate.WorkerPool = pool
+    assert (e.timeout_s, e.seed, e.load_timeout_s, e.baseline_timeout_s) == (60.0, 0, 900.0, 1800.0)
+
+
+def test_the_set_key_joins_every_capture(ev):
+    import dataclasses
+
+    hot = dataclasses.replace(HOT, captures=("c/0.safetensors", "c/1.safetensors"))
+    ev.pool.replies = [LOADED, ok_reply()]
+    e = ev.evaluate(cand(), hot)
+    assert ev.pool.requests[0][0].key == f"{HID}|search|c/0.safetensors/c/1.safetensors|/runs/r1"
+    assert e.extra["skipped_sets"] == []
+
+
+def test_signatures_are_cached_per_hotspot(ev):
+    import dataclasses
+
+    other = dataclasses.replace(HOT, signature=parse_signature("softmax", "x: f32[8,16], dim=-1"))
+    assert ev.signature(HOT).x.shape == (4, 16) and ev.signature(other).x.shape == (8, 16)
+
+
+def test_an_internal_error_keeps_the_last_3000_characters_of_the_traceback(ev, monkeypatch):
+    from forge_pack.evaluate import static_check
+
+    def fails(c, sig):
+        raise ValueError("v" * 5000)
+
+    monkeypatch.setattr(static_check, "check", fails)
+    d = ev.evaluate(cand(), HOT).verdict.detail
+    head = "ValueError: " + "v" * 5000 + "\n"
+    assert d.startswith(head) and len(d) == len(head) + 3000
+
+
+LNS = ops.with_output(parse_signature("layer_norm", "x: f32[4,16], weight: f32[16], normalized_shape=[16], eps=1e-5"))
+
+
+def ln_set():
+    s = verify.fresh_sets(LNS, "cpu", 3, "h", final=False)[0]
+    assert "bias" in s.tensors and s.tensors["bias"] is None
+    return s
+
+
+def ln_honest(t, n, run):
+    t["out"].copy_(torch.nn.functional.layer_norm(t["x"], (16,), t["weight"], t["bias"], 1e-5))
+
+
+def ln_cand():
+    return Candidate(op="layer_norm", backend="cpu", source="// ln", spec=LaunchSpec(
+        kernels=(KernelLaunch("k", ("x", "weight", "bias", "out")),)))
+
+
+def test_an_absent_optional_input_stays_absent_in_timing_and_bounds():
+    m = FakeModule(ln_honest)
+    timing, v = judge.time_candidate(m, ln_cand(), LNS, ln_set(), FAST, "cpu")
+    assert v is None and all(r.t["bias"] is None for r in m.runs)
+    m = FakeModule(ln_honest)
+    judge.check_bounds(m, ln_cand(), ln_set(), "cpu")
+    assert all(r.t["bias"] is None for r in m.runs)
+
+
+def test_the_baseline_of_an_op_with_an_absent_input_and_the_default_seed(monkeypatch):
+    s = FakeSession()
+    s.torch = torch
+    got = []
+    monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, flusher=None: got.append(
+        [c() for c in calls]) or Timing(1.0, 0.0, 1))
+    judge.measure_baseline(s, judge.MeasureBaseline(LNS, FAST))
+    gen = torch.Generator().manual_seed(verify.seed_for(0, "baseline", LNS.key()))
+    x = ops.make_inputs(LNS, "fresh", gen, "cpu")
+    want = torch.nn.functional.layer_norm(x["x"], (16,), x["weight"], None, 1e-5)
+    assert torch.equal(got[0][0], want)
+
+
+def test_the_compiled_baseline_is_timed_like_eager_with_one_copy(monkeypatch):
+    s = FakeSession()
+    s.torch = torch
+    cfgs = []
+    s.bandwidth = lambda cfg: cfgs.append(cfg) or 10.0
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, dynamic=None: fn)
+    seen = []
+    real = timing_mod.time_calls
+
+    def spy(calls, device, cfg, flusher=None):
+        seen.append((device, type(flusher).__name__, [c() is not None for c in calls]))
+        return real(calls, device, cfg, flusher)
+
+    monkeypatch.setattr(timing_mod, "time_calls", spy)
+    cfg = TimingConfig(**{**FAST.to_json(), "compile_baseline": True, "rotate": 1})
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg))
+    assert b.compiled is not None and b.compile_error == ""
+    assert seen == [("cpu", "Flusher", [True]), ("cpu", "Flusher", [True])]
+    assert cfgs == [cfg]
+
+
+def test_judge_loads_a_cuda_module_by_backend_artifact_and_names(loaded):
+    loaded["module"].attributes = lambda: {}
+    judge.judge(FakeSession(), request(cand(backend="cuda")))
+    assert loaded["calls"][0][:3] == ("cuda", "/nowhere/k.so", ("k",))
+
+
+def test_judge_derives_with_its_seed_hash_and_mode(loaded, monkeypatch):
+    got = []
+    real = verify.derived_sets
+    monkeypatch.setattr(verify, "derived_sets", lambda *a: got.append(a[:5]) or real(*a))
+    c = cand()
+    judge.judge(FakeSession(), request(c, seed=5, final=True))
+    assert got == [(SIG, "cpu", 5, c.content_hash, True)]
+
+
+def test_a_module_without_guard_support_or_settle_is_still_judged(loaded):
+    class Plain:
+        def __init__(self):
+            self.inner = FakeModule()
+
+        def bind(self, p, tensors, guard=None):
+            assert guard is None
+            return self.inner.bind(p, tensors)
+
+        def close(self):
+            pass
+
+    loaded["module"] = Plain()
+    reply = judge.judge(FakeSession(), request(cand(), final=True))
+    assert reply.verdict.ok
+
+
+def test_judge_with_cached_sets_passes_an_honest_kernel(loaded):
+    static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
+    reply = judge.judge(FakeSession(static=static), request(cand()))
+    assert reply.verdict.ok and reply.sets_dropped is False
+
+
+def test_judge_asks_the_session_for_bandwidth_with_the_config(loaded):
+    s = FakeSession()
+    cfgs = []
+    s.bandwidth = lambda cfg: cfgs.append(cfg) or 10.0
+    judge.judge(s, request(cand()))
+    assert cfgs == [FAST]
+
+
+def test_failed_verdicts_keep_both_error_figures(loaded, monkeypatch):
+    def late(t, n, run):
+        honest(t, n, run)
+        if run.staged:
+            t["out"][0, 0] += 1.0
+
+    loaded["module"] = FakeModule(late)
+    v = judge.judge(FakeSession(), request(cand())).verdict
+    assert v.max_rel_err is not None and v.max_abs_err is not None
+    monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: True)
+    loaded["module"] = FakeModule(late)
+    v = judge.judge(FakeSession(bw=1e-9), request(cand())).verdict
+    assert v.reason == "mismatch"  # a timing failure is not re-judged as implausible
+    loaded["module"] = FakeModule()
+    v = judge.judge(FakeSession(bw=1e-9), request(cand())).verdict
+    assert v.reason == "implausible_speedup" and v.max_rel_err is not None
+    static, _ = verify.static_sets(SIG, [], None, "cpu", 3, final=False)
+    m = FakeModule()
+    m.settle = lambda: static[0].tensors["x"].view(-1).__setitem__(0, 77.0)
+    loaded["module"] = m
+    monkeypatch.setattr(timing_mod, "cold_cache", lambda device, cfg: False)
+    v = judge.judge(FakeSession(static=static), request(cand())).verdict
+    assert v.reason == "input_mutated" and v.max_rel_err is not None
+
+
+def test_failed_batch_checks_are_not_ok():
+    def writes(t, n, run):
+        honest(t, n, run)
+        t["x"][0, 0] = 9.0
+
+    _, v = judge.time_candidate(FakeModule(writes), cand(), SIG, base_set(), FAST, "cpu")
+    assert v.ok is False
+
+    def overrun(t, n, run):
+        honest(t, n, run)
+        whole_bytes(t["ws"])[0] = 0
+
+    _, v = judge.time_candidate(FakeModule(overrun), cand((WS,)), SIG, base_set(), FAST, "cpu")
+    assert v.ok is False
+
+    def lazy(t, n, run):
+        honest(t, n, run)
+        rules.fill_sentinel(t["out"][0, :1])
+
+    _, v = judge.time_candidate(FakeModule(lazy), cand(), SIG, base_set(), FAST, "cpu")
+    assert v.ok is False
+
+
+def test_check_batch_goes_on_past_a_slot_that_was_not_called():
+    x = torch.randn(4, 16)
+    bad = {"index": 1, "called": True, "tensors": {"x": x}, "shadow": {"x": x + 1}, "pending": [],
+           "out": torch.softmax(x, -1), "wholes": []}
+    v = judge._check_batch([{"index": 0, "called": False}, bad], SIG, SimpleNamespace(atol_floor=0.0), "timed",
+                              {"calls": 0})
+    assert v is not None and v.reason == "input_mutated"
+
+
+def test_a_copy_not_yet_called_is_not_checked():
+    m = FakeModule()
+    timing, v = judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(warmup=1, reps=1, flush=False,
+                                                                                  rotate=2), "cpu")
+    assert v is None and timing.n == 1
+
+
+def test_the_workspace_bytes_count_toward_the_copies():
+    m = FakeModule()
+    cfg = TimingConfig(warmup=1, reps=1, flush=False, rotate=3, rotate_max_bytes=2 * (MOVED + 64) - 1)
+    judge.time_candidate(m, cand((Workspace("ws", "64"),)), SIG, base_set(), cfg, "cpu")
+    assert len(m.runs) == 1
+
+
+def test_a_zero_byte_workspace_gets_one_guarded_byte():
+    seen = []
+
+    def look(t, n, run):
+        seen.append(t["none"].numel())
+        honest(t, n, run)
+
+    judge.time_candidate(FakeModule(look), cand((Workspace("none", "0"),)), SIG, base_set(), FAST, "cpu")
+    assert set(seen) == {1}
+
+
+def test_timed_module_is_bound_with_the_plan():
+    from forge_pack.evaluate.launch import Plan
+
+    plans = []
+
+    class Recording(FakeModule):
+        def bind(self, p, tensors, guard=None):
+            plans.append(p)
+            return super().bind(p, tensors, guard)
+
+    judge.time_candidate(Recording(), cand(), SIG, base_set(), FAST, "cpu")
+    judge.check_bounds(Recording(), cand(), base_set(), "cpu")
+    assert plans and all(isinstance(p, Plan) and p.launches[0].name == "k" for p in plans)
+
+
+def test_bounds_workspaces_are_bytes():
+    m = FakeModule()
+    judge.check_bounds(m, cand((WS,)), base_set(), "cpu")
+    assert all(r.t["ws"].dtype == torch.uint8 for r in m.runs)
+
+
+def test_cpu_timing_garbage_stream_is_only_workspace_bytes():
+    seen = []
+
+    def look(t, n, run):
+        seen.append(t["ws"].clone())
+        honest(t, n, run)
+
+    c = cand((WS,))
+    judge.time_candidate(FakeModule(look), c, SIG, base_set(), FAST, "cpu")
+    gen = torch.Generator().manual_seed(verify.seed_for("timing-garbage", c.content_hash, SIG.key()))
+    draws = [torch.empty(64, dtype=torch.uint8).random_(0, 256, generator=gen) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(seen[:3], draws))
+
+
+def test_before_timed_call_alternates_prefill_by_batch_parity_with_seeded_garbage():
+    out = torch.zeros(4, 16)
+    slot = {"tensors": {"x": torch.zeros(4, 16)}, "pending": []}
+    state = {"batch": 1}
+    g = torch.zeros(8, dtype=torch.uint8)
+    before = judge._before_timed_call(slot, out, [g], random.Random(1), torch.Generator().manual_seed(2), state)
+    before()
+    want = torch.empty(4, 16).normal_(generator=torch.Generator().manual_seed(2))
+    assert torch.equal(out, want)
+    state["batch"] = 2
+    before()
+    assert rules.count_sentinel(out)[0] == 64
+
+
+def test_allocating_makes_outputs_in_the_specs_dtype():
+    spec = ops.with_output(parse_signature("softmax", "x: bf16[4,16], dim=-1")).output
+    m = FakeModule()
+    run = m.bind(None, {"x": torch.randn(4, 16), "out": torch.empty(4, 16)})
+    slot = {"called": False}
+    call = judge._allocating(run, [], slot, spec)
+    call.stage()
+    assert slot["out"].dtype == torch.bfloat16 and slot["out"].shape == (4, 16)
+
+
+# ---------------------------------------------------------------- the worker's Session and the jobs' entry points
+
+
+def test_a_cpu_session_starts_empty_and_takes_its_threads_from_the_environment(monkeypatch):
+    monkeypatch.setenv("FORGE_PACK_THREADS", "1")
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    s = judge.Session("cpu")
+    assert (s.torch, s.backend, s.device, s.copy_bw) == (torch, "cpu", "cpu", None)
+    assert s.sets == OrderedDict() and isinstance(s.sets, OrderedDict) and calls == [1]
+    monkeypatch.delenv("FORGE_PACK_THREADS")
+    judge.Session("cpu")
+    assert calls == [1]
+    c = judge.Session("cuda")
+    assert (c.backend, c.device) == ("cuda", "cuda") and calls == [1]
+
+
+def test_a_cpu_session_says_hello_with_its_backend_pid_torch_and_threads():
+    import os
+
+    assert judge.Session("cpu").hello() == {"backend": "cpu", "pid": os.getpid(), "torch": torch.__version__,
+                                            "name": "cpu", "threads": torch.get_num_threads()}
+
+
+def test_the_sessions_bandwidth_is_measured_once_with_the_config(monkeypatch):
+    got = []
+    monkeypatch.setattr(timing_mod, "copy_bandwidth_gbs", lambda device, cfg: got.append((device, cfg)) or 12.5)
+    s = judge.Session("cpu")
+    assert s.bandwidth(FAST) == 12.5 and s.bandwidth(FAST) == 12.5
+    assert got == [("cpu", FAST)] and s.copy_bw == 12.5
+
+
+def test_the_session_loads_each_key_once_and_keeps_the_two_most_recent(monkeypatch):
+    calls = []
+
+    def static_sets(sig, captures, run_dir, device, seed, final):
+        calls.append((sig, captures, run_dir, device, seed, final))
+        return [SimpleNamespace(kind=f"captured[{len(calls)}]")], [f"odd: skipped {len(calls)}"]
+
+    monkeypatch.setattr(verify, "static_sets", static_sets)
+    s = judge.Session("cpu")
+    a = judge.LoadInputs("a", SIG, ("c/0.safetensors",), "/runs/r", 5, True)
+    assert s.load(a) == judge.Loaded(("captured[1]",), ("odd: skipped 1",))
+    assert calls == [(SIG, ["c/0.safetensors"], "/runs/r", "cpu", 5, True)]
+    assert s.load(a) == judge.Loaded(("captured[1]",), ("odd: skipped 1",)) and len(calls) == 1
+    s.load(judge.LoadInputs("b", SIG))
+    s.load(a)  # touched: "b" is now the oldest
+    s.load(judge.LoadInputs("c", SIG))
+    assert list(s.sets) == ["a", "c"] and judge.Session.MAX_CACHED == 2
+
+
+def test_a_cpu_session_is_always_healthy_and_a_cuda_one_only_if_it_still_computes(monkeypatch):
+    assert judge.Session("cpu").healthy() is True
+    s = judge.Session("cuda")
+    fake = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None),
+                           ones=lambda n, device=None: torch.ones(n))
+    s.torch = fake
+    assert s.healthy() is True
+    fake.ones = lambda n, device=None: torch.zeros(n)  # 0 + 1 != 2: the context computes garbage
+    assert s.healthy() is False
+
+    def lost():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    fake.cuda.synchronize = lost
+    assert s.healthy() is False
+
+
+def test_the_jobs_share_one_session_per_worker_created_on_first_use(monkeypatch):
+    from forge_pack.evaluate.worker import Context
+
+    ctx = Context("cpu")
+    hello = judge.Startup().run(ctx)
+    s = ctx.state["session"]
+    assert isinstance(s, judge.Session) and s.backend == "cpu" and hello == s.hello()
+    seen = []
+    monkeypatch.setattr(judge.Session, "load", lambda self, inputs: seen.append(("load", self, inputs)) or "L")
+    monkeypatch.setattr(judge.Session, "healthy", lambda self: seen.append(("healthy", self)) or False)
+    monkeypatch.setattr(judge, "judge", lambda session, job: seen.append(("judge", session, job)) or "J")
+    monkeypatch.setattr(judge, "measure_baseline", lambda session, job: seen.append(("base", session, job)) or "B")
+    inputs = judge.LoadInputs("k", SIG)
+    job = judge.JudgeCandidate(inputs, cand(), "/a.so", FAST)
+    base = judge.MeasureBaseline(SIG, FAST)
+    assert inputs.run(ctx) == "L" and job.run(ctx) == "J" and base.run(ctx) == "B"
+    assert job.usable_after_error(ctx) is False
+    assert seen == [("load", s, inputs), ("judge", s, job), ("base", s, base), ("healthy", s)]
+    assert ctx.state["session"] is s
+
+
+def test_a_job_before_startup_creates_the_session_for_the_workers_backend(monkeypatch):
+    from forge_pack.evaluate.worker import Context
+
+    ctx = Context("cuda")
+    monkeypatch.setattr(judge, "measure_baseline", lambda session, job: session)
+    s = judge.MeasureBaseline(SIG, FAST).run(ctx)
+    assert isinstance(s, judge.Session) and s.backend == "cuda" and ctx.state == {"session": s}
+
+
+# ---------------------------------------------------------------- the timed calls' allowance magnitude
+
+
+POOL = ops.with_output(parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]"))
+
+
+def test_a_timed_pool_output_is_judged_by_the_kinds_magnitude_not_its_reference():
+    """Means of +-4 (|result| near 0, mean |x| = 4) and a table that allows 1.0 only from magnitude 2
+    up: an error of 0.5 passes when looked up by mean |x| and would fail by |result|."""
+    base = verify.fresh_sets(POOL, "cpu", 3, "hash", final=False)[0]
+    x = torch.full((2, 3, 8, 8), 4.0)
+    x.view(-1)[1::2] = -4.0
+    base.tensors["x"].copy_(x)
+    table = torch.zeros(2048, dtype=torch.float64)
+    table[(torch.tensor(2.0, dtype=torch.float64).view(torch.int64) >> 52).item():] = 1.0
+    base.atol_floor = table
+    c = Candidate(op="adaptive_avg_pool2d", backend="cpu", source="// pool",
+                  spec=LaunchSpec(kernels=(KernelLaunch("k", ("x", "out")),)))
+
+    def off(t, n, run):
+        t["out"].copy_(torch.nn.functional.adaptive_avg_pool2d(t["x"], (1, 1)) + 0.5)
+
+    timing, verdict = judge.time_candidate(FakeModule(off), c, POOL, base, FAST, "cpu")
+    assert verdict is None and timing.n == 3
+
+    def way_off(t, n, run):
+        t["out"].copy_(torch.nn.functional.adaptive_avg_pool2d(t["x"], (1, 1)) + 1.5)
+
+    _, verdict = judge.time_candidate(FakeModule(way_off), c, POOL, base, FAST, "cpu")
+    assert (verdict.ok, verdict.reason) == (False, "mismatch")

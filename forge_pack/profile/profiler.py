@@ -33,6 +33,7 @@ from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, record_function
 
 from forge_pack.targets import abi, ops
+from forge_pack.targets.rms_norm import module_eps
 from forge_pack.profile.capture import save_capture
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.hotspot import Hotspot
@@ -41,7 +42,6 @@ from forge_pack.core.signature import Signature
 
 RANGE_PREFIX = "forge::sig:"
 FORWARD_RANGE = "forge::forward"
-EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def _is_composite_rms(module: torch.nn.Module) -> bool:
     w = getattr(module, "weight", None)
     if w is not None and (not isinstance(w, torch.Tensor) or w.dim() != 1):
         return False
-    return any(isinstance(getattr(module, a, None), (float, int)) for a in EPS_ATTRS)
+    return module_eps(module) is not None
 
 
 def _rms_other_state(module: torch.nn.Module) -> str:
@@ -131,11 +131,11 @@ AUTOCAST_REASON = "called under torch.autocast (the package runs the original op
 
 
 def _module_eps(module: torch.nn.Module) -> float:
-    for a in EPS_ATTRS:
-        v = getattr(module, a, None)
-        if isinstance(v, (float, int)):
-            return float(v)
-    raise AttributeError("eps")
+    """The epsilon of a module ``_is_composite_rms`` accepted (the package binds it the same way)."""
+    eps = module_eps(module)
+    if eps is None:
+        raise AttributeError("eps")
+    return eps
 
 
 def _class_path(cls: type) -> str:

@@ -44,6 +44,7 @@ from forge_pack.core.candidate import Candidate
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.search.propose import Move, NodeView, ProposeRequest, Proposer
 from forge_pack.core.verdict import Baseline, Evaluation, Verdict
+from forge_pack.store.vocabulary import MoveKind, NodeStatus
 
 # A failure counts like a kernel 4x slower than eager: bad enough to steer away, finite so that a
 # subtree with a few failures can still win on its successes.
@@ -102,7 +103,7 @@ class Node:
     move: str
     move_kind: str  # root | template | llm | repair
     proposer: str = ""
-    status: str = "pending"  # pending | evaluating | done
+    status: str = NodeStatus.PENDING  # NodeStatus: pending | evaluating | done
     evaluation: Evaluation | None = None
     reward: float | None = None
     visits: int = 0  # evaluations in this subtree, the node's own included
@@ -274,7 +275,7 @@ class _Search:
         self.hotspot, self.backend, self.baseline, self.gpu = hotspot, backend, baseline, gpu
         self.hooks = hooks
         self.rng = random.Random(config.seed)
-        self.root = Node(id=0, candidate=None, parent=None, depth=-1, move="root", move_kind="root")
+        self.root = Node(id=0, candidate=None, parent=None, depth=-1, move="root", move_kind=MoveKind.ROOT)
         self.nodes: list[Node] = []
         self.by_id: dict[int, Node] = {}
         self.hashes: set[str] = set()
@@ -342,7 +343,7 @@ class _Search:
         return added
 
     def _finish(self, node: Node, evaluation: Evaluation, reward: float) -> None:
-        node.evaluation, node.reward, node.status = evaluation, reward, "done"
+        node.evaluation, node.reward, node.status = evaluation, reward, NodeStatus.DONE
         self.done += 1
         if not evaluation.verdict.ok:
             self.failures += 1
@@ -399,8 +400,8 @@ class _Search:
         can_widen = self._can_offer(node) and len(node.children) < self._allowed_children(node)
         if can_widen and node is self.root:
             return node
-        arms = [(self._uct(node, c), self.rng.random(), c) for c in node.children if c.status == "done"]
-        if can_widen and node.status == "done":
+        arms = [(self._uct(node, c), self.rng.random(), c) for c in node.children if c.status == NodeStatus.DONE]
+        if can_widen and node.status == NodeStatus.DONE:
             arms.append((self._self_score(node), self.rng.random(), node))
         for _, _, arm in sorted(arms, key=lambda t: (t[0], t[1]), reverse=True):
             if arm is node:
@@ -420,7 +421,7 @@ class _Search:
         node with the best own reward."""
         if self._can_offer(self.root):
             return self.root
-        open_nodes = [n for n in self.nodes if n.status == "done" and self._can_offer(n)]
+        open_nodes = [n for n in self.nodes if n.status == NodeStatus.DONE and self._can_offer(n)]
         if not open_nodes:
             return None
         return max(open_nodes, key=lambda n: (n.reward, self.rng.random()))
@@ -462,7 +463,7 @@ class _Search:
         return self.pool.submit(fn, *args)
 
     def _start_eval(self, node: Node) -> None:
-        node.status = "evaluating"
+        node.status = NodeStatus.EVALUATING
         for n in node.path()[1:]:
             n.virtual += 1
         self.evals_in_flight += 1
@@ -613,6 +614,6 @@ class _Search:
         return SearchResult(root=self.root, nodes=sorted(self.nodes, key=lambda n: n.id), best=self.best,
                             evaluations=self.done, new_evaluations=self.new_done, budget=self.cfg.budget,
                             elapsed_s=time.monotonic() - self.t0, stop_reason=stop_reason,
-                            verdicts=dict(Counter(n.reason for n in self.nodes if n.status == "done")),
+                            verdicts=dict(Counter(n.reason for n in self.nodes if n.status == NodeStatus.DONE)),
                             search_s=self.search_time())
 

@@ -100,8 +100,10 @@ def _default_evaluator(info, backend: str):
     cfg = info.config or {}
     # A seed the search never used: the baselines' and the final check's random inputs are new too.
     seed = int(cfg.get("seed", 0) or 0) + 1_000_003
+    from forge_pack.evaluate.device_pool import confirm_pool
+
     return Evaluator(backend=backend, workers=1, timeout_s=float(cfg.get("timeout_s", 60.0) or 60.0), seed=seed,
-                     run_dir=info.run_dir)
+                     run_dir=info.run_dir, pool=confirm_pool(cfg, backend))
 
 
 def confirm_kernels(info, winners: list, *, say: Callable[[str], None] = lambda s: None,

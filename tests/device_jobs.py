@@ -32,3 +32,14 @@ class FakeJudge:
         time.sleep(self.sleep_s)
         return {"hash": self.cand_hash, "device": os.environ.get("FAKE_DEVICE", ""), "pid": os.getpid(),
                 "t0": t0, "t1": time.monotonic()}
+
+
+@dataclass(frozen=True)
+class ReadArtifact:
+    """Reads the file its ``artifact`` names, as a judge job loads a built kernel."""
+
+    artifact: str
+
+    def run(self, ctx) -> bytes:
+        with open(self.artifact, "rb") as f:
+            return f.read()

@@ -237,8 +237,12 @@ def check_model(package_dir: Path, name: str, info, timeout_s: float = MODEL_CHE
         cmd += ["--dtype", info.dtype]
     if only is not None:
         cmd += ["--only", ",".join(only)]
+    from forge_pack.evaluate.device_pool import first_gpu
+
+    gpu = first_gpu(info.config or {}) if info.device == "cuda" else None
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if gpu else None  # a --gpus run: its first GPU's model
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise ForgeError(f"the whole-model check ran longer than {timeout_s:.0f} s", "see the run dir, or use --debug")
     try:

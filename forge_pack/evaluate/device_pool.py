@@ -55,14 +55,23 @@ def cpu_devices(n: int, prefix: str = "cpu") -> list[Device]:
     return [Device(f"{prefix}:{i}", "cpu", dict(env)) for i in range(n)]
 
 
+def first_gpu(config: dict) -> str | None:
+    """The first GPU a ``--gpus`` run searched on (config.json keeps the ids the flag resolved to);
+    None for any other run, whose later steps use the default device."""
+    gpus = str((config or {}).get("gpus") or "")
+    first = gpus.split(",")[0].strip()
+    if not first or first == "all" or (config or {}).get("ray"):
+        return None
+    return first
+
+
 def confirm_pool(config: dict, backend: str, log_dir: str | None = None) -> "DevicePool | None":
     """The pool of the confirmation before packing for a ``--gpus`` run: one worker on the run's first
     GPU (config.json holds the ids the flag resolved to), so the package is confirmed on the GPU model
     the search timed on; the default pool would take the first visible GPU, which --gpus may have
     left out. None for any other run (the default pool)."""
-    gpus = str((config or {}).get("gpus") or "")
-    first = gpus.split(",")[0].strip()
-    if backend != "cuda" or not first or first == "all" or (config or {}).get("ray"):
+    first = first_gpu(config)
+    if backend != "cuda" or first is None:
         return None
     from forge_pack.evaluate.judge import Startup
 

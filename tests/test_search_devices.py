@@ -254,3 +254,18 @@ def test_the_confirmation_of_a_gpus_run_uses_its_first_gpu_only(monkeypatch):
     assert confirm_pool({"gpus": "3,1"}, "cpu") is None
     assert confirm_pool({}, "cuda") is None
     assert confirm_pool({"gpus": "all", "ray": "auto"}, "cuda") is None
+
+
+def test_the_flags_resolve_to_gpu_ids_kept_in_the_config_and_one_evaluation_per_device(monkeypatch):
+    import forge_pack.search.devices as devices
+    from forge_pack.cli.search import device_overrides
+    from forge_pack.search.config import RunConfig
+
+    monkeypatch.setattr(devices, "visible_gpus", lambda: ["0", "1", "2", "3"])
+    assert device_overrides("all", None, None, None, None) == {"parallel_auto": True, "gpus": "0,1,2,3"}
+    assert device_overrides("3,1", None, "cuda", None, 6) == {"parallel_auto": False, "gpus": "3,1"}
+    assert device_overrides(None, None, None, 2, None) == {}  # neither flag: the plain path, untouched
+    config = RunConfig(model="m.py", gpus="3,1", parallel_auto=True)
+    back = RunConfig.from_json(config.to_json())
+    assert (back.gpus, back.ray, back.parallel_auto) == ("3,1", None, True)
+    assert RunConfig.from_json({"model": "m.py"}).gpus is None  # a config.json written before the flags

@@ -255,7 +255,7 @@ ALLOW_CONTROL_OPTION = typer.Option(False, "--allow-control", help="Let the dash
 GPUS_OPTION = typer.Option(None, "--gpus", metavar="all|0,1,...",
                            help="Evaluate on these GPUs of this host, one worker each (cuda).")
 RAY_OPTION = typer.Option(None, "--ray", metavar="ADDRESS|auto",
-                          help="Evaluate on a Ray cluster, one actor per GPU (needs forge-pack[ray]).")
+                          help="Evaluate on a Ray cluster, one actor per GPU (needs Ray: the ray extra).")
 
 
 def ui_options(with_ui: bool, port: Optional[int], allow_control: bool) -> dict | None:

@@ -72,8 +72,11 @@ def test_a_killed_actor_loses_only_its_in_flight_job_which_runs_again_on_another
     first = pool.idle.queue[0]  # the next acquire takes it
     got = {}
 
+    lost_with = []
+
     def job():
-        got["r"] = run_on_a_device(pool, lambda w: (w.device, w.run(FakeJudge("victim", 2.0), 30)))
+        got["r"] = run_on_a_device(pool, lambda w: (w.device, w.run(FakeJudge("victim", 2.0), 30)),
+                                   on_lost=lost_with.append)
 
     t = threading.Thread(target=job)
     t.start()
@@ -82,7 +85,7 @@ def test_a_killed_actor_loses_only_its_in_flight_job_which_runs_again_on_another
     t.join(60)
     label, result = got["r"]
     assert label != first.device and result["hash"] == "victim"  # re-queued, and run to its end elsewhere
-    assert [d for d, _ in pool.lost] == [first.device]
+    assert [d for d, _ in pool.lost] == lost_with == [first.device]
     assert "ActorDied" in pool.lost[0][1] or "RayActorError" in pool.lost[0][1]
     deadline = time.monotonic() + 60
     while not pool.replaced and time.monotonic() < deadline:  # Ray places a replacement on the freed CPU
@@ -127,6 +130,17 @@ def test_missing_ray_is_an_error_with_the_install_hint(monkeypatch):
     assert e.value.hint.startswith("pip install 'forge-pack[ray]'")
 
 
+def _evaluating(run_dir: Path) -> bool:
+    try:
+        conn = sqlite3.connect(f"file:{run_dir / 'run.db'}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT COUNT(*) FROM nodes WHERE status='evaluating'").fetchone()[0] > 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+
+
 def _shape(v):
     """The form of a JSON document: keys and types, not values."""
     if isinstance(v, dict):
@@ -155,7 +169,7 @@ def test_a_cpu_search_through_ray_has_the_form_of_a_local_one_and_survives_a_kil
         while time.monotonic() < deadline and not killed:
             pool = getattr(made[0], "pool", None) if made else None
             busy = [w for w in getattr(pool, "workers", []) if w not in list(pool.idle.queue)] if pool else []
-            if busy and (run_dir / "run.db").exists():
+            if busy and _evaluating(run_dir):  # a candidate (not the baseline) is on that actor
                 ray.kill(busy[0].actor, no_restart=True)
                 killed.append(busy[0].device)
             time.sleep(0.05)
@@ -182,11 +196,14 @@ def test_a_cpu_search_through_ray_has_the_form_of_a_local_one_and_survives_a_kil
     assert sorted(docs["ray"]) == sorted(docs["local"])
     for n in summaries:
         conn = sqlite3.connect(tmp_path / n / "run.db")
-        rows = conn.execute("SELECT reason, device FROM evaluations").fetchall()
+        rows = conn.execute("SELECT reason, device, evaluation_json FROM evaluations").fetchall()
         conn.close()
         assert len(rows) == 3
         if n == "ray":
-            # the killed actor's candidate ran again elsewhere: no evaluation is a crash of the candidate
-            assert all(dev and "/cpu:" in dev for _, dev in rows) and "crash" not in {r for r, _ in rows}
+            # the killed actor's candidate ran again elsewhere: no evaluation is a crash of the candidate,
+            # and the one that was in flight names the actor it was lost with
+            assert all(dev and "/cpu:" in dev for _, dev, _ in rows) and "crash" not in {r for r, _, _ in rows}
+            requeued = [json.loads(j)["extra"].get("requeued_from") for _, _, j in rows]
+            assert [q for q in requeued if q] == [killed]
         else:
-            assert all(dev is None for _, dev in rows)
+            assert all(dev is None for _, dev, _ in rows)

@@ -169,8 +169,10 @@ class DevicePool(WorkerPool):
                 self.idle.put(w)
 
 
-def run_on_a_device(pool: Any, fn: Callable[[Any], Any], attempts: int = 8) -> Any:
-    """``fn(worker)`` on a device of ``pool``; a ``DeviceLost`` runs it again on another.
+def run_on_a_device(pool: Any, fn: Callable[[Any], Any], attempts: int = 8,
+                    on_lost: Callable[[str], None] | None = None) -> Any:
+    """``fn(worker)`` on a device of ``pool``; a ``DeviceLost`` runs it again on another (and tells
+    ``on_lost`` the lost device's label).
 
     ``attempts`` bounds the re-queues of one job: a job that every device loses in turn is the
     job's doing (it takes its node down), not bad luck, and must end."""
@@ -183,4 +185,6 @@ def run_on_a_device(pool: Any, fn: Callable[[Any], Any], attempts: int = 8) -> A
                 note = getattr(pool, "note_lost", None)
                 if callable(note):
                     note(w, str(e))
+                if on_lost is not None:
+                    on_lost(str(getattr(w, "device", "")))
     raise RuntimeError(f"the job was lost with its device {attempts} times in a row: {last}")

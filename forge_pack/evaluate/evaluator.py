@@ -171,7 +171,9 @@ class Evaluator:
                     loaded.move_to_end(key)
             return judged
 
-        judged = run_on_a_device(self.pool, judge_on)  # a lost device's job runs again on another
+        # a lost device's job runs again on another; the evaluation names the devices it was lost with
+        judged = run_on_a_device(self.pool, judge_on,
+                                 on_lost=lambda label: extra.setdefault("requeued_from", []).append(label))
         if isinstance(judged, WorkerLost):
             if judged.kind == "timeout":
                 return Evaluation(Verdict(False, "timeout", f"no verdict within {self.timeout_s:.0f} s (endless loop "

@@ -269,3 +269,46 @@ def test_the_flags_resolve_to_gpu_ids_kept_in_the_config_and_one_evaluation_per_
     back = RunConfig.from_json(config.to_json())
     assert (back.gpus, back.ray, back.parallel_auto) == ("3,1", None, True)
     assert RunConfig.from_json({"model": "m.py"}).gpus is None  # a config.json written before the flags
+
+
+class _LosingPool:
+    """Devices in turn; those named in ``lose`` lose every job they are given (a node that died)."""
+
+    def __init__(self, labels, lose):
+        from types import SimpleNamespace
+
+        self.workers = [SimpleNamespace(device=label) for label in labels]
+        self.lose, self.turn, self.noted = set(lose), 0, []
+
+    def acquire(self):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def cm():
+            w = self.workers[self.turn % len(self.workers)]
+            self.turn += 1
+            yield w
+
+        return cm()
+
+    def note_lost(self, w, why):
+        self.noted.append((w.device, why))
+
+
+def test_a_job_lost_with_its_device_runs_again_on_another_which_the_result_names():
+    from forge_pack.evaluate.device_pool import DeviceLost
+
+    pool = _LosingPool(["a", "b", "c"], lose={"a", "b"})
+
+    def job(w):
+        if w.device in pool.lose:
+            raise DeviceLost(f"{w.device}: node died")
+        return w.device
+
+    lost = []
+    assert run_on_a_device(pool, job, on_lost=lost.append) == "c"
+    assert lost == ["a", "b"] and pool.noted == [("a", "a: node died"), ("b", "b: node died")]
+    everywhere = _LosingPool(["a", "b"], lose={"a", "b"})
+    with pytest.raises(RuntimeError, match="lost with its device 8 times in a row"):
+        run_on_a_device(everywhere, lambda w: (_ for _ in ()).throw(DeviceLost(w.device)))
+    assert len(everywhere.noted) == 8

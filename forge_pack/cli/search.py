@@ -208,6 +208,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
     if workers is not None and parallel is None:
         overrides["parallel"] = workers  # one evaluation per worker unless told otherwise (fresh or --resume)
     overrides.update(device_overrides(gpus, ray, device, workers, parallel))
+    if parallel is not None:  # given again on --resume: it replaces the one-per-device default
+        overrides["parallel_auto"] = False
     if resume is not None:
         if model is not None or run_dir is not None:
             raise ForgeError("--resume continues a run with its saved model and run directory",

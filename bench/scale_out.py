@@ -1,6 +1,6 @@
 """Search throughput over devices: evaluations per minute of search time, one GPU against several.
 
-    python bench/scale_out.py [OUT_BASE] [--model tests/models/llm_block.py] [--budget 24] [--top 2]
+    python bench/scale_out.py [OUT_BASE] [--model tests/models/llm_block.py] [--budget 32] [--top 1]
                               [--device cuda] [--configs default,gpus:0,gpus:all]
 
 Each configuration is one `forge-pack search` of the same model, seed and budget in a fresh run
@@ -14,7 +14,9 @@ directory and a fresh build cache (so every configuration compiles its candidate
 Evaluations per minute = evaluations / the hotspots' search time (profiling and the baselines are
 not search time) * 60. ``gpus:all`` is skipped when one GPU is visible. The ratio column is
 against the first configuration. Writes OUT_BASE.md and .json (default bench/results/scale_out).
-On the single H200 (defaults): about 4 minutes.
+On the single H200 (defaults: two searches of 32 evaluations, each with its profile and baseline):
+about 3-4 minutes. With 8 GPUs, give each GPU work beyond its first evaluation (which loads the
+hotspot's inputs into that worker): --budget 128 or more.
 """
 
 from __future__ import annotations
@@ -90,8 +92,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
     ap.add_argument("--model", default=str(ROOT / "tests" / "models" / "llm_block.py"))
-    ap.add_argument("--budget", type=int, default=int(os.environ.get("BENCH_BUDGET", "24")))
-    ap.add_argument("--top", type=int, default=2)
+    ap.add_argument("--budget", type=int, default=int(os.environ.get("BENCH_BUDGET", "32")))
+    ap.add_argument("--top", type=int, default=1)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--configs", default="default,gpus:0,gpus:all")
     a = ap.parse_args()

@@ -312,3 +312,34 @@ def test_a_job_lost_with_its_device_runs_again_on_another_which_the_result_names
     with pytest.raises(RuntimeError, match="lost with its device 8 times in a row"):
         run_on_a_device(everywhere, lambda w: (_ for _ in ()).throw(DeviceLost(w.device)))
     assert len(everywhere.noted) == 8
+
+
+@pytest.mark.slow  # two torch workers: 15 s alone on 2 cores, more under load; the fake-device tests are the fast path
+def test_the_real_evaluator_on_two_cpu_devices_names_the_device_of_each_evaluation(tmp_path):
+    from eval_helpers import hotspot
+
+    from forge_pack.evaluate.device_pool import cpu_devices
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.evaluate.judge import Startup
+    from forge_pack.evaluate.timing import TimingConfig
+    from forge_pack.search.families import reference_candidate
+
+    h = hotspot("softmax", "x: f32[32,256], dim=-1")
+    ref = reference_candidate(h.signature, "cpu")
+    variants = [replace(ref, source=ref.source + f"\n// variant {i}\n") for i in range(4)]
+    pool = DevicePool(cpu_devices(2), Startup(), str(tmp_path))
+    with Evaluator("cpu", timeout_s=60, timing=TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False),
+                   pool=pool) as ev:
+        assert ev.device_info()["devices"] == ["cpu:0", "cpu:1"]
+        results = {}
+
+        def run(i):
+            results[i] = ev.evaluate(variants[i], h)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+    assert [results[i].verdict.reason for i in range(4)] == ["ok"] * 4
+    assert {results[i].extra["device"] for i in range(4)} == {"cpu:0", "cpu:1"}

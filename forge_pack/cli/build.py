@@ -144,8 +144,9 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                   timeout: Optional[float] = None, llm: Optional[str] = None, llm_budget_usd: Optional[float] = None,
                   llm_budget_tokens: Optional[int] = None, time_limit: Optional[float] = None,
                   allow_no_gain: bool = False, as_json: bool = False, toolkit=None, ui: dict | None = None,
-                  stdout: Callable[[str], None] = typer.echo) -> PackResult:
-    from forge_pack.cli.search import ProgressBar, format_summary
+                  stdout: Callable[[str], None] = typer.echo, gpus: Optional[str] = None,
+                  ray: Optional[str] = None) -> PackResult:
+    from forge_pack.cli.search import ProgressBar, device_overrides, format_summary
     from forge_pack.search.pipeline import RunConfig, load_config, run, with_overrides
     from forge_pack.store.vocabulary import RunStatus
 
@@ -154,6 +155,7 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
         raise ForgeError(f"--budget must be at least 1, got {budget}", "e.g. --budget 50")
     overrides = dict(budget=budget, seed=seed, workers=workers, parallel=workers, timeout_s=timeout, llm_model=llm,
                      llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens, time_limit_s=time_limit)
+    overrides.update(device_overrides(gpus, ray, device, workers, None))  # --gpus / --ray
     search = True
     if from_run is not None:
         if run_dir is not None:
@@ -219,8 +221,8 @@ ALLOW_NO_GAIN_HELP = ("Write the package even when the whole-model check measure
 
 
 def register(app: typer.Typer) -> None:
-    from forge_pack.cli.search import (ALLOW_CONTROL_OPTION, DEVICE_HELP, DTYPE_HELP, UI_OPTION, UI_PORT_OPTION,
-                                       ui_options)
+    from forge_pack.cli.search import (ALLOW_CONTROL_OPTION, DEVICE_HELP, DTYPE_HELP, GPUS_OPTION, RAY_OPTION,
+                                       UI_OPTION, UI_PORT_OPTION, ui_options)
     from forge_pack.llm.options import LLM_BUDGET_TOKENS_OPTION, LLM_BUDGET_USD_OPTION, LLM_OPTION
 
     @app.command("build")
@@ -252,13 +254,15 @@ def register(app: typer.Typer) -> None:
                                                      "instead of searching again; an unfinished one is continued."),
         allow_no_gain: bool = typer.Option(False, "--allow-no-gain", help=ALLOW_NO_GAIN_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        gpus: Optional[str] = GPUS_OPTION,
+        ray: Optional[str] = RAY_OPTION,
     ) -> None:
         """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
         build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
                       run_dir=run_dir, from_run=from_run, top=top, min_share=min_share, seed=seed, workers=workers,
                       timeout=timeout, llm=llm, llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
                       time_limit=time_limit, allow_no_gain=allow_no_gain, as_json=as_json,
-                      ui=ui_options(with_ui, ui_port, allow_control))
+                      ui=ui_options(with_ui, ui_port, allow_control), gpus=gpus, ray=ray)
 
     @app.command("pack")
     def pack_cmd(

@@ -166,6 +166,28 @@ def check_seconds(flag: str, value: float | None, example: str) -> None:
         raise ForgeError(f"{flag} must be a positive number of seconds, got {value}", f"e.g. {flag} {example}")
 
 
+def device_overrides(gpus: Optional[str], ray: Optional[str], device: Optional[str], workers: Optional[int],
+                     parallel: Optional[int]) -> dict:
+    """The RunConfig fields --gpus and --ray set: the GPU ids the flag resolves to (config.json keeps
+    them, so --resume and the confirmation before packing use the same GPUs) and, without
+    --parallel, one evaluation in flight per device."""
+    if gpus is None and ray is None:
+        return {}
+    from forge_pack.search.devices import check_flags, parse_gpus, visible_gpus
+
+    check_flags(gpus, ray, device, workers)
+    out: dict = {"parallel_auto": parallel is None and workers is None}
+    if ray is not None:
+        from forge_pack.evaluate.ray_pool import import_ray
+
+        import_ray()  # missing Ray is an error now, before the model is profiled
+        out["ray"] = ray.strip()
+        out["gpus"] = gpus
+    else:
+        out["gpus"] = ",".join(parse_gpus(gpus or "", visible_gpus()))
+    return out
+
+
 def default_run_dir(model_path: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"search-{Path(model_path).stem}-{stamp}"
@@ -178,13 +200,16 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
                    timeout: Optional[float] = None, as_json: bool = False, llm: Optional[str] = None,
                    llm_budget_usd: Optional[float] = None, llm_budget_tokens: Optional[int] = None,
                    toolkit: Toolkit | None = None, stdout: Callable[[str], None] = typer.echo,
-                   ui: dict | None = None) -> RunSummary:
+                   ui: dict | None = None, gpus: Optional[str] = None, ray: Optional[str] = None) -> RunSummary:
     """The command's body, callable with a fake toolkit (tests)."""
     overrides = dict(budget=budget, time_limit_s=time_limit, top=top, min_share=min_share, seed=seed,
                      workers=workers, parallel=parallel, timeout_s=timeout, llm_model=llm,
                      llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens)
     if workers is not None and parallel is None:
         overrides["parallel"] = workers  # one evaluation per worker unless told otherwise (fresh or --resume)
+    overrides.update(device_overrides(gpus, ray, device, workers, parallel))
+    if parallel is not None:  # given again on --resume: it replaces the one-per-device default
+        overrides["parallel_auto"] = False
     if resume is not None:
         if model is not None or run_dir is not None:
             raise ForgeError("--resume continues a run with its saved model and run directory",
@@ -229,6 +254,10 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
 UI_OPTION = typer.Option(False, "--ui", help="Serve the live dashboard beside the search (127.0.0.1).")
 UI_PORT_OPTION = typer.Option(None, "--ui-port", help="Dashboard port (default: the first free one from 8765).")
 ALLOW_CONTROL_OPTION = typer.Option(False, "--allow-control", help="Let the dashboard pause, resume and stop.")
+GPUS_OPTION = typer.Option(None, "--gpus", metavar="all|0,1,...",
+                           help="Evaluate on these GPUs of this host, one worker each (cuda).")
+RAY_OPTION = typer.Option(None, "--ray", metavar="ADDRESS|auto",
+                          help="Evaluate on a Ray cluster, one actor per GPU (needs Ray: the ray extra).")
 
 
 def ui_options(with_ui: bool, port: Optional[int], allow_control: bool) -> dict | None:
@@ -271,6 +300,8 @@ def register(app: typer.Typer) -> None:
         with_ui: bool = UI_OPTION,
         ui_port: Optional[int] = UI_PORT_OPTION,
         allow_control: bool = ALLOW_CONTROL_OPTION,
+        gpus: Optional[str] = GPUS_OPTION,
+        ray: Optional[str] = RAY_OPTION,
     ) -> None:
         """Profile MODEL, then search faster kernels for its hottest ops (MCTS over kernel templates)."""
         try:
@@ -278,7 +309,7 @@ def register(app: typer.Typer) -> None:
                            min_share=min_share, run_dir=run_dir, resume=resume, seed=seed, workers=workers,
                            parallel=parallel, timeout=timeout, as_json=as_json, llm=llm,
                            llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
-                           ui=ui_options(with_ui, ui_port, allow_control))
+                           ui=ui_options(with_ui, ui_port, allow_control), gpus=gpus, ray=ray)
         except KeyboardInterrupt as e:
             # typer turns Ctrl-C into a silent exit 130: name the run directory to --resume first
             typer.echo("error: interrupted", err=True)

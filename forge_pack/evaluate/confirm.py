@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_pack.core.errors import ForgeError
+from forge_pack.evaluate.device_pool import confirm_pool, first_gpu
 from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
 from forge_pack.core.verdict import Baseline, Evaluation, Timing
 
@@ -101,7 +102,7 @@ def _default_evaluator(info, backend: str):
     # A seed the search never used: the baselines' and the final check's random inputs are new too.
     seed = int(cfg.get("seed", 0) or 0) + 1_000_003
     return Evaluator(backend=backend, workers=1, timeout_s=float(cfg.get("timeout_s", 60.0) or 60.0), seed=seed,
-                     run_dir=info.run_dir)
+                     run_dir=info.run_dir, pool=confirm_pool(cfg, backend))
 
 
 def confirm_kernels(info, winners: list, *, say: Callable[[str], None] = lambda s: None,
@@ -235,8 +236,10 @@ def check_model(package_dir: Path, name: str, info, timeout_s: float = MODEL_CHE
         cmd += ["--dtype", info.dtype]
     if only is not None:
         cmd += ["--only", ",".join(only)]
+    gpu = first_gpu(info.config or {}) if info.device == "cuda" else None
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if gpu else None  # a --gpus run: its first GPU's model
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise ForgeError(f"the whole-model check ran longer than {timeout_s:.0f} s", "see the run dir, or use --debug")
     try:

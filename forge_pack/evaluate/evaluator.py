@@ -19,6 +19,7 @@ from pathlib import Path
 from forge_pack.evaluate import object_check, static_check
 from forge_pack.core.candidate import Candidate
 from forge_pack.evaluate.compile import compile_candidate
+from forge_pack.evaluate.device_pool import run_on_a_device
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.evaluate.judge import JudgeCandidate, Judged, Loaded, LoadInputs, MeasureBaseline, Session, Startup
 from forge_pack.core.signature import Signature
@@ -31,7 +32,10 @@ class Evaluator:
     def __init__(self, backend: str, workers: int = 1, timeout_s: float = 60.0, seed: int = 0,
                  timing: TimingConfig = TimingConfig(), run_dir: str | Path | None = None, *,
                  cache_dir: str | Path | None = None, load_timeout_s: float = 900.0,
-                 baseline_timeout_s: float = 1800.0, log_dir: str | Path | None = None):
+                 baseline_timeout_s: float = 1800.0, log_dir: str | Path | None = None, pool=None):
+        """``pool``: the workers to use instead of ``workers`` local ones (``device_pool.DevicePool``, one
+        per GPU; ``ray_pool.RayPool``); a worker it hands out with a ``device`` label has that label
+        recorded in each evaluation's ``extra["device"]``."""
         if backend not in ("cuda", "cpu"):
             raise ValueError(f"unknown backend {backend!r}")
         self.backend, self.timeout_s, self.seed, self.timing = backend, timeout_s, seed, timing
@@ -40,7 +44,7 @@ class Evaluator:
         self.load_timeout_s, self.baseline_timeout_s = load_timeout_s, baseline_timeout_s
         if log_dir is None and run_dir:
             log_dir = Path(run_dir) / "workers"
-        self.pool = WorkerPool(backend, workers, Startup(), str(log_dir) if log_dir else None)
+        self.pool = pool if pool is not None else WorkerPool(backend, workers, Startup(), str(log_dir) if log_dir else None)
         self._lock = threading.Lock()
         self._baselines: dict[str, Baseline] = {}
         self._sigs: dict[str, Signature] = {}
@@ -94,8 +98,7 @@ class Evaluator:
         sig = self.signature(hotspot)
         job = MeasureBaseline(sig, self.timing, self.seed)
         for attempt in range(2):
-            with self.pool.acquire() as w:
-                result = w.run(job, self.baseline_timeout_s)
+            result = run_on_a_device(self.pool, lambda w: w.run(job, self.baseline_timeout_s))
             if not isinstance(result, WorkerLost):
                 break
             if attempt == 1 or not self.timing.compile_baseline:
@@ -145,7 +148,8 @@ class Evaluator:
         inputs = LoadInputs(key, sig, tuple(hotspot.captures), self.run_dir, self.seed, final)
         job = JudgeCandidate(inputs, candidate, build.path, self.timing, bounds)
         extra = {"cached_build": build.cached, "resources": build.resources}
-        with self.pool.acquire() as w:
+
+        def judge_on(w) -> object:
             loaded = w.memo.setdefault("loaded", OrderedDict())  # hotspot keys whose sets the child holds (its LRU)
             if key not in loaded:
                 got = w.run(inputs, self.load_timeout_s)
@@ -156,12 +160,20 @@ class Evaluator:
                 _touch(loaded, key)
                 extra["skipped_sets"] = list(got.skipped)
             extra["worker"] = f"{w.backend}-{w.index}.{w.generation}"
+            device = getattr(w, "device", None)
+            if device:  # several devices: which one measured it (the run store's evaluations.device)
+                extra["device"] = device
             judged = w.run(job, self.timeout_s)
             if isinstance(judged, Judged):
                 if judged.sets_dropped:
                     loaded.pop(key, None)
                 elif key in loaded:
                     loaded.move_to_end(key)
+            return judged
+
+        # a lost device's job runs again on another; the evaluation names the devices it was lost with
+        judged = run_on_a_device(self.pool, judge_on,
+                                 on_lost=lambda label: extra.setdefault("requeued_from", []).append(label))
         if isinstance(judged, WorkerLost):
             if judged.kind == "timeout":
                 return Evaluation(Verdict(False, "timeout", f"no verdict within {self.timeout_s:.0f} s (endless loop "

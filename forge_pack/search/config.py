@@ -35,6 +35,9 @@ class RunConfig:
     llm_budget_usd: float | None = None
     llm_budget_tokens: int | None = None
     search: dict = field(default_factory=dict)  # SearchConfig overrides (exploration, widen_c, ...)
+    gpus: str | None = None  # --gpus: "all" or "0,1,..."; one worker per GPU (search/devices.py)
+    ray: str | None = None  # --ray: the Ray cluster's address ("auto"); one actor per GPU
+    parallel_auto: bool = False  # --parallel not given with --gpus/--ray: one evaluation per device
 
     def search_config(self) -> SearchConfig:
         return SearchConfig(budget=self.budget, time_limit_s=self.time_limit_s, parallel=self.parallel,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +26,7 @@ from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.verdict import Baseline, Evaluation
 from forge_pack.search.config import RunConfig, load_config, save_config, stored_llm_model, with_overrides
+from forge_pack.search.devices import slots_of
 from forge_pack.search.heartbeat import HeartbeatThread
 from forge_pack.search.mcts import Progress
 from forge_pack.search.redaction import redact
@@ -237,7 +238,10 @@ def _search_one(r: _Run, out: HotspotOutcome, spent_s: float, on_progress: OnPro
         return evaluator.get().evaluate(cand, h, baseline)
 
     progress_cb = (lambda p: on_progress(out, p)) if on_progress else None
-    out.result = search_hotspot(r.store, r.run_id, h, baseline, r.proposers, evaluate, r.config.search_config(),
+    search_cfg = r.config.search_config()
+    if r.config.parallel_auto:  # --gpus / --ray without --parallel: one evaluation in flight per device
+        search_cfg = replace(search_cfg, parallel=slots_of(evaluator.get()))
+    out.result = search_hotspot(r.store, r.run_id, h, baseline, r.proposers, evaluate, search_cfg,
                                 backend=r.backend, root_candidates=r.tk.roots(h, r.backend),
                                 gpu=gpu_info(r.env, baseline, evaluator), run_dir=r.run_dir,
                                 on_progress=progress_cb, started_at=r.started_at, spent_s=spent_s)

@@ -33,10 +33,9 @@ def _default_profile(target, run_dir: Path, quiet: bool):
 
 
 def _default_evaluator(config: RunConfig, run_dir: Path, backend: str):
-    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.search.devices import make_evaluator
 
-    return Evaluator(backend=backend, workers=config.workers, timeout_s=config.timeout_s, seed=config.seed,
-                     run_dir=run_dir)
+    return make_evaluator(config, run_dir, backend)  # --gpus / --ray pools; otherwise the plain one
 
 
 def _default_proposers(config: RunConfig, backend: str, store: Store) -> list:

@@ -80,7 +80,8 @@ CREATE TABLE IF NOT EXISTS evaluations (
     reward REAL NOT NULL,
     compile_s REAL, eval_s REAL,
     evaluation_json TEXT NOT NULL,                -- Evaluation.to_json()
-    finished_at REAL NOT NULL
+    finished_at REAL NOT NULL,
+    device TEXT                                   -- the device that measured it (cuda:3); NULL: the run's one device
 );
 CREATE INDEX IF NOT EXISTS evaluations_hotspot ON evaluations(hotspot_id);
 CREATE TABLE IF NOT EXISTS node_stats (
@@ -199,10 +200,11 @@ class Store:
     def _add_missing_columns(self) -> None:
         """Columns added after a run store was first written (CREATE TABLE IF NOT EXISTS keeps the old
         table): an older run directory still resumes."""
-        have = {r["name"] for r in self.conn.execute("PRAGMA table_info(hotspots)")}
-        for name, kind in (("stop_reason", "TEXT"), ("search_s", "REAL")):
+        for table, name, kind in (("hotspots", "stop_reason", "TEXT"), ("hotspots", "search_s", "REAL"),
+                                  ("evaluations", "device", "TEXT")):
+            have = {r["name"] for r in self.conn.execute(f"PRAGMA table_info({table})")}
             if name not in have:
-                self.conn.execute(f"ALTER TABLE hotspots ADD COLUMN {name} {kind}")
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     # ---- generic helpers
     def execute(self, sql: str, args: Iterable[Any] = ()) -> sqlite3.Cursor:
@@ -329,15 +331,15 @@ class Store:
                 self.conn.execute(
                     "INSERT OR REPLACE INTO evaluations(node_id, hotspot_id, ok, reason, detail, max_abs_err,"
                     " max_rel_err, median_us, iqr_us, n, speedup_vs_eager, speedup_vs_compile, bandwidth_fraction,"
-                    " reward, compile_s, eval_s, evaluation_json, finished_at) VALUES"
-                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " reward, compile_s, eval_s, evaluation_json, finished_at, device) VALUES"
+                    " (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (node_id, hotspot_id, int(v["ok"]), v["reason"], v.get("detail", "")[:20000],
                      finite(v.get("max_abs_err")), finite(v.get("max_rel_err")), t.get("median_us"),
                      t.get("iqr_us"), t.get("n"), finite(evaluation_json.get("speedup_vs_eager")),
                      finite(evaluation_json.get("speedup_vs_compile")),
                      finite(evaluation_json.get("bandwidth_fraction")), reward,
                      evaluation_json.get("compile_s"), evaluation_json.get("eval_s"), _json(evaluation_json),
-                     time.time()))
+                     time.time(), (evaluation_json.get("extra") or {}).get("device")))
                 self.conn.execute("UPDATE nodes SET status=? WHERE id=?", (NodeStatus.DONE, node_id))
                 self.conn.execute(
                     "INSERT INTO events(at, kind, hotspot_id, node_id, payload_json) VALUES (?,?,?,?,?)",

@@ -446,3 +446,35 @@ def test_pack_runs_the_compile_gate_and_records_each_targets_decision(tmp_path):
     assert c["compiled_ms"] > 0 and c["compile_s"] > 0
     line = next(x for x in format_result(result).splitlines() if x.startswith("Whole model: eager "))
     assert ", eager+package " in line and ", compile " in line and "compile+package" in line
+
+
+SETTLE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {pack_dir!r})
+import torch
+import compile_fakes as cf
+doc = json.loads(open({doc!r}).read())
+p = cf.patcher(doc, use=[])
+assert "torch._dynamo" not in sys.modules, "the check needs a process where Dynamo was never imported"
+original = torch.nn.functional.softmax
+assert p.apply()
+assert "torch._dynamo" in sys.modules
+p.revert()
+from torch._dynamo import trace_rules
+rules = trace_rules.get_torch_obj_rule_map()
+print(json.dumps({{"original_known": original in rules, "restored": torch.nn.functional.softmax is original}}))
+"""
+
+
+def test_apply_settles_dynamo_even_when_nothing_imported_it(tiny_doc, tmp_path):
+    """Dynamo's map of torch functions is built before the patches, so a torch.compile after revert()
+    still knows torch's own F.softmax; in a fresh process where no one imported torch._dynamo."""
+    import subprocess
+
+    doc_path = tmp_path / "doc.json"
+    doc_path.write_text(json.dumps(tiny_doc))
+    script = SETTLE_SCRIPT.format(pack_dir=str(Path(__file__).resolve().parent / "pack"), doc=str(doc_path))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"original_known": True, "restored": True}

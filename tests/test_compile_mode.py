@@ -287,6 +287,47 @@ def test_compile_gate_leaves_the_least_gain_to_inductor_when_winners_lose_togeth
     assert Timing.from_json(result["compiled_with"]).median_us == pytest.approx(recs[ln]["compiled_with_ms"] * 1e3)
 
 
+def _counting(compile_mode_cls, sets: list):
+    class Counting(compile_mode_cls):
+        def __init__(self, patcher, use=None):
+            sets.append(sorted(use))
+            super().__init__(patcher, use=use)
+
+    return Counting
+
+
+def test_compile_gate_compiles_once_with_every_kernel_when_they_win_together(tmp_path_factory, one_thread):
+    """Both kernels cost nothing against the plain model's 30 ms: one compile with both, no per-kernel ones."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    ids = sorted(t["id"] for t in doc["targets"])
+    p = cf.patcher(doc)
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    sets: list = []
+    result = compile_gate.measure(target, p, _counting(_graph_only(cf.COMPILE.CompileMode), sets), budget_s=2.0,
+                                  max_n=9, compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    assert sets == [ids]
+    assert sorted(result["used"]) == ids
+    for tid in ids:
+        rec = result["targets"][tid]
+        assert rec["use"] is True and rec["reason"].startswith("faster compiled: ")
+        assert rec["reason"].endswith(f"(with {', '.join(ids)} swapped in together)")
+
+
+def test_compile_gate_bisects_only_when_the_kernels_lose_together(tmp_path_factory, one_thread):
+    """The slow kernel makes the set lose: each half is compiled once, and the set is not compiled again."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    by_op = {t["op"]: t["id"] for t in doc["targets"]}
+    p = cf.patcher(doc, slow_s={by_op["softmax"]: 0.090})
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    sets: list = []
+    compile_gate.measure(target, p, _counting(_graph_only(cf.COMPILE.CompileMode), sets), budget_s=1.0, max_n=5,
+                         compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    ids = [t.id for t in p.targets]
+    assert sets == [sorted(ids), [ids[0]], [ids[1]]]
+
+
 def test_compile_gate_drops_a_less_accurate_replacement(tmp_path_factory, one_thread):
     doc = _packed_doc(tmp_path_factory, TWO_OPS)
     sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")

@@ -224,13 +224,15 @@ def test_a_region_whose_output_is_not_the_kernels_is_not_used(base_doc, llama_re
 
 
 @pytest.fixture
-def no_inductor_cache(monkeypatch):
+def no_inductor_cache():
     """A graph Inductor loads from its cache is not rewritten again: compile afresh so the count is this run's."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config, "force_disable_caches", True)
+    with inductor_config.patch(force_disable_caches=True):
+        yield
 
 
+@pytest.mark.slow  # ~20-80 s of Inductor's C++ compile; the aot_only tests above check the same pass without it
 def test_inductor_compile_with_region_ops_equals_eager(base_doc, llama_regions_export, no_inductor_cache):
     """Through Inductor's C++ backend: the region ops are opaque nodes among Inductor's kernels."""
     chosen = _pick(llama_regions_export)
@@ -245,6 +247,7 @@ def test_inductor_compile_with_region_ops_equals_eager(base_doc, llama_regions_e
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.slow  # AOTInductor's C++ compile; the aot_only tests above check the pass without it
 def test_export_writes_a_pt2_with_the_region_ops_that_loads_and_runs(base_doc, llama_regions_export, tmp_path,
                                                                       no_inductor_cache):
     chosen = _pick(llama_regions_export)

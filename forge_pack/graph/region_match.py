@@ -12,7 +12,8 @@ so the model's graph holds that respelled form wherever the region is.
 ``find`` anchors at every node computing the form's last op, follows the arguments backwards to
 assign each of the form's ops a node, demands that no value but the last is read outside those
 nodes, and accepts the set only when ``canonical.form`` of it has the respelled key: same ops,
-arguments, constants, and every input's dtype, shape and strides. Anything else is left as it is.
+arguments, constants, and every input's dtype, shape and strides (metadata asserts that read a
+value inside go with the region). Anything else is left as it is.
 ``replace`` puts one call of the region's op there, its inputs in the original form's order (the
 kernel's ABI).
 
@@ -28,7 +29,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-from . import canonical
+from . import canonical, opclass
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Match:
     nodes: list[torch.fx.Node]  # the region's nodes, in graph order; the last computes the output
     inputs: list[torch.fx.Node]  # the values it reads, in the original form's input order
     output: torch.fx.Node
+    asserts: list[torch.fx.Node]  # bookkeeping (torch.export's metadata asserts) on values inside: erased too
 
 
 def respell(form: dict, device: str, decompositions: dict | None) -> Respelled:
@@ -156,8 +158,17 @@ def _match_at(anchor: torch.fx.Node, region: Respelled, position: dict) -> Match
     members = set(op_of)
     if members.intersection(input_of.values()):
         return None
+    asserts = []
     for n in members:
-        if n is not anchor and any(u not in members for u in n.users):
+        if n is anchor:
+            continue
+        for u in n.users:
+            if u in members:
+                continue
+            if _bookkeeping(u):
+                if u not in asserts:
+                    asserts.append(u)
+                continue
             return None  # a value inside the region is read elsewhere: one op cannot stand for it
     nodes = sorted(members, key=position.__getitem__)
     specs = {v: canonical.tensor_spec(v.meta.get("val")) for v in input_of.values()}
@@ -169,7 +180,12 @@ def _match_at(anchor: torch.fx.Node, region: Respelled, position: dict) -> Match
     ordered: list[Any] = [None] * len(ins)
     for i, v in enumerate(ins):
         ordered[region.order[i]] = v
-    return Match(nodes, ordered, anchor)
+    return Match(nodes, ordered, anchor, asserts)
+
+
+def _bookkeeping(n: torch.fx.Node) -> bool:
+    """A side-effect-free check on a value that nothing reads (torch.export's _assert_tensor_metadata)."""
+    return n.op == "call_function" and not n.users and opclass.classify(canonical.op_name(n)) == "bookkeeping"
 
 
 def replace(graph: torch.fx.Graph, match: Match, op: Any) -> torch.fx.Node:
@@ -179,6 +195,8 @@ def replace(graph: torch.fx.Graph, match: Match, op: Any) -> torch.fx.Node:
         new = graph.call_function(op, tuple(match.inputs))
     new.meta.update({k: v for k, v in match.output.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
     match.output.replace_all_uses_with(new)
+    for n in match.asserts:
+        graph.erase_node(n)
     for n in reversed(match.nodes):
         graph.erase_node(n)
     return new

@@ -274,3 +274,82 @@ def test_pack_ships_the_graph_runtime_verbatim_with_its_digests(tmp_path):
     for name, digest in record["files"].items():
         assert (pkg / "_graph" / name).read_bytes() == (src / name).read_bytes()
         assert digest == hashlib.sha256((src / name).read_bytes()).hexdigest()
+
+
+class _Slowed(torch.nn.Module):
+    """The plain compiled model made slower by a fixed delay: the gate's "faster" case, deterministically."""
+
+    def __init__(self, inner, delay_s: float):
+        super().__init__()
+        self.inner, self.delay_s = inner, delay_s
+
+    def forward(self, *args, **kwargs):
+        import time
+
+        time.sleep(self.delay_s)
+        return self.inner(*args, **kwargs)
+
+
+def _aot_only_mode(compile_mode_cls):
+    class AotOnly(compile_mode_cls):
+        """The region pass on AOTAutograd's graph without Inductor's C++ compile (~20 s each here)."""
+
+        def compile(self, model, **kwargs):
+            def backend(gm, example_inputs):
+                from torch._functorch.aot_autograd import aot_module_simplified
+                from torch._inductor.decomposition import select_decomp_table
+
+                self.rewrite(gm, example_inputs)
+                region_pass = self.region_pass(gm, example_inputs)
+
+                def forward_compiler(fgm, _inputs):
+                    if region_pass is not None:
+                        region_pass(fgm.graph)
+                        fgm.recompile()
+                    return fgm.forward
+
+                return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
+                                             decompositions=select_decomp_table())
+
+            return torch.compile(model, backend=backend)
+
+    return AotOnly
+
+
+def test_compile_gate_measures_regions_and_records_each_decision(base_doc, llama_regions_export):
+    """A region computing the right values is used (the plain compiled model pays 30 ms more); one computing
+    1.5 times them is dropped as less accurate; an unused form (another eps) never matches."""
+    from forge_pack.evaluate import compile_gate
+    from forge_pack.pack import manifest
+    from forge_pack.profile.load import load
+
+    chosen = _pick(llama_regions_export)
+    ids = _ids(chosen)
+    stale = next(r for r in llama_regions_export if r.pattern == "rms_norm")
+    stale_form = json.loads(json.dumps(stale.form).replace("1e-06", "1e-05"))
+    stale = type(stale)(**{**stale.__dict__, "form": stale_form})
+    chosen.append(("r9", stale))
+    p = cf.region_patcher(base_doc, chosen, wrong={ids["div+add+softmax+cast"]})
+    target = load(str(Path(llama_regions.__file__)), "cpu", None)
+    torch._dynamo.reset()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = compile_gate.measure(target, p, _aot_only_mode(cf.COMPILE.CompileMode), budget_s=1.0, max_n=5,
+                                      compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    finally:
+        torch.set_num_threads(before)
+    recs = result["targets"]
+    assert sorted(result["used"]) == sorted([ids["rms_norm"], ids["silu+mul"]])
+    assert recs[ids["rms_norm"]]["reason"].startswith("faster compiled: ")
+    assert recs[ids["div+add+softmax+cast"]]["use"] is False
+    assert recs[ids["div+add+softmax+cast"]]["reason"].startswith(
+        "less accurate compiled: with only this kernel, the patched model's outputs differ from the original's")
+    assert recs["r9"] == {"use": False, "reason": compile_gate.UNMATCHED_REASON, "compiled_ms": None,
+                          "compiled_with_ms": None}
+    doc = json.loads(json.dumps(p.manifest))
+    compile_gate.record(doc, result)
+    assert {r["id"]: r["compile"]["use"] for r in doc["regions"]} == {
+        ids["rms_norm"]: True, ids["div+add+softmax+cast"]: False, ids["silu+mul"]: True, "r9": False}
+    doc["schema_version"] = manifest.SCHEMA_VERSION
+    manifest.validate(manifest._integrity().seal(doc), "regions manifest")

@@ -19,7 +19,7 @@ package is measured compiled, in a subprocess (its ops are registered once per p
    lose together leave the one that gained less to Inductor. When everything wins together, that is
    two compiles in all; one bad replacement among n costs about 2 log2(n) more.
 
-Each target gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
+Each target and region gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
 document ``compile_result`` (plain and package compiled medians, compile times, what is used). A
 model torch.compile cannot compile leaves the eager package as it is: every target ``use: false``
 with that reason.
@@ -44,8 +44,9 @@ COMPILE_CHECK_TIMEOUT_S = 3600  # two Inductor compiles, more while bisecting: m
 BUDGET_S = 10.0  # timing budget per compared pair: enough for 30 pairs of a 100 ms forward
 MAX_N = 30  # timed pairs per comparison, as the eager whole-model check's order of magnitude
 COMPOSITE_REASON = ("a module composite (several traced calls, not one op): compile mode leaves it to Inductor")
-UNMATCHED_REASON = ("no call in the compiled graphs matched the verified signature (shape, dtype, strides, "
-                    "parameters or device differ as traced, or the shapes are dynamic), so Inductor keeps it")
+UNMATCHED_REASON = ("no call or subgraph in the compiled graphs matched the verified signature or form (shape, "
+                    "dtype, strides, parameters, constants or device differ as traced, or the shapes are dynamic), "
+                    "so Inductor keeps it")
 
 
 def ms(t: Timing | None) -> float | None:
@@ -204,7 +205,7 @@ def record(doc: dict, result: dict) -> dict:
     """Write the compile gate's result into the staged manifest: each target's ``compile`` and the
     document's ``compile_result``; the latter is returned."""
     recs = result.get("targets") or {}
-    for t in doc["targets"]:
+    for t in [*doc["targets"], *(doc.get("regions") or [])]:
         t["compile"] = recs.get(t["id"]) or {"use": False, "reason": result.get("error") or UNMATCHED_REASON,
                                             "compiled_ms": None, "compiled_with_ms": None}
     summary = {k: result.get(k) for k in ("used", "compile_s", "compile_with_s", "mode", "compiled_max_abs_diff",
@@ -292,6 +293,11 @@ def compile_check(package_dir: str, model: str, device: str, dtype: str | None, 
     if not patcher.load():
         return {"error": f"the package's extension did not load: {patcher.load_error}"}
     cm = _compile_module(Path(package_dir), patcher.package)
+    if patcher.manifest.get("regions"):
+        # a graph Inductor loads from its cache skips the region pass, so its matches would not be counted
+        import torch._inductor.config as inductor_config
+
+        inductor_config.force_disable_caches = True
     target = load(model, device, dtype)
     return measure(target, patcher, cm.CompileMode, say=lambda s: print(s, file=sys.stderr, flush=True))
 

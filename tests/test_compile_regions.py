@@ -353,3 +353,13 @@ def test_compile_gate_measures_regions_and_records_each_decision(base_doc, llama
         ids["rms_norm"]: True, ids["div+add+softmax+cast"]: False, ids["silu+mul"]: True, "r9": False}
     doc["schema_version"] = manifest.SCHEMA_VERSION
     manifest.validate(manifest._integrity().seal(doc), "regions manifest")
+
+
+def test_a_manifest_needs_a_target_or_a_region(base_doc):
+    from forge_pack.pack import manifest
+
+    doc = {**json.loads(json.dumps(base_doc)), "targets": []}
+    assert any(p.startswith("(top level): ") for p in manifest.problems(doc))
+    r = _pick(_regions())[0][1]
+    doc["regions"] = [{"id": "r0", "form": r.form, "op": "r0", "output": r.output_spec.to_json()}]
+    assert manifest.problems(doc) == []

@@ -230,7 +230,12 @@ class CompileMode:
         match = _load_graph_runtime()
         count = 0
         for r, respelled in ready:
-            for m in match.find(graph, respelled):
+            try:
+                found = match.find(graph, respelled)
+            except Exception as e:  # noqa: BLE001 - a graph the matcher cannot read: the region stays Inductor's
+                self._warn_once(f"region {r.id} is left to Inductor: matching failed ({type(e).__name__}: {e})")
+                continue
+            for m in found:
                 match.replace(graph, m, r.bind())
                 with self._lock:
                     self.matched[r.id] = self.matched.get(r.id, 0) + 1

@@ -78,7 +78,8 @@ def region_ops(regions: list, wrong: set | None = None) -> str:
     _LIBS.append(lib)
     for rid, region in regions:
         args = ", ".join(f"Tensor in{k}" for k in range(len(region.input_specs)))
-        lib.define(f"{rid}({args}) -> Tensor")
+        tag = getattr(torch._C.Tag, "needs_exact_strides", None)  # Inductor hands the op the traced strides
+        lib.define(f"{rid}({args}) -> Tensor", tags=(tag,) if tag is not None else ())
         out = region.output_spec
         factor = 1.5 if rid in (wrong or ()) else 1.0
 

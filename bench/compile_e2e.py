@@ -4,14 +4,15 @@ times, the ratios against eager and against torch.compile of the same mode, and 
 from eager. Each package is pip-installed into a fresh --target dir, each model timed in its own process.
 
     python bench/compile_e2e.py [OUT_BASE] --pair MODEL.py=PACKAGE [--pair ...] [--device cuda] [--dtype D]
-        [--modes default,max-autotune] [--n 50] [--budget-s 420] [--no-pt2] [--small]
+        [--modes default,max-autotune] [--n 50] [--budget-s 420] [--no-pt2] [--small] [--previous E2E.json ...]
 
 PACKAGE is what `forge-pack build --out` wrote, or a .tar.gz of it (bench/real_models.py leaves
 <model>_pkg.tar.gz). Writes OUT_BASE.json and OUT_BASE.md ($OUT/e2e.* by default, else bench/results/e2e.*).
 Timing: CUDA-synchronised wall time per forward, 5 warm-up calls, then n timed calls interleaved over the
 variants (drift hits all alike); medians and IQRs. --budget-s bounds one model's worker: a variant whose
 compile would not end within it (estimated from the compiles done: see expected_s) is skipped and listed
-as skipped, so one model fits in one device call.
+as skipped, so one model fits in one device call. --previous puts the rows of earlier calls' e2e.json
+first, so the modes of one model measured in two calls, or several models, make one report.
 """
 
 from __future__ import annotations
@@ -191,7 +192,7 @@ def markdown(rows: list[dict], cmd: str, env: dict) -> str:
              f"Command: `{cmd}`", "", f"Environment: {json.dumps(env)}", "",
              "`vs compile`: torch.compile of the same mode (`default` for the .pt2) over the variant's median.", ""]
     for r in rows:
-        lines += [f"## {r['model']} ({r['package']})", ""]
+        lines += [f"## {r['model']} ({r['package']})", "", f"Command: `{r.get('command', cmd)}`", ""]
         if r.get("error"):
             lines += ["```", r["error"], "```", ""]
             continue
@@ -225,7 +226,9 @@ def main() -> int:
         return 0
     p = argparse.ArgumentParser()
     p.add_argument("out", nargs="?")
-    p.add_argument("--pair", action="append", required=True, help="MODEL.py=PACKAGE_DIR or MODEL.py=PACKAGE.tar.gz")
+    p.add_argument("--pair", action="append", default=[], help="MODEL.py=PACKAGE_DIR or MODEL.py=PACKAGE.tar.gz")
+    p.add_argument("--previous", nargs="*", default=[],
+                   help="e2e.json files of earlier calls: their rows come first (one report over several calls)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default=None)
     p.add_argument("--modes", default="default,max-autotune")
@@ -235,8 +238,11 @@ def main() -> int:
     p.add_argument("--no-pt2", action="store_true", help="skip the AOTInductor export")
     p.add_argument("--small", action="store_true", help="FORGE_BENCH_SMALL=1 for the models (CPU smoke test)")
     a = p.parse_args()
+    if not a.pair and not a.previous:
+        p.error("give --pair MODEL.py=PACKAGE (or --previous E2E.json to rewrite a report)")
     base = out_path("e2e")
-    rows = []
+    rows = [row for f in a.previous for row in json.loads(Path(f).read_text())["models"]]
+    cmd = "python bench/compile_e2e.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         for pair in a.pair:
             model, _, pkg = pair.partition("=")
@@ -244,8 +250,8 @@ def main() -> int:
                       Path(tmp), a.budget_s, not a.no_pt2, {"FORGE_BENCH_SMALL": "1"} if a.small else {})
             if not row.get("error"):
                 row["ratios"] = ratios(row)
+            row["command"] = cmd
             rows.append(row)
-    cmd = "python bench/compile_e2e.py " + " ".join(sys.argv[1:])
     env = environment()
     try:
         env["forge_pack_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,

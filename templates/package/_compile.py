@@ -37,8 +37,8 @@ import importlib.util
 import json
 import sys
 import threading
-from pathlib import Path
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -148,7 +148,7 @@ class CompileMode:
         self.graphs: list = []  # every graph handed to Inductor, after replacement (newest last)
         self.replaced: dict[str, int] = {}  # target id -> traced calls replaced, over all graphs
         self.matched: dict[str, int] = {}  # region id -> subgraphs replaced, over the graphs Inductor compiled
-        self._respelled: dict[tuple[str, str], Any] = {}  # (region id, device) -> Respelled, or why not
+        self._respelled: dict[tuple[str, str], Any] = {}  # (region id, device type) -> Respelled; None: not usable
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 

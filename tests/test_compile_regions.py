@@ -363,3 +363,29 @@ def test_a_manifest_needs_a_target_or_a_region(base_doc):
     r = _pick(_regions())[0][1]
     doc["regions"] = [{"id": "r0", "form": r.form, "op": "r0", "output": r.output_spec.to_json()}]
     assert manifest.problems(doc) == []
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_cuda_graphs_run_the_region_ops(base_doc):
+    """CUDA: mode="reduce-overhead" (CUDA graphs) with the region ops in the graph, output as eager's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model, inputs = llama_regions.get_model().cuda(), [t.cuda() for t in llama_regions.get_inputs()]
+    g = capture(model, tuple(inputs), profile=False)
+    chosen = _pick(find_regions(g))
+    ids = _ids(chosen)
+    doc = json.loads(json.dumps(base_doc))
+    doc["backend"] = "cuda"
+    doc["build"]["cuda_arch_list"] = "%d.%d" % torch.cuda.get_device_capability()
+    p = cf.region_patcher(doc, chosen, use=[rid for rid, _ in chosen])
+    cm = cf.COMPILE.CompileMode(p)
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+        ref = model(*inputs)
+        compiled = cm.compile(model, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = compiled(*inputs)
+    assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)

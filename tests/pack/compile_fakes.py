@@ -90,6 +90,7 @@ def region_ops(regions: list, wrong: set | None = None) -> str:
             return result.copy_(value * factor if factor != 1.0 else value)
 
         lib.impl(rid, impl, "CPU")
+        lib.impl(rid, impl, "CUDA")
     return ns
 
 

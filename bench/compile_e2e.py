@@ -4,7 +4,7 @@ times, the ratios against eager and against torch.compile of the same mode, and 
 from eager. Each package is pip-installed into a fresh --target dir, each model timed in its own process.
 
     python bench/compile_e2e.py [OUT_BASE] --pair MODEL.py=PACKAGE [--pair ...] [--device cuda] [--dtype D]
-        [--modes default,max-autotune] [--n 50] [--budget-s 420] [--no-pt2] [--small] [--previous E2E.json ...]
+        [--modes default,max-autotune] [--n 50] [--budget-s 360] [--no-pt2] [--small] [--previous E2E.json ...]
 
 PACKAGE is what `forge-pack build --out` wrote, or a .tar.gz of it (bench/real_models.py leaves
 <model>_pkg.tar.gz). Writes OUT_BASE.json and OUT_BASE.md ($OUT/e2e.* by default, else bench/results/e2e.*).
@@ -13,6 +13,12 @@ variants (drift hits all alike); medians and IQRs. --budget-s bounds one model's
 compile would not end within it (estimated from the compiles done: see expected_s) is skipped and listed
 as skipped, so one model fits in one device call. --previous puts the rows of earlier calls' e2e.json
 first, so the modes of one model measured in two calls, or several models, make one report.
+
+One model in one device call (H200, at most 10 min): pip install (nvcc, ~1-2 min) + the worker's
+--budget-s (360 s by default) + the timed calls. The package comes from an earlier call, e.g.
+    python -m forge_pack build bench/models/resnet50.py --device cuda --out $OUT/resnet50_pkg \
+        --name resnet50_forge --budget 8 --time-limit 5 --allow-no-gain && tar czf $OUT/resnet50_pkg.tar.gz -C $OUT resnet50_pkg
+then   python bench/compile_e2e.py $OUT/e2e --pair bench/models/resnet50.py=resnet50_pkg.tar.gz --device cuda
 """
 
 from __future__ import annotations
@@ -233,7 +239,7 @@ def main() -> int:
     p.add_argument("--dtype", default=None)
     p.add_argument("--modes", default="default,max-autotune")
     p.add_argument("--n", type=int, default=50)
-    p.add_argument("--budget-s", type=float, default=420.0,
+    p.add_argument("--budget-s", type=float, default=360.0,
                    help="per model worker: no compile starts after this (one device call is at most 10 min)")
     p.add_argument("--no-pt2", action="store_true", help="skip the AOTInductor export")
     p.add_argument("--small", action="store_true", help="FORGE_BENCH_SMALL=1 for the models (CPU smoke test)")

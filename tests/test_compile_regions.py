@@ -274,6 +274,13 @@ def test_pack_ships_the_graph_runtime_verbatim_with_its_digests(tmp_path):
     for name, digest in record["files"].items():
         assert (pkg / "_graph" / name).read_bytes() == (src / name).read_bytes()
         assert digest == hashlib.sha256((src / name).read_bytes()).hexdigest()
+    from forge_pack.evaluate.compile_gate import _compile_module
+
+    shipped = _compile_module(tmp_path / "pkg", "gr_pkg")
+    assert shipped._graph_runtime_problem(doc) is None
+    (pkg / "_graph" / "canonical.py").write_text((src / "canonical.py").read_text() + "\n# edited\n")
+    assert shipped._graph_runtime_problem(doc) == ("_graph/canonical.py is not the file the package was built "
+                                                   "with; regions are left to Inductor")
 
 
 class _Slowed(torch.nn.Module):

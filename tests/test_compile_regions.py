@@ -396,3 +396,21 @@ def test_reduce_overhead_cuda_graphs_run_the_region_ops(base_doc):
             got = compiled(*inputs)
     assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_chain_of_one_form_is_replaced_link_by_link(base_doc):
+    """(x + y) + z with the region "add" of that shape: the second add reads the first one's replacement."""
+    class Add(torch.nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    class Chain(torch.nn.Module):
+        def forward(self, x, y, z):
+            return (x + y) + z
+
+    x, y, z = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    region = find_regions(capture(Add(), (x, y), profile=False))[0]
+    cm = cf.COMPILE.CompileMode(cf.region_patcher(base_doc, [("r0", region)], use=["r0"]))
+    got, graphs = aot_only(cm, Chain(), x, y, z)
+    assert cm.report()["regions"] == {"r0": 2} and _region_nodes(graphs) == {"r0": 2}
+    torch.testing.assert_close(got, (x + y) + z)

@@ -235,8 +235,10 @@ class CompileMode:
             except Exception as e:  # noqa: BLE001 - a graph the matcher cannot read: the region stays Inductor's
                 self._warn_once(f"region {r.id} is left to Inductor: matching failed ({type(e).__name__}: {e})")
                 continue
+            renamed: dict = {}  # a match's output replaced earlier, read by a later match of the same form
             for m in found:
-                match.replace(graph, m, r.bind())
+                m.inputs = [renamed.get(v, v) for v in m.inputs]
+                renamed[m.output] = match.replace(graph, m, r.bind())
                 with self._lock:
                     self.matched[r.id] = self.matched.get(r.id, 0) + 1
                 count += 1

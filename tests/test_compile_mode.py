@@ -287,6 +287,47 @@ def test_compile_gate_leaves_the_least_gain_to_inductor_when_winners_lose_togeth
     assert Timing.from_json(result["compiled_with"]).median_us == pytest.approx(recs[ln]["compiled_with_ms"] * 1e3)
 
 
+def _counting(compile_mode_cls, sets: list):
+    class Counting(compile_mode_cls):
+        def __init__(self, patcher, use=None):
+            sets.append(sorted(use))
+            super().__init__(patcher, use=use)
+
+    return Counting
+
+
+def test_compile_gate_compiles_once_with_every_kernel_when_they_win_together(tmp_path_factory, one_thread):
+    """Both kernels cost nothing against the plain model's 30 ms: one compile with both, no per-kernel ones."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    ids = sorted(t["id"] for t in doc["targets"])
+    p = cf.patcher(doc)
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    sets: list = []
+    result = compile_gate.measure(target, p, _counting(_graph_only(cf.COMPILE.CompileMode), sets), budget_s=2.0,
+                                  max_n=9, compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    assert sets == [ids]
+    assert sorted(result["used"]) == ids
+    for tid in ids:
+        rec = result["targets"][tid]
+        assert rec["use"] is True and rec["reason"].startswith("faster compiled: ")
+        assert rec["reason"].endswith(f"(with {', '.join(ids)} swapped in together)")
+
+
+def test_compile_gate_bisects_only_when_the_kernels_lose_together(tmp_path_factory, one_thread):
+    """The slow kernel makes the set lose: each half is compiled once, and the set is not compiled again."""
+    doc = _packed_doc(tmp_path_factory, TWO_OPS)
+    by_op = {t["op"]: t["id"] for t in doc["targets"]}
+    p = cf.patcher(doc, slow_s={by_op["softmax"]: 0.090})
+    target = load(str(TWO_OPS), "cpu", None)
+    torch._dynamo.reset()
+    sets: list = []
+    compile_gate.measure(target, p, _counting(_graph_only(cf.COMPILE.CompileMode), sets), budget_s=1.0, max_n=5,
+                         compile_plain=lambda m: _Slowed(torch.compile(m, backend="eager"), 0.030))
+    ids = [t.id for t in p.targets]
+    assert sets == [sorted(ids), [ids[0]], [ids[1]]]
+
+
 def test_compile_gate_drops_a_less_accurate_replacement(tmp_path_factory, one_thread):
     doc = _packed_doc(tmp_path_factory, TWO_OPS)
     sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")
@@ -446,3 +487,35 @@ def test_pack_runs_the_compile_gate_and_records_each_targets_decision(tmp_path):
     assert c["compiled_ms"] > 0 and c["compile_s"] > 0
     line = next(x for x in format_result(result).splitlines() if x.startswith("Whole model: eager "))
     assert ", eager+package " in line and ", compile " in line and "compile+package" in line
+
+
+SETTLE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {pack_dir!r})
+import torch
+import compile_fakes as cf
+doc = json.loads(open({doc!r}).read())
+p = cf.patcher(doc, use=[])
+assert "torch._dynamo" not in sys.modules, "the check needs a process where Dynamo was never imported"
+original = torch.nn.functional.softmax
+assert p.apply()
+assert "torch._dynamo" in sys.modules
+p.revert()
+from torch._dynamo import trace_rules
+rules = trace_rules.get_torch_obj_rule_map()
+print(json.dumps({{"original_known": original in rules, "restored": torch.nn.functional.softmax is original}}))
+"""
+
+
+def test_apply_settles_dynamo_even_when_nothing_imported_it(tiny_doc, tmp_path):
+    """Dynamo's map of torch functions is built before the patches, so a torch.compile after revert()
+    still knows torch's own F.softmax; in a fresh process where no one imported torch._dynamo."""
+    import subprocess
+
+    doc_path = tmp_path / "doc.json"
+    doc_path.write_text(json.dumps(tiny_doc))
+    script = SETTLE_SCRIPT.format(pack_dir=str(Path(__file__).resolve().parent / "pack"), doc=str(doc_path))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       cwd=str(Path(__file__).resolve().parent.parent))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"original_known": True, "restored": True}

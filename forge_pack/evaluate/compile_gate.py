@@ -4,19 +4,22 @@ A kernel that beats eager may still lose compiled: Inductor would have fused the
 neighbours, and the replacement cuts that fusion. So after the whole-model gate passes, the staged
 package is measured compiled, in a subprocess (its ops are registered once per process):
 
-1. the model compiled plainly (``torch.compile(model)``, Inductor) and with each replacement alone
-   (``CompileMode(patcher, use=[id])``: only that target swapped in), timed interleaved with the plain
-   compiled model (the whole-model gate's protocol: warm-up, alternating calls, medians and IQRs);
-2. a replacement is used only if its compiled model matches eager as the whole-model gate demands
-   (``compare_outputs``'s ``within_tolerance``) and is faster than the plain compiled model: slower by
-   more than the noise of the two medians (two standard errors of their difference, from the IQRs)
-   is "makes the compiled model slower", slower or equal within it is "not faster compiled"; a target
-   none of whose traced calls matched its verified signature is not used either;
-3. the kept ones together: compiled with all of them, checked and timed the same way; while that
-   loses, the one with the smallest gain alone is dropped (its reason says so) and the rest measured
-   again.
+1. the model compiled plainly (``torch.compile(model)``, Inductor) once, the yardstick of every
+   comparison, and compiled with every candidate swapped in (the op targets that are one traced call
+   and the manifest's regions: ``CompileMode(patcher, use=ids)``); a candidate none of whose traced
+   calls or subgraphs matched is not used;
+2. a set of replacements is used only if its compiled model matches eager as the whole-model gate
+   demands (``compare_outputs``'s ``within_tolerance``) and is faster than the plain compiled model,
+   timed interleaved with it (the whole-model gate's protocol: warm-up, alternating calls, medians and
+   IQRs): slower by more than the noise of the two medians (two standard errors of their difference,
+   from the IQRs) is "makes the compiled model slower", slower or equal within it is "not faster
+   compiled";
+3. a set that loses is bisected: each half is measured (and bisected while it loses) down to single
+   replacements, which are dropped with the reason of their own measurement; two winning halves that
+   lose together leave the one that gained less to Inductor. When everything wins together, that is
+   two compiles in all; one bad replacement among n costs about 2 log2(n) more.
 
-Each target gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
+Each target and region gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
 document ``compile_result`` (plain and package compiled medians, compile times, what is used). A
 model torch.compile cannot compile leaves the eager package as it is: every target ``use: false``
 with that reason.
@@ -37,12 +40,13 @@ from forge_pack.evaluate.confirm import _time_pair, median_se_us
 from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
 from forge_pack.evaluate.model_gate import failure_words, passes
 
-COMPILE_CHECK_TIMEOUT_S = 3600  # one Inductor compile per target plus two: minutes for a large model on a small CPU
+COMPILE_CHECK_TIMEOUT_S = 3600  # two Inductor compiles, more while bisecting: minutes for a large model on a small CPU
 BUDGET_S = 10.0  # timing budget per compared pair: enough for 30 pairs of a 100 ms forward
 MAX_N = 30  # timed pairs per comparison, as the eager whole-model check's order of magnitude
 COMPOSITE_REASON = ("a module composite (several traced calls, not one op): compile mode leaves it to Inductor")
-UNMATCHED_REASON = ("no call in the compiled graphs matched the verified signature (shape, dtype, strides, "
-                    "parameters or device differ as traced, or the shapes are dynamic), so Inductor keeps it")
+UNMATCHED_REASON = ("no call or subgraph in the compiled graphs matched the verified signature or form (shape, "
+                    "dtype, strides, parameters, constants or device differ as traced, or the shapes are dynamic), "
+                    "so Inductor keeps it")
 
 
 def ms(t: Timing | None) -> float | None:
@@ -72,6 +76,11 @@ def _raise_recompile_limit(n: int) -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), n))
 
 
+def candidates(patcher: Any) -> list[str]:
+    """What compile mode may swap in: the op targets that are one traced call, then the manifest's regions."""
+    return [t.id for t in patcher.targets if not t.composite] + [r["id"] for r in patcher.manifest.get("regions") or []]
+
+
 def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: float = BUDGET_S, max_n: int = MAX_N,
             say: Callable[[str], None] = lambda s: None, compile_plain: Callable | None = None) -> dict:
     """Compile target.module plainly and with the package's replacements (see the module doc); the
@@ -83,10 +92,10 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
 
     cuda = target.device == "cuda"
     module, args, kwargs, device = target.module, target.args, target.kwargs, target.device
-    ids = [t.id for t in patcher.targets if not t.composite]
+    ids = candidates(patcher)
     records: dict[str, dict] = {t.id: {"use": False, "reason": COMPOSITE_REASON, "compiled_ms": None,
                                        "compiled_with_ms": None} for t in patcher.targets if t.composite}
-    _raise_recompile_limit(len(ids) * 2 + 4)
+    _raise_recompile_limit(2 * len(ids) + 4)  # the bisection's compiles at most
     with torch.inference_mode():
         ref = seeded_forward(module, args, kwargs, device)
     gold, gold_note = precise_reference(module, args, kwargs, device)
@@ -113,52 +122,78 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
         plain = (compile_plain or torch.compile)(module)
         compile_s, out = first(plain)
         plain_acc = compare_outputs(ref, out, gold, gold_note)
-        gains: dict[str, float] = {}
-        alone: dict[str, dict] = {}  # a single kept replacement's figures stand for "together"
-        for tid in ids:
-            cm = compile_mode(patcher, use=[tid])
+
+        def trial(used: list[str]) -> dict:
+            """The model compiled with exactly `used` swapped in, against the plain compiled model."""
+            cm = compile_mode(patcher, use=used)
             compiled = cm.compile(module)
             with_s, out = first(compiled)
-            if not cm.replaced.get(tid):
-                records[tid] = {"use": False, "reason": UNMATCHED_REASON, "compiled_ms": None, "compiled_with_ms": None}
-                say(f"  compiled, {tid}: not used: {UNMATCHED_REASON}")
-                continue
+            hit = {**cm.replaced, **getattr(cm, "matched", {})}
             acc = compare_outputs(ref, out, gold, gold_note)
             t_plain, t_with = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
             if not passes(acc):
-                ok, why = False, f"less accurate compiled: with only this kernel, {failure_words(acc)}"
+                alone = "with only this kernel, " if len(used) == 1 else f"with {', '.join(used)} together, "
+                ok, why = False, f"less accurate compiled: {alone}{failure_words(acc)}"
             else:
                 ok, why = judge(t_plain, t_with)
-            records[tid] = {"use": ok, "reason": why, "compiled_ms": ms(t_plain), "compiled_with_ms": ms(t_with)}
-            alone[tid] = {"compiled": t_plain.to_json(), "compiled_with": t_with.to_json(), "compile_with_s": with_s,
-                          "max_abs_diff": acc.get("max_abs_diff"), "within_tolerance": acc.get("within_tolerance")}
-            gains[tid] = t_plain.median_us / max(t_with.median_us, 1e-9)
-            say(f"  compiled, {tid}: {'used' if ok else 'not used'}: {why}")
-        kept = [tid for tid in ids if records[tid]["use"]]
-        together: dict = alone[kept[0]] if len(kept) == 1 else {}
-        while kept and not together:
-            cm = compile_mode(patcher, use=kept)
-            compiled = cm.compile(module)
-            with_s, out = first(compiled)
-            acc = compare_outputs(ref, out, gold, gold_note)
-            t_plain, t_all = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
-            ok, why = judge(t_plain, t_all) if passes(acc) else (False, f"less accurate compiled: {failure_words(acc)}")
-            if ok or len(kept) == 1:
-                if not ok:  # one left, and it lost in this measurement: the alone measurement was noise
-                    records[kept[0]].update(use=False, reason=f"not faster compiled when measured again: {why}")
-                    kept = []
-                together = {"compiled": t_plain.to_json(), "compiled_with": t_all.to_json() if kept else None,
-                            "compile_with_s": with_s if kept else None, "max_abs_diff": acc.get("max_abs_diff"),
-                            "within_tolerance": acc.get("within_tolerance")}
-                break
-            worst = min(kept, key=lambda t: gains[t])
-            records[worst].update(use=False, reason=f"faster compiled alone, but the kernels used together lose "
-                                                     f"({why}); it gained least alone, so it is left to Inductor")
-            say(f"  compiled together: {why}; leaving {worst} to Inductor")
-            kept.remove(worst)
-            if len(kept) == 1:  # the one left won alone: that measurement is the package's compiled figure
-                together = alone[kept[0]]
-        if not together:  # nothing used: the plain compiled model against itself is what runs
+            return {"used": list(used), "ok": ok, "why": why, "plain": t_plain, "with": t_with, "with_s": with_s,
+                    "acc": acc, "hit": hit, "gain": t_plain.median_us / max(t_with.median_us, 1e-9)}
+
+        def keep_all(t: dict) -> None:
+            why = t["why"] if len(t["used"]) == 1 else f"{t['why']} (with {', '.join(t['used'])} swapped in together)"
+            for tid in t["used"]:
+                records[tid] = {"use": True, "reason": why, "compiled_ms": ms(t["plain"]), "compiled_with_ms": ms(t["with"])}
+
+        def settle(used: list[str], t: dict | None = None) -> tuple[list[str], dict | None]:
+            """The largest part of `used` this bisection keeps, and its measurement: a set that wins is kept
+            whole; one that loses is split in halves, each settled; two winning halves that lose together
+            leave the one that gained less to Inductor."""
+            t = t or trial(used)
+            if t["ok"]:
+                keep_all(t)
+                return used, t
+            if len(used) == 1:
+                records[used[0]] = {"use": False, "reason": t["why"], "compiled_ms": ms(t["plain"]),
+                                    "compiled_with_ms": ms(t["with"])}
+                say(f"  compiled, {used[0]}: not used: {t['why']}")
+                return [], None
+            half = len(used) // 2
+            (a, ta), (b, tb) = settle(used[:half]), settle(used[half:])
+            if not a or not b:
+                return (a, ta) if a else (b, tb)
+            both = t if a + b == used else trial(a + b)  # both halves whole: `used` itself, measured already
+            if both["ok"]:
+                keep_all(both)
+                return a + b, both
+            (lose, t_lose), (win, t_win) = sorted(((a, ta), (b, tb)), key=lambda p: p[1]["gain"])
+            alone = "alone" if len(lose) == 1 else f"with {', '.join(lose)}"
+            for tid in lose:
+                records[tid].update(use=False, reason=f"faster compiled {alone}, but the kernels used together lose "
+                                                      f"({both['why']}); it gained least {alone}, so it is left to "
+                                                      f"Inductor")
+            say(f"  compiled together: {both['why']}; leaving {', '.join(lose)} to Inductor")
+            return win, t_win
+
+        # one compile with every candidate: calls and regions that never occur drop out here
+        kept: list[str] = []
+        final: dict | None = None
+        if ids:
+            everything = trial(ids)
+            for tid in ids:
+                if not everything["hit"].get(tid):
+                    records[tid] = {"use": False, "reason": UNMATCHED_REASON, "compiled_ms": None,
+                                    "compiled_with_ms": None}
+                    say(f"  compiled, {tid}: not used: {UNMATCHED_REASON}")
+            matched = [tid for tid in ids if everything["hit"].get(tid)]
+            if matched:
+                kept, final = settle(matched, everything if matched == ids else None)
+        for tid in kept:
+            say(f"  compiled, {tid}: used: {records[tid]['reason']}")
+        if final is not None:
+            together = {"compiled": final["plain"].to_json(), "compiled_with": final["with"].to_json(),
+                        "compile_with_s": final["with_s"], "max_abs_diff": final["acc"].get("max_abs_diff"),
+                        "within_tolerance": final["acc"].get("within_tolerance")}
+        else:  # nothing used: the plain compiled model against itself is what runs
             t_plain, _ = _time_pair(call(plain), call(plain), noop, noop, cuda, budget_s, max_n)
             together = {"compiled": t_plain.to_json(), "compiled_with": None, "compile_with_s": None,
                         "max_abs_diff": None, "within_tolerance": None}
@@ -170,7 +205,7 @@ def record(doc: dict, result: dict) -> dict:
     """Write the compile gate's result into the staged manifest: each target's ``compile`` and the
     document's ``compile_result``; the latter is returned."""
     recs = result.get("targets") or {}
-    for t in doc["targets"]:
+    for t in [*doc["targets"], *(doc.get("regions") or [])]:
         t["compile"] = recs.get(t["id"]) or {"use": False, "reason": result.get("error") or UNMATCHED_REASON,
                                             "compiled_ms": None, "compiled_with_ms": None}
     summary = {k: result.get(k) for k in ("used", "compile_s", "compile_with_s", "mode", "compiled_max_abs_diff",
@@ -258,6 +293,11 @@ def compile_check(package_dir: str, model: str, device: str, dtype: str | None, 
     if not patcher.load():
         return {"error": f"the package's extension did not load: {patcher.load_error}"}
     cm = _compile_module(Path(package_dir), patcher.package)
+    if patcher.manifest.get("regions"):
+        # a graph Inductor loads from its cache skips the region pass, so its matches would not be counted
+        import torch._inductor.config as inductor_config
+
+        inductor_config.force_disable_caches = True
     target = load(model, device, dtype)
     return measure(target, patcher, cm.CompileMode, say=lambda s: print(s, file=sys.stderr, flush=True))
 

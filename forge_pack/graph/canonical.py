@@ -7,6 +7,10 @@ out, as JSON has neither), dims are non-negative, devices are dropped (a region 
 computation on any device; the device is given back when the graph is rebuilt). Its JSON text
 is the key; the hash of the key names the region. The form rebuilds an FX graph by itself (``rebuild``), so a worker process can run
 a region's references from the JSON alone.
+
+Torch only, and only relative imports: every package ships this file verbatim (with ``opclass``
+and ``region_match``) as ``<pkg>/_graph/``, so its compile mode finds a region with the very
+code that named it (forge_pack/pack/packager.py records each file's sha256).
 """
 
 from __future__ import annotations
@@ -19,13 +23,38 @@ from typing import Any
 import torch
 import torch.fx
 
-from forge_pack.graph import opclass
-from forge_pack.graph.capture import op_name
+from . import opclass
 
 DIM_ARG_OPS = frozenset({"sum", "mean", "amax", "amin", "var", "std", "var_mean", "std_mean", "prod", "logsumexp",
                          "softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "argmax", "argmin",
                          "any", "all", "max", "min", "norm", "linalg_vector_norm"})
 DEVICE = "<device>"
+
+
+def op_name(n: torch.fx.Node) -> str:
+    """A node's op as the form spells it: 'aten.add.Tensor', 'prims.convert_element_type.default',
+    'getitem'; 'placeholder' and 'get_attr' for those nodes."""
+    if n.op == "placeholder":
+        return "placeholder"
+    if n.op == "get_attr":
+        return "get_attr"
+    t = n.target
+    if isinstance(t, torch._ops.OpOverload):
+        return f"{t.namespace}.{t._opname}.{t._overloadname}"
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return f"aten.{t._qualified_op_name.split('::')[-1]}.default"
+    return getattr(t, "__name__", str(t))
+
+
+def tensor_spec(v) -> dict | None:
+    """{dtype, shape, strides} of a tensor whose sizes and strides are plain ints (TensorSpec.to_json's
+    layout); None for anything else (a symbolic size stands for sizes no form names)."""
+    if not isinstance(v, torch.Tensor):
+        return None
+    shape, strides = list(v.shape), list(v.stride())
+    if not all(type(d) is int for d in shape + strides):
+        return None
+    return {"dtype": str(v.dtype).replace("torch.", ""), "shape": shape, "strides": strides}
 
 
 def canonical_order(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:

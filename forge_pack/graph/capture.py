@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 
 from forge_pack.core.errors import ForgeError
 from forge_pack.graph import opclass
+from forge_pack.graph.canonical import op_name  # noqa: F401  (re-exported: the graph's op spelling)
 from forge_pack.core.signature import TensorSpec
 
 ROUTES = ("export", "make_fx", "dynamo")
@@ -314,19 +315,6 @@ TRACERS: dict[str, Callable] = {"export": _trace_export, "make_fx": _trace_make_
 
 
 # --- graph -> nodes ------------------------------------------------------------------------------
-
-def op_name(n: torch.fx.Node) -> str:
-    if n.op == "placeholder":
-        return "placeholder"
-    if n.op == "get_attr":
-        return "get_attr"
-    t = n.target
-    if isinstance(t, torch._ops.OpOverload):
-        return f"{t.namespace}.{t._opname}.{t._overloadname}"
-    if isinstance(t, torch._ops.OpOverloadPacket):
-        return f"aten.{t._qualified_op_name.split('::')[-1]}.default"
-    return getattr(t, "__name__", str(t))
-
 
 def _drop_bookkeeping(gm: torch.fx.GraphModule) -> None:
     for n in reversed(list(gm.graph.nodes)):

@@ -10,6 +10,7 @@ generated is data: the manifest, the C++ binding and launchers, fixtures, the RE
     <out>/<pkg>/__init__.py, _patch.py, __main__.py, manifest.json, manifest.schema.json, fixtures/
     <out>/<pkg>/_verdict_rules.py (forge_pack/evaluate/verdict_rules.py verbatim), _verify.py
     <out>/<pkg>/_targets/ (the target registry's runtime modules of forge_pack/targets, verbatim)
+    <out>/<pkg>/_graph/ (compile mode's region matcher: forge_pack/graph's canonical form code, verbatim)
 
 The package is staged next to ``out`` and moved into place only when complete, so a failed
 pack never leaves half a package behind. No winner: no package, and the reason.
@@ -377,6 +378,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     _copy_static(stage, name, doc)
     doc["verify_rules"] = vendor_verify_rules(pkg, version)
     doc["targets_runtime"] = vendor_targets(pkg)
+    doc["graph_runtime"] = vendor_graph(pkg)
     manifest_mod.write(pkg / "manifest.json", doc)
     shutil.copy2(manifest_mod.SCHEMA_PATH, pkg / "manifest.schema.json")
     return doc
@@ -459,6 +461,28 @@ def vendor_targets(pkg: Path) -> dict:
         (dest / f"{module}.py").write_bytes(body)
         hashes[f"{module}.py"] = integrity.file_sha256(body)
     return {"dir": TARGETS_DIR, "source": "forge_pack/targets", "files": hashes,
+            "source_sha256": integrity.files_digest(hashes)}
+
+
+# Compile mode finds a region with the code that named it: these files of forge_pack/graph (torch
+# only, relative imports), copied verbatim into <pkg>/_graph/.
+GRAPH_SOURCE = Path(__file__).resolve().parent.parent / "graph"
+GRAPH_DIR = "_graph"
+GRAPH_RUNTIME_MODULES = ("__init__", "opclass", "canonical", "region_match")
+
+
+def vendor_graph(pkg: Path) -> dict:
+    """Copy GRAPH_RUNTIME_MODULES byte for byte into <pkg>/_graph/; the manifest's ``graph_runtime``
+    record (per-file sha256 and their digest; compile mode leaves regions to Inductor on a mismatch)."""
+    integrity = manifest_mod._integrity()
+    dest = pkg / GRAPH_DIR
+    dest.mkdir(exist_ok=True)
+    hashes = {}
+    for module in GRAPH_RUNTIME_MODULES:
+        body = (GRAPH_SOURCE / f"{module}.py").read_bytes()
+        (dest / f"{module}.py").write_bytes(body)
+        hashes[f"{module}.py"] = integrity.file_sha256(body)
+    return {"dir": GRAPH_DIR, "source": "forge_pack/graph", "files": hashes,
             "source_sha256": integrity.files_digest(hashes)}
 
 

@@ -127,7 +127,9 @@ def cmd_export(args) -> int:
 
     model, margs, mkwargs = load_model_file(args.model, args.device or _device().split(":")[0], args.dtype)
     done = _COMPILE.export(model, margs, mkwargs, args.out)
-    used = ", ".join(f"{k} ({v} calls)" for k, v in done["nodes"].items()) or "none (plain Inductor code)"
+    used = ", ".join([*(f"{k} ({v} calls)" for k, v in done["nodes"].items()),
+                      *(f"{k} ({v} regions)" for k, v in (done.get("regions") or {}).items())]) \
+        or "none (plain Inductor code)"
     print(f"wrote {done['path']}; the package's kernels in it: {used}")
     print(f"load it with: {_PATCHER.package}.load_exported({done['path']!r})")
     return 0

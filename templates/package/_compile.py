@@ -17,8 +17,13 @@ Inductor's: our op is an opaque node (its fake kernel gives Inductor the output'
 Inductor's fused kernels, and CUDA graphs (``mode="reduce-overhead"``) capture it like any other op.
 Nothing global is patched: eager calls outside the compiled model are untouched.
 
-Module composites (an RMSNorm written as eager ops) are several calls in a traced graph, not one:
-compile mode leaves them to Inductor.
+Regions (a chain of memory-bound ops one kernel computes: an RMSNorm written as eager ops, mask add
++ softmax + cast, SiLU(gate) x up) are found later, in the ATen graph AOTAutograd traced with Inductor's
+decompositions: a pass run as Inductor's ``joint_custom_pre_pass`` (before Inductor's own rewrites)
+replaces every subgraph whose canonical form is a used manifest region's form (``_graph/region_match``,
+forge-pack's own forge_pack/graph code shipped verbatim: the same canonicalisation that named the
+region) with one call of the region's op, inputs in the form's order. A subgraph that differs in any
+op, constant, dtype, shape or stride, or whose intermediate values are read elsewhere, stays Inductor's.
 
 ``CompileMode.export`` writes an AOTInductor package (.pt2) with the used kernels in it; for that one
 trace (torch.export, non-strict) the used targets are patched as apply() patches them, then reverted.
@@ -26,9 +31,14 @@ trace (torch.export, non-strict) the used targets are patched as apply() patches
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import json
+import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -40,6 +50,58 @@ def _static(v: Any) -> bool:
     """A tensor whose sizes and strides are plain ints: a symbolic one (dynamic shapes) would compare
     by adding guards, and was never verified for all the sizes it stands for."""
     return all(type(d) is int for d in v.shape) and all(type(s) is int for s in v.stride())
+
+
+def _load_graph_runtime() -> Any:
+    """``region_match`` of the shipped ``_graph/`` (forge_pack/graph's canonical form and matcher, verbatim).
+    This file run from forge-pack's source tree (templates/package/, in forge-pack's tests) has no copy
+    beside it and loads the source it is copied from under a private name."""
+    here = Path(__file__).resolve().parent
+    if __package__ and (here / "_graph" / "__init__.py").is_file():
+        return importlib.import_module(f"{__package__}._graph.region_match")
+    src = here / "_graph" if (here / "_graph").is_dir() else here.parent.parent / "forge_pack" / "graph"
+    name = f"{__name__}_graph"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, src / "__init__.py", submodule_search_locations=[str(src)])
+        if spec is None or spec.loader is None or not (src / "region_match.py").is_file():
+            raise ImportError(f"the region matcher is missing beside {Path(__file__).name} (no _graph/): the package "
+                              "is incomplete; reinstall it or rebuild it with forge-pack")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return importlib.import_module(f"{name}.region_match")
+
+
+def _graph_runtime_problem(manifest: dict) -> str | None:
+    """Why the shipped _graph/ files are not the ones the build recorded (None when they are, or when this
+    runs from forge-pack's source tree, which has no record to compare with)."""
+    record = manifest.get("graph_runtime")
+    here = Path(__file__).resolve().parent / "_graph"
+    if not record or not here.is_dir():
+        return None
+    for file, digest in record.get("files", {}).items():
+        path = here / file
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            return f"_graph/{file} is not the file the package was built with; regions are left to Inductor"
+    return None
+
+
+class _Region:
+    """One manifest region: its canonical form and the package op that computes it."""
+
+    def __init__(self, r: dict, namespace: str):
+        self.id: str = r["id"]
+        self.form: dict = r["form"]
+        op = r.get("op") or r["id"]
+        self.qualname: str = op if "::" in op else f"{namespace}::{op}"
+        self.output: dict | None = r.get("output")  # {dtype, shape, strides} the kernel returns
+        self.fn: Any = None
+
+    def bind(self) -> Any:
+        if self.fn is None:
+            ns, _, name = self.qualname.partition("::")
+            self.fn = getattr(getattr(torch.ops, ns), name).default
+        return self.fn
 
 
 def _inductor(mode: str | None, options: dict | None) -> Callable:
@@ -65,8 +127,10 @@ class CompileMode:
 
     def __init__(self, patcher: Any, use: Iterable[str] | None = None):
         self.patcher = patcher
+        self.regions = [_Region(r, patcher.namespace) for r in patcher.manifest.get("regions") or []]
         if use is None:
-            use = [t["id"] for t in patcher.manifest["targets"] if (t.get("compile") or {}).get("use")]
+            use = [t["id"] for t in [*patcher.manifest["targets"], *(patcher.manifest.get("regions") or [])]
+                   if (t.get("compile") or {}).get("use")]
         self.use = frozenset(use)
         # the patcher's own module (the installed package's _patch, or a staged package's under
         # another name): its call-path table and originals are what Dynamo's graph calls
@@ -83,6 +147,8 @@ class CompileMode:
         self._autocast_on = patch_mod._autocast_on
         self.graphs: list = []  # every graph handed to Inductor, after replacement (newest last)
         self.replaced: dict[str, int] = {}  # target id -> traced calls replaced, over all graphs
+        self.matched: dict[str, int] = {}  # region id -> subgraphs replaced, over the graphs Inductor compiled
+        self._respelled: dict[tuple[str, str], Any] = {}  # (region id, device type) -> Respelled; None: not usable
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
@@ -97,12 +163,88 @@ class CompileMode:
 
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
                 options: dict | None = None) -> Callable:
-        """A torch.compile backend: replace the verified, winning calls in `gm`, then Inductor."""
+        """A torch.compile backend: replace the verified, winning calls in `gm`, then Inductor, with the
+        region pass in its joint-graph passes when a used region can occur in this graph."""
         self.rewrite(gm, example_inputs)
+        region_pass = self.region_pass(gm, example_inputs, (options or {}).get("joint_custom_pre_pass"))
+        if region_pass is not None:
+            options = {**(options or {}), "joint_custom_pre_pass": region_pass}
         return _inductor(mode, options)(gm, example_inputs)
 
     def report(self) -> dict:
-        return {"use": sorted(self.use), "replaced": dict(self.replaced), "graphs": len(self.graphs)}
+        """What was swapped in: traced calls per target, subgraphs per region (counted when Inductor compiles
+        a graph: one it loads from its cache was rewritten when it was first compiled)."""
+        return {"use": sorted(self.use), "replaced": dict(self.replaced), "regions": dict(self.matched),
+                "graphs": len(self.graphs)}
+
+    # ---- regions
+    def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None) -> Any:
+        """Inductor's joint_custom_pre_pass replacing the used regions in the graph Inductor traces from `gm`
+        (None: no region can be used there); `then`: a pass of the caller's, run after it."""
+        used = [r for r in self.regions if r.id in self.use]
+        device = _graph_device(gm, example_inputs)
+        if not used or device is None or device.type != self.patcher.backend:
+            return None
+        with self._lock:
+            if not self._usable(gm) or not self._usable_regions(device):
+                return None
+            ready = []
+            for r in used:
+                got = self._prepare(r, device)
+                if got is not None:
+                    ready.append((r, got))
+        return _region_pass_class()(self, ready, then) if ready else None
+
+    def _usable_regions(self, device: Any) -> bool:
+        if device.type == "cuda" and not self.patcher._cap_ok(device):
+            return False
+        problem = _graph_runtime_problem(self.patcher.manifest)
+        if problem:
+            self._warn_once(problem)
+            return False
+        return True
+
+    def _prepare(self, r: _Region, device: Any) -> Any:
+        """The region's form respelled as Inductor's graph spells it on this device (cached), its op bound
+        with a fake kernel; None (warned once) when it cannot be used."""
+        cache_key = (r.id, device.type)
+        if cache_key not in self._respelled:
+            why = None
+            try:
+                from torch._inductor.decomposition import select_decomp_table
+
+                got = _load_graph_runtime().respell(r.form, device.type, select_decomp_table())
+                if r.output is not None and got.output != r.output:
+                    why = f"traced, its output is {got.output}, not the kernel's {r.output}"
+                else:
+                    _bind_region_op(r, got.output)
+            except Exception as e:  # noqa: BLE001 - a region that cannot be traced or bound stays Inductor's
+                why = f"{type(e).__name__}: {e}"
+            if why is not None:
+                self._warn_once(f"region {r.id} is left to Inductor: {why}")
+                got = None
+            self._respelled[cache_key] = got
+        return self._respelled[cache_key]
+
+    def _replace_regions(self, graph: torch.fx.Graph, ready: list) -> int:
+        match = _load_graph_runtime()
+        count = 0
+        for r, respelled in ready:
+            try:
+                found = match.find(graph, respelled)
+            except Exception as e:  # noqa: BLE001 - a graph the matcher cannot read: the region stays Inductor's
+                self._warn_once(f"region {r.id} is left to Inductor: matching failed ({type(e).__name__}: {e})")
+                continue
+            renamed: dict = {}  # a match's output replaced earlier, read by a later match of the same form
+            for m in found:
+                m.inputs = [renamed.get(v, v) for v in m.inputs]
+                renamed[m.output] = match.replace(graph, m, r.bind())
+                with self._lock:
+                    self.matched[r.id] = self.matched.get(r.id, 0) + 1
+                count += 1
+        if count:
+            graph.lint()
+        return count
 
     # ---- the graph pass
     def rewrite(self, gm: torch.fx.GraphModule, example_inputs: list) -> int:
@@ -206,6 +348,7 @@ class CompileMode:
         return count
 
 
+
     # ---- AOTInductor export
     def export(self, model: Any, args: tuple, kwargs: dict | None = None, path: str = "model.pt2") -> dict:
         """An AOTInductor package (.pt2) of `model` on these example inputs, with the used kernels in it.
@@ -237,8 +380,74 @@ class CompileMode:
             nodes = our_nodes(program.graph_module, self.patcher.namespace)
             from torch._inductor import aoti_compile_and_package
 
-            written = aoti_compile_and_package(program, package_path=str(path))
-        return {"path": str(written), "used": sorted(nodes), "nodes": nodes}
+            before = dict(self.matched)
+            region_pass = self.region_pass(program.graph_module, [*args, *kwargs.values()])
+            configs = {"joint_custom_pre_pass": region_pass} if region_pass is not None else None
+            written = aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
+        regions = {k: v - before.get(k, 0) for k, v in self.matched.items() if v > before.get(k, 0)}
+        return {"path": str(written), "used": sorted([*nodes, *regions]), "nodes": nodes, "regions": regions}
+
+
+def _graph_device(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+    """The device of the graph's first tensor input (None when it reads no tensor)."""
+    for v in example_inputs:
+        if isinstance(v, torch.Tensor):
+            return v.device
+    for node in gm.graph.nodes:
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, torch.Tensor):
+            return v.device
+    return None
+
+
+def _bind_region_op(r: _Region, output: dict) -> None:
+    """Resolve the region's op and give it a fake kernel (the output's layout, so AOTAutograd, Inductor and
+    CUDA graphs treat the call as one opaque node) unless the extension registered one."""
+    r.bind()
+    dtype, shape, strides = getattr(torch, output["dtype"]), tuple(output["shape"]), tuple(output["strides"])
+
+    def fake(*tensors):
+        return torch.empty_strided(shape, strides, dtype=dtype, device=tensors[0].device)
+
+    try:
+        torch.library.register_fake(r.qualname)(fake)
+    except RuntimeError as e:  # registered already (by the extension, or another CompileMode): keep it
+        if "already" not in str(e):
+            raise
+
+
+_PASS_CLASS: Any = None
+
+
+def _region_pass_class() -> type:
+    """Inductor's CustomGraphPass (its uuid keys Inductor's caches) implemented by CompileMode's matcher."""
+    global _PASS_CLASS
+    if _PASS_CLASS is None:
+        try:
+            from torch._inductor.custom_graph_pass import CustomGraphPass
+        except ImportError:  # a torch without the interface: a plain callable pass (uncached)
+            CustomGraphPass = object  # noqa: N806
+
+        class RegionPass(CustomGraphPass):  # type: ignore[misc, valid-type]
+            def __init__(self, mode: "CompileMode", ready: list, then: Any):
+                self.mode, self.ready, self.then = mode, ready, then
+                ident = [(r.id, r.qualname, got.key) for r, got in ready]
+                then_id = then.uuid() if hasattr(then, "uuid") else (repr(then) if then is not None else None)
+                self._uuid = hashlib.sha256(json.dumps([mode.patcher.package, ident, then_id]).encode()).hexdigest()
+
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                self.mode._replace_regions(graph, self.ready)
+                if self.then is not None:
+                    self.then(graph)
+
+            def uuid(self) -> str:
+                return self._uuid
+
+            def __deepcopy__(self, memo: dict) -> "RegionPass":
+                return self  # Inductor copies its config; the pass holds the package state, shared
+
+        _PASS_CLASS = RegionPass
+    return _PASS_CLASS
 
 
 def load_exported(patcher: Any, path: str) -> Callable:

@@ -29,7 +29,7 @@ TARGET_FIELDS = ("id", "hotspot_id", "op", "signature", "kernel", "tolerance", "
 DOCUMENT_FIELDS = ("model", "environment", "backend", "dropped", "model_result")
 # Covered where present (schema 3, compile mode): a manifest written before them hashes as it did.
 OPTIONAL_TARGET_FIELDS = ("compile",)
-OPTIONAL_DOCUMENT_FIELDS = ("compile_result",)
+OPTIONAL_DOCUMENT_FIELDS = ("compile_result", "regions")
 
 OK, NOT_CHECKED, EDITED = "ok", "not checked", "edited"
 EDITED_MESSAGE = ("the manifest's figures were edited after the build: the speedups, timings and errors it holds "

@@ -762,10 +762,11 @@ def _tracing_types() -> tuple:
 def _settle_dynamo() -> None:
     """torch.compile (Dynamo) keeps a cached map from torch functions to how it traces them, built
     from whatever torch.nn.functional.softmax & co. are when first needed. Build it before patching,
-    so Dynamo traces into the wrappers (guards included) instead of taking them for torch's own."""
-    if "torch._dynamo" not in sys.modules:
-        return  # not imported yet: calls are then caught while AOTAutograd traces (see _tracing_types)
+    so Dynamo traces into the wrappers (guards included) instead of taking them for torch's own.
+    Imported here even when nothing imported it yet: a torch.compile after apply() would otherwise
+    build the map from the wrappers, and compiling after revert() would not know torch's own functions."""
     try:
+        import torch._dynamo  # noqa: F401
         from torch._dynamo import trace_rules
 
         trace_rules.get_torch_obj_rule_map()

@@ -112,7 +112,8 @@ ext, extra = extension()
     {"torch": torch.__version__, "cuda": torch.version.cuda, **extra}, indent=2) + "\n")
 
 setup(
-    packages=[PACKAGE, PACKAGE + "._targets"],  # _targets: the target registry the runtime binds calls with
+    # _targets: the target registry the runtime binds calls with; _graph: the region matcher of compile mode
+    packages=[PACKAGE, PACKAGE + "._targets", PACKAGE + "._graph"],
     package_data={PACKAGE: ["manifest.json", "manifest.schema.json", "_build_info.json", "fixtures/*.safetensors"]},
     ext_modules=[ext],
     cmdclass={"build_ext": cpp_extension.BuildExtension},

@@ -65,3 +65,47 @@ def patcher(doc: dict, use: list[str] | None = None, slow_s: dict | None = None,
         if use is not None:
             t["compile"] = {"use": t["id"] in use, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}
     return PATCH.Patcher(doc, "cm_test_pkg", lambda: None)
+
+
+def region_ops(regions: list, wrong: set | None = None) -> str:
+    """Define each region as an op of a fresh namespace, ``<id>(Tensor in0, ...) -> Tensor``, computing
+    the region's own eager reference (its graph rebuilt from the form) into the captured output layout
+    (1.5 times that for the ids in `wrong`); the namespace. The "kernel" of a region, without a compiler."""
+    from forge_pack.graph import canonical
+
+    ns = f"forge_cm_region_{next(_COUNT)}"
+    lib = torch.library.Library(ns, "DEF")
+    _LIBS.append(lib)
+    for rid, region in regions:
+        args = ", ".join(f"Tensor in{k}" for k in range(len(region.input_specs)))
+        tag = getattr(torch._C.Tag, "needs_exact_strides", None)  # Inductor hands the op the traced strides
+        lib.define(f"{rid}({args}) -> Tensor", tags=(tag,) if tag is not None else ())
+        out = region.output_spec
+        factor = 1.5 if rid in (wrong or ()) else 1.0
+
+        def impl(*tensors, form=region.form, out=out, factor=factor):
+            value = canonical.rebuild(form, tensors[0].device.type)(*tensors)
+            result = torch.empty_strided(out.shape, out.strides, dtype=getattr(torch, out.dtype),
+                                         device=tensors[0].device)
+            return result.copy_(value * factor if factor != 1.0 else value)
+
+        lib.impl(rid, impl, "CPU")
+        lib.impl(rid, impl, "CUDA")
+    return ns
+
+
+def region_patcher(doc: dict, regions: list, use: list[str] | None = None, wrong: set | None = None):
+    """A Patcher over a copy of `doc` with no op targets and `regions` ([(id, Region)]) as the manifest's
+    regions, their ops Python ones (``region_ops``); `use`: the ids marked compile.use (None: no record)."""
+    doc = copy.deepcopy(doc)
+    doc.pop("integrity", None)
+    doc["targets"] = []
+    ns = region_ops(regions, wrong)
+    doc["regions"] = []
+    for rid, region in regions:
+        entry = {"id": rid, "name": region.name, "form": region.form, "op": f"{ns}::{rid}",
+                 "output": region.output_spec.to_json()}
+        if use is not None:
+            entry["compile"] = {"use": rid in use, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}
+        doc["regions"].append(entry)
+    return PATCH.Patcher(doc, "cm_region_pkg", lambda: None)

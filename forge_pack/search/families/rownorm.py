@@ -1,12 +1,14 @@
 """The row-normalisation families layer_norm and rms_norm share (templates rownorm_*, `RMS` picks
-the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length; the CPU
-has `rows`. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
+the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length,
+`split_row` spreads each of a few long rows over many blocks; the CPU has `rows`. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
-from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, THREADS, UNROLL, VEC, Built, Family, Gpu, always,
+from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu,
+                                            always,
                                             cdiv, clamp, first, grain_default, launch, pow2_ceil, regs_ok, rows_items,
                                             spec, stream_ok, vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
@@ -119,6 +121,51 @@ def _online_score(sig: Signature, gpu: Gpu) -> float:
     return 3
 
 
+# ---------------------------------------------------------------- CUDA: few long rows
+
+
+SPLIT_MIN_COLS = 4096  # below this a row is one block's work: splitting only adds a second launch
+
+
+def _few_rows(sig: Signature, gpu: Gpu) -> bool:
+    """Fewer rows than two per SM: one block per row leaves SMs idle."""
+    return sizes(sig)["rows"] < 2 * gpu.sm_count
+
+
+def _split_row_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    return "rows too short to split" if sizes(sig)["cols"] < SPLIT_MIN_COLS else None
+
+
+def _split_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, _ = _base_defaults(sig)
+    rows, cols, vec = sizes(sig)["rows"], sizes(sig)["cols"], p["vec"]
+    split = clamp(pow2_ceil(cdiv(4 * gpu.sm_count, max(rows, 1))), 4, 256)  # about 4 blocks per SM
+    while split > 4 and cdiv(cols, split) < 256 * vec * 2:  # at least two passes of a 256-thread block
+        split //= 2
+    p.update(threads=256, unroll=4, split=split, store_hint=1)  # the output is not read again: stream it
+    return p
+
+
+def _split_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    why = stream_ok(sig, p, p["unroll"] * p["vec"] * 2)  # as `online`: two fp32 values per element in flight
+    if why:
+        return why
+    split, vec = p["split"], p["vec"]
+    if cdiv(sizes(sig)["cols"], split) < p["threads"] * vec:
+        return "chunks smaller than one pass of the block"
+    head, tail = _head_tail(sig)
+    defines = {**_defines(sig, p), "UNROLL": p["unroll"], "SPLIT": split}
+    chunk = f"i32:round_up(ceil_div(cols, {split}), {vec})"
+    k1 = launch(f"{sig.op}_split_stats", ["x", "ws", "i32:cols", chunk], [f"rows * {split}"], [p["threads"]])
+    k2 = launch(f"{sig.op}_split_norm", [*head[:-1], "ws", "out", "i32:cols", chunk, *tail], [f"rows * {split}"],
+                [p["threads"]])
+    return Built(dict(p), defines, spec([k1, k2], [Workspace("ws", f"rows * {split} * 16")]))
+
+
+def _split_row_score(sig: Signature, gpu: Gpu) -> float:
+    return -1 if _few_rows(sig, gpu) else 4
+
+
 def cuda_families(op: str) -> tuple[Family, ...]:
     ops = (op,)
     return (
@@ -131,6 +178,9 @@ def cuda_families(op: str) -> tuple[Family, ...]:
         Family(ops, "cuda", "online", "rownorm_online.cu", (THREADS, VEC, UNROLL, *HINTS),
                "one block per row, statistics pass then normalise pass: any length",
                always, _online_defaults, _online_build, _online_score),
+        Family(ops, "cuda", "split_row", "rownorm_split_row.cu", (SPLIT, THREADS, VEC, UNROLL, *HINTS),
+               "few long rows: each split over `split` blocks; stats kernel -> workspace -> normalise kernel",
+               _split_row_applicable, _split_row_defaults, _split_row_build, _split_row_score),
     )
 
 

@@ -23,6 +23,7 @@ from forge_pack.targets.sigparse import parse_signature
 
 HERE = Path(__file__).resolve().parent
 LN = "x: f32[16,65536], normalized_shape=(65536,), weight: f32[65536], bias: f32[65536]"
+SMALL_LN = "x: f32[16,2048], normalized_shape=(2048,), weight: f32[2048], bias: f32[2048]"  # the in-process judges
 # The measured peak of the scaled-down large path, over the signature's inputs + outputs, without
 # the sandbox arena (the runner's copy of the bound tensors, which on CUDA are the judge's own).
 # Measured 5.3x: one input set, its float64 reference, the saved inputs, out, the CPU's second
@@ -74,7 +75,7 @@ def test_estimate_that_does_not_fit_is_an_out_of_memory_message():
 
 @pytest.fixture(scope="module")
 def built():
-    sig = ops.with_output(parse_signature("layer_norm", LN))
+    sig = ops.with_output(parse_signature("layer_norm", SMALL_LN))
     cand = instantiate("layer_norm", "cpu", "rows", None, sig)
     build = compile_candidate(cand)
     assert build.ok, build.log
@@ -114,13 +115,13 @@ def test_large_hotspot_verifies_the_same_sets_streamed_as_cached(built, monkeypa
     assert (cached.verdict.reason, streamed.verdict.reason) == ("ok", "ok")
     assert cached.verdict.detail == streamed.verdict.detail == "10 input sets verified"
     cached_kinds, streamed_kinds = kinds["run"]
-    assert "odd:37x65536" in cached_kinds  # 37 rows: 2.3x the signature's 16
-    assert streamed_kinds == [k if k != "odd:37x65536" else "odd:15x65536" for k in cached_kinds]
+    assert "odd:37x2048" in cached_kinds  # 37 rows: 2.3x the signature's 16
+    assert streamed_kinds == [k if k != "odd:37x2048" else "odd:15x2048" for k in cached_kinds]
     assert streamed.timing is not None and streamed.timing.n == 2
 
 
 def test_out_of_memory_before_allocating_is_a_verdict(built, monkeypatch):
-    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: 1 << 20)
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: 1 << 16)
     _, reply = _judge(built, monkeypatch, 0)
     assert reply.verdict.reason == "out_of_memory" and not reply.verdict.ok
     assert reply.verdict.detail.startswith("evaluating layer_norm(") and reply.timing is None and not reply.retire
@@ -147,3 +148,25 @@ def test_large_path_peak_memory_is_bounded_by_the_data():
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["reason"] == "ok", got
     assert got["peak"] - got["arena"] <= PEAK_BOUND * got["data"], got
+
+
+@pytest.mark.parametrize("fixture", ["cpu_no_max_subtraction", "cpu_distribution_keyed", "cpu_mutates_on_second_call",
+                                     "cpu_sentinel_aware", "cpu_nondeterministic", "cpu_cached_result",
+                                     "cpu_mutates_when_unwatched", "cpu_input_keyed_cache", "cpu_lazy_window"])
+def test_streamed_sets_catch_the_cheating_kernels_as_the_cached_ones_do(fixture, monkeypatch):
+    """The large-hotspot path (sets made per evaluation, references dropped early, one timing copy
+    of the verified tensors) is held to the same checks: each cheating fixture gets its verdict."""
+    from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, load_fixture
+
+    path = KERNELS / f"{fixture}.cpp"
+    cand = load_fixture(path)
+    build = compile_candidate(cand)
+    assert build.ok, build.log
+    sig = ops.with_output(parse_signature("softmax", CPU_SIGNATURE))
+    monkeypatch.setattr(memory_plan, "CACHE_BYTES", 0)
+    session = judge.Session("cpu")
+    session.copy_bw = 10.0
+    cfg = TimingConfig(warmup=2, reps=5, flush=False, compile_baseline=False)
+    reply = judge.judge(session, judge.JudgeCandidate(judge.LoadInputs("k", sig), cand, build.path, cfg))
+    assert isinstance(session.sets["k"][0], verify.StaticStream)
+    assert reply.verdict.reason in expected_reasons(path), reply.verdict

@@ -26,9 +26,12 @@ LN = "x: f32[16,65536], normalized_shape=(65536,), weight: f32[65536], bias: f32
 SMALL_LN = "x: f32[16,2048], normalized_shape=(2048,), weight: f32[2048], bias: f32[2048]"  # the in-process judges
 # The measured peak of the scaled-down large path, over the signature's inputs + outputs, without
 # the sandbox arena (the runner's copy of the bound tensors, which on CUDA are the judge's own).
-# Measured 5.3x: one input set, its float64 reference, the saved inputs, out, the CPU's second
-# fresh output, and the timed input held as the derived sets' source.
-PEAK_BOUND = 6.0
+# At the peak (verifying a derived set) the live tensors are one set's inputs and float64 reference,
+# the saved inputs, out, the CPU's second fresh output and the timed input kept as the derived
+# sets' source: about 3.9x; the rest is the process's own growth, a fixed size that weighs more
+# on a small case. Measured: 5.3x for LN (9 MB), 4.4x for LARGE_LN (36 MB).
+PEAK_BOUND = {"LN": 6.0, "LARGE_LN": 4.5}
+LARGE_LN = "x: f32[16,262144], normalized_shape=(262144,), weight: f32[262144], bias: f32[262144]"
 
 
 def test_rotation_drops_to_one_copy_when_a_copy_dwarfs_the_cache():
@@ -137,17 +140,28 @@ def test_allocation_failure_during_an_evaluation_is_out_of_memory_not_a_crash(bu
     assert "Tried to allocate 14.00 GiB" in reply.verdict.detail and not reply.retire
 
 
-def test_large_path_peak_memory_is_bounded_by_the_data():
-    """The peak resident memory the scaled-down large path adds (tests/memory_probe.py, a fresh
-    process), less the sandbox arena, within PEAK_BOUND x the signature's inputs + outputs."""
+def _probe_peak(text: str) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20), PYTHONPATH=str(HERE.parent),
                FORGE_PACK_CPU_THREADS="1")
-    res = subprocess.run([sys.executable, str(HERE / "memory_probe.py"), "layer_norm", LN, "rows"], env=env,
+    res = subprocess.run([sys.executable, str(HERE / "memory_probe.py"), "layer_norm", text, "rows"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["reason"] == "ok", got
-    assert got["peak"] - got["arena"] <= PEAK_BOUND * got["data"], got
+    return got
+
+
+def test_large_path_peak_memory_is_bounded_by_the_data():
+    """The peak resident memory the scaled-down large path adds (tests/memory_probe.py, a fresh
+    process), less the sandbox arena, within PEAK_BOUND x the signature's inputs + outputs."""
+    got = _probe_peak(LN)
+    assert got["peak"] - got["arena"] <= PEAK_BOUND["LN"] * got["data"], got
+
+
+@pytest.mark.slow
+def test_large_path_peak_memory_on_a_larger_case_nears_four_times_the_data():
+    got = _probe_peak(LARGE_LN)
+    assert got["peak"] - got["arena"] <= PEAK_BOUND["LARGE_LN"] * got["data"], got
 
 
 @pytest.mark.parametrize("fixture", ["cpu_no_max_subtraction", "cpu_distribution_keyed", "cpu_mutates_on_second_call",

@@ -16,10 +16,10 @@ copies, timing copies; not the flush buffer or the copy-bandwidth probe, which h
 - timing keeps one copy of the timed input when it is far larger than the cache
   (``timing.rotation_count``), and times the verified set's own tensors.
 
-Measured on the CPU for a scaled-down large hotspot (tests/test_eval_memory.py): 5.3x B at the
-peak, which is the verification of one derived set: its inputs and float64 reference (2x an fp32
-output), the saved inputs, out, the CPU's second fresh output, and the timed input kept as the
-derived sets' source.
+Measured on the CPU for a scaled-down large hotspot (tests/test_eval_memory.py): 4.4x B at the
+peak for a 36 MB layer_norm; the live tensors there, verifying a derived set, are its inputs and
+float64 reference (2x an fp32 output), the saved inputs, out, the CPU's second fresh output and the
+timed input kept as the derived sets' source (about 3.9x B); the rest is the process's own growth.
 
 ``fits`` tells the judge before it allocates anything whether the evaluation's estimated peak fits
 the device's free memory; when it does not (or an allocation fails anyway), the verdict is

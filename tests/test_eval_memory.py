@@ -184,3 +184,24 @@ def test_streamed_sets_catch_the_cheating_kernels_as_the_cached_ones_do(fixture,
     reply = judge.judge(session, judge.JudgeCandidate(judge.LoadInputs("k", sig), cand, build.path, cfg))
     assert isinstance(session.sets["k"][0], verify.StaticStream)
     assert reply.verdict.reason in expected_reasons(path), reply.verdict
+
+
+def test_parked_source_gives_the_same_derived_sets(built, monkeypatch):
+    """A GPU parks the fresh set in host memory while the derived sets are made from it: the same
+    sets, verified the same way (forced here on the CPU, where parking copies to host memory too)."""
+    monkeypatch.setattr(memory_plan, "PARK_ON_HOST", ("cpu",))
+    seen = []
+    real = verify.iter_derived_sets
+
+    def spy(*a, **k):
+        for s in real(*a, **k):
+            seen.append((s.kind, float(s.tensors["x"].double().sum())))
+            yield s
+
+    monkeypatch.setattr(verify, "iter_derived_sets", spy)
+    _, parked = _judge(built, monkeypatch, 0)
+    monkeypatch.setattr(memory_plan, "PARK_ON_HOST", ())
+    kinds_parked, seen[:] = list(seen), []
+    _, held = _judge(built, monkeypatch, 0)
+    assert (parked.verdict.reason, held.verdict.reason) == ("ok", "ok")
+    assert kinds_parked == seen and len(seen) == 5

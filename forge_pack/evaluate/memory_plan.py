@@ -8,7 +8,8 @@ copies, timing copies; not the flush buffer or the copy-bandwidth probe, which h
   stay cached in the worker only while all of them together are small (``CACHE_BYTES``); beyond
   that they are made again per evaluation (their cost is proportional to the data), each set's
   tensors and reference dropped when verification moves on, an odd-size set never larger than
-  the signature (``verify._no_larger``), the timed input drawn again for timing rather than held;
+  the signature (``verify._no_larger``), the timed input drawn again for timing rather than held
+  (on a GPU it waits in host memory while the derived sets are made from it);
 - the float64 reference of a large set is computed in slices along a batch dimension
   (``reference64``), so its float64 temporaries (inputs converted to float64, the op's
   intermediates) are bounded by ``SLICE_BYTES``, not by the tensor; a streamed set drops its
@@ -73,6 +74,15 @@ def reference64(sig: Signature, tensors: dict[str, Any], slice_bytes: int = SLIC
         ref[a:a + step] = ops.reference64(sig, part)
         del part
     return ref
+
+
+PARK_ON_HOST = ("cuda",)  # devices whose streamed timed input waits in host memory during the derived sets
+
+
+def park_on_host(device: str) -> bool:
+    """Whether a large hotspot's fresh set leaves the device while the derived sets are verified
+    (on the CPU the host is the device: nothing to gain)."""
+    return device in PARK_ON_HOST
 
 
 def data_bytes(sig: Signature) -> int:

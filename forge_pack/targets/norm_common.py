@@ -3,8 +3,6 @@ applicability on contiguous tensors, size variables over a trailing normalized_s
 
 from __future__ import annotations
 
-from forge_pack.core.signature import contiguous_strides
-
 from .inputs import permute_rows_and_columns, trailing_rows
 
 
@@ -27,8 +25,11 @@ def row_layout(sig) -> tuple[int, int, int] | None:
     ncols = len(sig.param("normalized_shape") or [0])
     lead_shape, lead_strides = x.shape[:len(x.shape) - ncols], x.strides[:len(x.shape) - ncols]
     tail_shape, tail_strides = x.shape[len(x.shape) - ncols:], x.strides[len(x.shape) - ncols:]
-    if any(size != 1 and s != want for size, s, want in zip(tail_shape, tail_strides, contiguous_strides(tail_shape))):
-        return None
+    want = 1  # the normalized dims packed: each stride the product of the sizes after it
+    for size, stride in reversed(list(zip(tail_shape, tail_strides))):
+        if size != 1 and stride != want:
+            return None
+        want *= size
     cols = normalized_size(dict(sig.params), x.shape)
     dims: list[list[int]] = []
     for size, stride in zip(lead_shape, lead_strides):

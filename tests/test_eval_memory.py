@@ -205,3 +205,41 @@ def test_parked_source_gives_the_same_derived_sets(built, monkeypatch):
     _, held = _judge(built, monkeypatch, 0)
     assert (parked.verdict.reason, held.verdict.reason) == ("ok", "ok")
     assert kinds_parked == seen and len(seen) == 5
+
+
+def test_streamed_static_sets_come_back_from_host_memory_unchanged(built, monkeypatch):
+    """On a GPU a streamed hotspot keeps its static sets' tensors in host memory (forced here on the
+    CPU): the second evaluation copies them back instead of drawing them, bit for bit the same."""
+    monkeypatch.setattr(memory_plan, "HOST_CACHE_DEVICES", ("cpu",))
+    sums = []
+    real = verify.make_set
+
+    def spy(kind, sig, tensors, device):
+        if kind.startswith(("odd", "adversarial")):
+            sums.append((kind, float(tensors["x"].double().sum())))
+        return real(kind, sig, tensors, device)
+
+    monkeypatch.setattr(verify, "make_set", spy)
+    sig, cand, path = built
+    monkeypatch.setattr(memory_plan, "CACHE_BYTES", 0)
+    session = judge.Session("cpu")
+    session.copy_bw = 10.0
+    cfg = TimingConfig(warmup=1, reps=2, flush=False, compile_baseline=False)
+    job = judge.JudgeCandidate(judge.LoadInputs("k", sig), cand, path, cfg)
+    first = judge.judge(session, job)
+    stream = session.sets["k"][0]
+    assert sorted(stream.host) == sorted(k for k, _ in sums) and len(sums) == 4
+    drawn, sums[:] = list(sums), []
+    op_type = type(ops.get_op("layer_norm"))
+    draw = op_type.make_inputs
+    drawn_kinds = []
+
+    def counting(self, sig_, kind, gen, device):
+        drawn_kinds.append((tuple(sig_.x.shape), kind))
+        return draw(self, sig_, kind, gen, device)
+
+    monkeypatch.setattr(op_type, "make_inputs", counting)
+    second = judge.judge(session, judge.JudgeCandidate(judge.LoadInputs("k", sig), cand, path, cfg))
+    assert (first.verdict.reason, second.verdict.reason) == ("ok", "ok")
+    assert sums == drawn
+    assert drawn_kinds == [(tuple(sig.x.shape), "fresh")] * 2  # the fresh set and its redraw for timing only

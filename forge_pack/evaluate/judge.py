@@ -215,7 +215,8 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
             return Judged(Verdict(False, "out_of_memory", room))
         fresh = fresh_sets(sig, session.device, seed, cand.content_hash, final)
         if streamed:
-            sets = _streamed_sets(static, fresh[0], sig, session.device, seed, cand.content_hash, final)
+            parked: dict = {}
+            sets = _streamed_sets(static, fresh[0], sig, session.device, seed, cand.content_hash, final, parked)
         else:
             captured = [s for s in static if s.kind.startswith("captured")]
             derived = derived_sets(sig, session.device, seed, cand.content_hash, final, captured or fresh)
@@ -223,8 +224,10 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
             sets = sorted(fresh + derived + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
         verdict = verify(module, cand, sets, session.device)
         del sets
-        if streamed and verdict.ok:  # the timed input, drawn again (not held while the other sets were verified)
-            fresh[0].tensors = fresh_inputs(sig, session.device, seed, cand.content_hash, final)
+        if streamed and verdict.ok:  # the timed input again (not held on the device while the other sets were verified)
+            fresh[0].tensors = ({n: (t.to(session.device, copy=True) if t is not None else None)
+                                 for n, t in parked["fresh"].items()} if "fresh" in parked
+                                else fresh_inputs(sig, session.device, seed, cand.content_hash, final))
         if verdict.ok and (final or job.bounds) and getattr(module, "supports_guard", False):
             check_bounds(module, cand, fresh[0], session.device)  # a fault: LaunchError(out_of_bounds)
         if verdict.ok:
@@ -286,13 +289,15 @@ def _workspace_bytes(cand: Candidate, sig: Signature) -> int:
         return 0  # a spec that cannot be planned: verification says why
 
 
-def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candidate_hash: str, final: bool):
+def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candidate_hash: str, final: bool,
+                   parked: dict):
     """The sets of a hotspot too large to hold together, made one at a time in the order the
     cached path verifies them (fresh, derived, odd, adversarial, captured). A set's tensors and
     reference are dropped as soon as verification asks for the next one. The fresh set, the
     derived sets' source where there are no captures, waits in host memory
     (``memory_plan.PARK_ON_HOST``: a GPU) while the derived sets are verified, each source copied
-    back to the device only to derive one set; the judge draws the timed input again for timing."""
+    back to the device only to derive one set (and for timing: ``parked["fresh"]``); elsewhere the
+    judge draws the timed input again for timing."""
     from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.verify import iter_derived_sets
 
@@ -301,11 +306,12 @@ def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candida
     if stream.captures:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.capture)
     elif memory_plan.park_on_host(device):
-        parked = {n: (t.to("cpu", copy=True) if t is not None else None) for n, t in base.tensors.items()}
+        host = parked["fresh"] = {n: (t.to("cpu", copy=True) if t is not None else None)
+                                  for n, t in base.tensors.items()}
         base.tensors, base.ref = {}, None
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1,
                                     lambda i: {n: (t.to(device, copy=True) if t is not None else None)
-                                               for n, t in parked.items()})
+                                               for n, t in host.items()})
     else:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1, lambda i: base.tensors)
     for source in (derived, iter(stream)):

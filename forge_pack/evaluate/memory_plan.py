@@ -9,7 +9,9 @@ copies, timing copies; not the flush buffer or the copy-bandwidth probe, which h
   that they are made again per evaluation (their cost is proportional to the data), each set's
   tensors and reference dropped when verification moves on, an odd-size set never larger than
   the signature (``verify._no_larger``), the timed input drawn again for timing rather than held
-  (on a GPU it waits in host memory while the derived sets are made from it);
+  (on a GPU it waits in host memory while the derived sets are made from it, and comes back from
+  there for timing); on a GPU the static sets' tensors stay in host memory between evaluations
+  (``host_cache_bytes``) and only their references are computed again;
 - the float64 reference of a large set is computed in slices along a batch dimension
   (``reference64``), so its float64 temporaries (inputs converted to float64, the op's
   intermediates) are bounded by ``SLICE_BYTES``, not by the tensor; a streamed set drops its
@@ -83,6 +85,28 @@ def park_on_host(device: str) -> bool:
     """Whether a large hotspot's fresh set leaves the device while the derived sets are verified
     (on the CPU the host is the device: nothing to gain)."""
     return device in PARK_ON_HOST
+
+
+HOST_CACHE_DEVICES = ("cuda",)  # devices whose streamed static sets keep their tensors in host memory
+HOST_CACHE_CAP = 32 << 30  # and at most this much of it (or a quarter of the machine's memory, if less)
+
+
+def host_cache_bytes(device: str) -> int:
+    """Host memory a streamed hotspot may keep its static sets' tensors in (0: none): drawing a GB
+    tensor on the CPU takes seconds, copying it back to the GPU a fraction of one."""
+    if device not in HOST_CACHE_DEVICES:
+        return 0
+    import os
+
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        physical = 0
+    return min(HOST_CACHE_CAP, physical // 4)
+
+
+def tensors_bytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t is not None)
 
 
 def data_bytes(sig: Signature) -> int:

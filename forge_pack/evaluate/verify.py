@@ -123,6 +123,10 @@ class StaticStream:
         self.sig, self.captures, self.run_dir, self.device, self.seed, self.final = (
             sig, list(captures), run_dir, device, seed, final)
         self.skipped: list[str] = []
+        # kind -> the set's tensors in host memory (memory_plan.host_cache_bytes): copied to the device
+        # for each evaluation instead of drawn again; the kernel only ever sees the device copy
+        self.host: dict[str, dict] = {}
+        self.host_room = memory_plan.host_cache_bytes(device)
 
     def capture(self, i: int) -> dict:
         from forge_pack.profile.capture import load_capture
@@ -137,14 +141,29 @@ class StaticStream:
             osig = ops.with_output(_no_larger(osig, self.sig))
             gen = torch.Generator().manual_seed(seed_for(self.seed, mode, "odd", osig.key()))
             shape = "x".join(str(s) for s in osig.x.shape)
-            yield from self._made(f"odd:{shape}", osig, op.make_inputs(osig, "fresh", gen, self.device))
+            yield from self._made(f"odd:{shape}", osig,
+                                  lambda osig=osig, gen=gen: op.make_inputs(osig, "fresh", gen, self.device))
         for kind in op.adversarial_kinds(self.sig):
             gen = torch.Generator().manual_seed(seed_for(self.seed, mode, "adversarial", kind, self.sig.key()))
-            yield from self._made(f"adversarial:{kind}", self.sig, op.make_inputs(self.sig, kind, gen, self.device))
+            yield from self._made(f"adversarial:{kind}", self.sig,
+                                  lambda kind=kind, gen=gen: op.make_inputs(self.sig, kind, gen, self.device))
         for i in range(len(self.captures)):
-            yield from self._made(f"captured[{i}]", self.sig, self.capture(i))
+            yield from self._made(f"captured[{i}]", self.sig, lambda i=i: self.capture(i))
 
-    def _made(self, kind: str, sig: Signature, tensors: dict):
+    def _tensors(self, kind: str, make) -> dict:
+        """The set's tensors on the device: from the host copy when there is one, else made (and kept
+        in host memory while there is room)."""
+        if kind in self.host:
+            return {n: (t.to(self.device, copy=True) if t is not None else None) for n, t in self.host[kind].items()}
+        tensors = make()
+        size = memory_plan.tensors_bytes(tensors)
+        if size <= self.host_room:
+            self.host[kind] = {n: (t.to("cpu", copy=True) if t is not None else None) for n, t in tensors.items()}
+            self.host_room -= size
+        return tensors
+
+    def _made(self, kind: str, sig: Signature, make):
+        tensors = self._tensors(kind, make)
         s = make_set(kind, sig, tensors, self.device)
         del tensors
         if s is None:

@@ -58,11 +58,15 @@ SIGNATURES = {
     "layer_norm": ["x: bf16[64,4096], normalized_shape=(4096,), weight: bf16[4096], bias: bf16[4096]",
                    "x: f32[100,300], normalized_shape=(300,)", "x: f16[8,100000], normalized_shape=(100000,)",
                    "x: bf16[4096,1024], normalized_shape=(1024,), weight: bf16[1024], bias: bf16[1024]",
-                   "x: f32[7,33], normalized_shape=(33,)"],
+                   "x: f32[7,33], normalized_shape=(33,)",
+                   "x: f32[16,4194304], normalized_shape=(4194304,), weight: f32[4194304], bias: f32[4194304]",
+                   "x: bf16[64,197,768]{strides=768,49152,1}, normalized_shape=(768,), weight: bf16[768], "
+                   "bias: bf16[768]"],
     "rms_norm": ["x: bf16[64,2048], normalized_shape=(2048,), weight: bf16[2048], eps=1e-6, weight_offset=1.0",
                  "x: f32[30,96], normalized_shape=(96,), eps=1e-6", "x: f16[4,70000], normalized_shape=(70000,), "
                  "weight: f32[70000], eps=1e-6",
-                 "x: bf16[4096,4096], normalized_shape=(4096,), weight: bf16[4096], eps=1e-6, weight_offset=1.0"],
+                 "x: bf16[4096,4096], normalized_shape=(4096,), weight: bf16[4096], eps=1e-6, weight_offset=1.0",
+                 "x: bf16[8,262144], normalized_shape=(262144,), weight: bf16[262144], eps=1e-6, weight_offset=1.0"],
 }
 # GPU device reports as the evaluator sends them: none (the H200 defaults), the H200's own, a
 # 114-SM H100 PCIe, an A100 (164 KB opt-in) and a small GPU (99 KB opt-in).

@@ -1,6 +1,6 @@
 """The template families and reference kernels produce exactly what tests/fixtures/family_outputs.json
 records: applicability, defaults, scores, launch specs and defines at the defaults and one notch from
-them, the instantiated candidates (source and spec), the proposer's root and child moves, for 52
+them, the instantiated candidates (source and spec), the proposer's root and child moves, for 55
 signatures on the default (H200) GPU and four GPU reports. The fixture was captured from the
 families before they moved into one module per target kind; a diff here is a behaviour change.
 After an intended change, regenerate it with `python tests/family_snapshot.py` and review the diff."""

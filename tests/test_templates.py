@@ -50,7 +50,8 @@ SIGS = {
     "adaptive_avg_pool2d": ["x: bf16[16,256,7,7], output_size=(1,1)", "x: f32[4,64,32,32], output_size=(1,1)",
                             "x: f16[8,512,7,7]{channels_last}, output_size=(1,1)"],
     "layer_norm": ["x: bf16[64,4096], normalized_shape=(4096,), weight: bf16[4096], bias: bf16[4096]",
-                   "x: f32[100,300], normalized_shape=(300,)", "x: f16[8,100000], normalized_shape=(100000,)"],
+                   "x: f32[100,300], normalized_shape=(300,)", "x: f16[8,100000], normalized_shape=(100000,)",
+                   "x: f32[6,7,100]{strides=100,600,1}, normalized_shape=(100,), weight: f32[100], bias: f32[100]"],
     "rms_norm": ["x: bf16[64,2048], normalized_shape=(2048,), weight: bf16[2048], eps=1e-6, weight_offset=1.0",
                  "x: f32[30,96], normalized_shape=(96,), eps=1e-6", "x: f16[4,70000], normalized_shape=(70000,), "
                  "weight: f32[70000], eps=1e-6"],
@@ -141,7 +142,8 @@ def test_issue_families_exist():
     assert {"welford", "two_pass", "split", "split_sync", "split_flow", "resident"} <= names["group_norm"]
     assert {"nchw_plane", "nchw_flat", "nhwc"} <= names["batch_norm"]
     assert {"nchw_lanes", "nchw_tile", "nhwc"} <= names["adaptive_avg_pool2d"]
-    assert names["layer_norm"] == names["rms_norm"] == {"warp_row", "block_row", "online"}
+    assert names["rms_norm"] == {"warp_row", "block_row", "online", "split_row"}
+    assert names["layer_norm"] == names["rms_norm"] | {"strided_row"}  # rms_norm takes no strided x
     knobs = {k for op in OPS for f in families(op, "cuda") for k in f.params}
     assert {"threads", "vec", "items", "lanes", "unroll", "fast_exp", "load_hint", "store_hint", "split"} <= knobs
 
@@ -172,6 +174,26 @@ def test_long_rows_are_split_over_many_blocks():
         assert evaluate(cand.spec.kernels[0].grid[0], launch_env(vae)) >= 2 * 132, name
 
 
+def test_few_long_norm_rows_are_split_over_many_blocks_and_tried_first():
+    """16 layer_norm rows of 4 M elements (64x256x256 each) must not run on 16 blocks: split_row is
+    the first root, with at least two blocks per SM, and both its kernels cover every row's chunks."""
+    for op, text in (("layer_norm", "x: f32[16,4194304], normalized_shape=(4194304,), weight: f32[4194304], "
+                                    "bias: f32[4194304]"),
+                     ("rms_norm", "x: bf16[8,262144], normalized_shape=(262144,), weight: bf16[262144], eps=1e-6")):
+        sig = _sig(op, text)
+        roots = TemplateProposer().propose(_request(sig, max_moves=8))
+        assert roots[0].candidate.family == "split_row", op
+        cand = roots[0].candidate
+        env = launch_env(sig)
+        split = cand.params["split"]
+        assert [k.name for k in cand.spec.kernels] == [f"{op}_split_stats", f"{op}_split_norm"]
+        assert evaluate(cand.spec.kernels[0].grid[0], env) == evaluate(cand.spec.kernels[1].grid[0], env) >= 2 * 132
+        chunk = evaluate(cand.spec.kernels[0].args[-1].split(":", 1)[1], env)
+        assert chunk * split >= env["cols"] > chunk * (split - 1) and chunk % cand.params["vec"] == 0
+    many = _sig("layer_norm", "x: bf16[4096,8192], normalized_shape=(8192,)")
+    assert TemplateProposer().propose(_request(many, max_moves=8))[0].candidate.family != "split_row"
+
+
 def test_instantiate_rejects_inapplicable_family_and_bad_values():
     sig = _sig("batch_norm", "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]")
     with pytest.raises(ValueError):
@@ -185,7 +207,7 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
 
 def test_the_family_registry_and_proposer_import_without_torch():
     code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
-            "assert len(r.backend_families('cuda')) == 24 and len(r.backend_families('cpu')) == 10; "
+            "assert len(r.backend_families('cuda')) == 27 and len(r.backend_families('cpu')) == 11; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 

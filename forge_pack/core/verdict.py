@@ -26,6 +26,7 @@ REASONS = (
     "out_of_bounds",  # touched memory outside its tensors (guard page or canary; CPU and CUDA)
     "work_after_return",  # kept running after its call returned (CPU: the runner was not idle)
     "inapplicable",  # the candidate's `requires` rule excludes this signature
+    "out_of_memory",  # the evaluation does not fit the device's memory (memory_plan): a fact about the signature
     "internal_error",  # a fault of forge-pack itself, recorded rather than raised
 )
 

@@ -67,17 +67,26 @@ class Session:
         return self.copy_bw
 
     def load(self, inputs: "LoadInputs") -> "Loaded":
-        from forge_pack.evaluate.verify import static_sets
+        from forge_pack.evaluate import memory_plan
+        from forge_pack.evaluate.verify import StaticStream, static_sets
+        from forge_pack.targets import ops
 
         key = inputs.key
         if key not in self.sets:
-            sets, skipped = static_sets(inputs.signature, list(inputs.captures), inputs.run_dir, self.device,
-                                        inputs.seed, inputs.final)
-            self.sets[key] = (sets, skipped)
+            sig = inputs.signature
+            if memory_plan.cache_static(sig, len(inputs.captures) + len(ops.get_op(sig.op).adversarial_kinds(sig))):
+                sets, skipped = static_sets(sig, list(inputs.captures), inputs.run_dir, self.device, inputs.seed,
+                                            inputs.final)
+                self.sets[key] = (sets, skipped)
+            else:  # too large to keep: remade per evaluation, one set at a time (memory_plan)
+                stream = StaticStream(sig, list(inputs.captures), inputs.run_dir, self.device, inputs.seed,
+                                      inputs.final)
+                self.sets[key] = (stream, stream.skipped)
             while len(self.sets) > self.MAX_CACHED:
                 self.sets.popitem(last=False)
         self.sets.move_to_end(key)
-        return Loaded(tuple(s.kind for s in self.sets[key][0]), tuple(self.sets[key][1]))
+        static, skipped = self.sets[key]
+        return Loaded(tuple(s.kind for s in static) if isinstance(static, list) else (), tuple(skipped))
 
     def healthy(self) -> bool:
         """After a CUDA error: is the context still usable? (sticky errors poison it for good)"""
@@ -173,9 +182,11 @@ class MeasureBaseline:
 
 def judge(session: Session, job: JudgeCandidate) -> Judged:
     """Load, verify, bounds-check and time one candidate in this process (its CPU code in a runner)."""
+    from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.launch import LaunchError, load_module
     from forge_pack.evaluate.timing import cache_bytes, cold_cache
-    from forge_pack.evaluate.verify import derived_sets, fingerprint, fresh_sets, launch_error_verdict, verify
+    from forge_pack.evaluate.verify import (derived_sets, fingerprint, fresh_inputs, fresh_sets, launch_error_verdict,
+                                            verify)
 
     cand, cfg, inputs = job.candidate, job.timing, job.inputs
     sig = inputs.signature
@@ -196,18 +207,32 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
         return Judged(_launch_verdict(e, launch_error_verdict, "loading the module"),
                       retire=e.sticky and not session.healthy())
     poisoned = False
+    streamed = not isinstance(static, list)
     try:
         seed, final = inputs.seed, inputs.final
+        room = memory_plan.fits(sig, memory_plan.free_bytes(session.device), _workspace_bytes(cand, sig))
+        if room is not None:  # refused before allocating anything (the module is closed below)
+            return Judged(Verdict(False, "out_of_memory", room))
         fresh = fresh_sets(sig, session.device, seed, cand.content_hash, final)
-        captured = [s for s in static if s.kind.startswith("captured")]
-        derived = derived_sets(sig, session.device, seed, cand.content_hash, final, captured or fresh)
-        order = {"fresh": 0, "derived": 1, "odd": 2, "adversarial": 3, "captured": 4}  # cheap, likely failures first
-        sets = sorted(fresh + derived + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
+        if streamed:
+            parked: dict = {}
+            sets = _streamed_sets(static, fresh[0], sig, session.device, seed, cand.content_hash, final, parked)
+        else:
+            captured = [s for s in static if s.kind.startswith("captured")]
+            derived = derived_sets(sig, session.device, seed, cand.content_hash, final, captured or fresh)
+            order = {"fresh": 0, "derived": 1, "odd": 2, "adversarial": 3, "captured": 4}  # cheap, likely failures first
+            sets = sorted(fresh + derived + static, key=lambda s: order.get(s.kind.split("[")[0].split(":")[0], 9))
         verdict = verify(module, cand, sets, session.device)
+        del sets
+        if streamed and verdict.ok:  # the timed input again (not held on the device while the other sets were verified)
+            fresh[0].tensors = ({n: (t.to(session.device, copy=True) if t is not None else None)
+                                 for n, t in parked["fresh"].items()} if "fresh" in parked
+                                else fresh_inputs(sig, session.device, seed, cand.content_hash, final))
         if verdict.ok and (final or job.bounds) and getattr(module, "supports_guard", False):
             check_bounds(module, cand, fresh[0], session.device)  # a fault: LaunchError(out_of_bounds)
         if verdict.ok:
-            timing, timed_verdict = time_candidate(module, cand, sig, fresh[0], cfg, session.device)
+            timing, timed_verdict = time_candidate(module, cand, sig, fresh[0], cfg, session.device,
+                                                   own_base=streamed)
             bw = session.bandwidth(cfg)
             floor = abi.floor_us(sig, bw)
             if timed_verdict is not None:
@@ -228,7 +253,14 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
     except LaunchError as e:
         verdict = _launch_verdict(e, launch_error_verdict)
         poisoned = e.sticky or not session.healthy()
-    except RuntimeError as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
+    except (RuntimeError, MemoryError) as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
+        if memory_plan.is_out_of_memory(e):  # the estimate was short: still a verdict, and the worker goes on
+            timing = None
+            memory_plan.release(session.device)
+            verdict = Verdict(False, "out_of_memory", f"an allocation failed while evaluating {sig.pretty()}: "
+                                                      f"{str(e)[:500]}")
+            poisoned = not session.healthy()
+            return Judged(verdict, None, floor, bw, attributes, False, poisoned)
         if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():
             raise
         verdict = launch_error_verdict(e)
@@ -237,7 +269,7 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
         if not poisoned:
             module.close()
     dropped = False
-    if not poisoned and any(fingerprint(s) != s.fingerprint for s in static):
+    if not poisoned and not streamed and any(fingerprint(s) != s.fingerprint for s in static):
         session.sets.pop(inputs.key, None)  # a stray write hit the cached inputs: reload them next time
         dropped = True
         if verdict.ok:  # the per-call checks missed it (a write outside the calls' view): still a mutation
@@ -245,6 +277,49 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
                                                       "content fingerprint differs afterwards)",
                               verdict.max_abs_err, verdict.max_rel_err, verdict.checks)
     return Judged(verdict, timing, floor, bw, attributes, dropped, poisoned)
+
+
+def _workspace_bytes(cand: Candidate, sig: Signature) -> int:
+    from forge_pack.core.errors import ForgeError
+    from forge_pack.evaluate.launch import plan
+
+    try:
+        return sum(n for _, n, _ in plan(cand.spec, sig).workspaces)
+    except ForgeError:
+        return 0  # a spec that cannot be planned: verification says why
+
+
+def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candidate_hash: str, final: bool,
+                   parked: dict):
+    """The sets of a hotspot too large to hold together, made one at a time in the order the
+    cached path verifies them (fresh, derived, odd, adversarial, captured). A set's tensors and
+    reference are dropped as soon as verification asks for the next one. The fresh set, the
+    derived sets' source where there are no captures, waits in host memory
+    (``memory_plan.PARK_ON_HOST``: a GPU) while the derived sets are verified, each source copied
+    back to the device only to derive one set (and for timing: ``parked["fresh"]``); elsewhere the
+    judge draws the timed input again for timing."""
+    from forge_pack.evaluate import memory_plan
+    from forge_pack.evaluate.verify import iter_derived_sets
+
+    base.streamed = True
+    yield base
+    if stream.captures:
+        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.capture)
+    elif memory_plan.park_on_host(device):
+        host = parked["fresh"] = {n: (t.to("cpu", copy=True) if t is not None else None)
+                                  for n, t in base.tensors.items()}
+        base.tensors, base.ref = {}, None
+        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1,
+                                    lambda i: {n: (t.to(device, copy=True) if t is not None else None)
+                                               for n, t in host.items()})
+    else:
+        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1, lambda i: base.tensors)
+    for source in (derived, iter(stream)):
+        for s in source:
+            yield s
+            s.tensors, s.ref, s.magnitude = {}, None, None  # verified: nothing of it is needed again
+            del s
+        base.tensors, base.ref = {}, None  # the derived sets are made: the timed input is drawn again for timing
 
 
 def _launch_verdict(err, make, where: str = "") -> Verdict:
@@ -294,8 +369,8 @@ def implausible(timing: Timing, floor_us: float, bw_gbs: float, sig: Signature, 
             f"faster than a copy (work done outside the timed calls?)")
 
 
-def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str
-                   ) -> tuple[Timing | None, Verdict | None]:
+def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingConfig, device: str,
+                   own_base: bool = False) -> tuple[Timing | None, Verdict | None]:
     """Time the bound launch over rotating copies of one verified input set and check every call
     it makes, warm-up included: (timing, None), or (timing so far, the verdict that rejects it).
 
@@ -309,25 +384,26 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
     device-wide synchronisation), for every copy: its inputs byte for byte against a shadow
     holding exactly the judge's own changes (``input_mutated``), canaries, the sentinel
     (``unwritten_output``), and the output against the float64 reference of the inputs that call
-    had, with the set's eager allowance (``mismatch``)."""
+    had, with the set's eager allowance (``mismatch``). ``own_base``: the set is not needed after
+    timing, so the first copy is its own tensors rather than a clone (one copy fewer in memory)."""
     import random
 
     import torch
 
     from forge_pack.evaluate.launch import plan
-    from forge_pack.evaluate.timing import rotation_count, time_calls
+    from forge_pack.evaluate.timing import rotation_cache, rotation_count, time_calls
     from forge_pack.evaluate.verify import guarded_empty, guarded_like, seed_for, set_canaries
 
     p = plan(cand.spec, sig)
     ws_bytes = sum(n for _, n, _ in p.workspaces)
-    k = rotation_count(abi.bytes_moved(sig) + ws_bytes, cfg)
+    k = rotation_count(abi.bytes_moved(sig) + ws_bytes, cfg, rotation_cache(device))
     rng = random.Random(seed_for("timing", cand.content_hash, sig.key()))
     gen = torch.Generator(device=device).manual_seed(seed_for("timing-garbage", cand.content_hash, sig.key()))
     out_spec = sig.output
     state = {"batch": 0, "calls": 0, "verdict": None}
     calls, befores, slots = [], [], []
     for i in range(k):
-        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        tensors = {n: (t if own_base and i == 0 or t is None else t.clone()) for n, t in base.tensors.items()}
         out, out_whole = guarded_like(out_spec, device)
         ws, wholes = {}, [out_whole]
         for name, n, _ in p.workspaces:
@@ -357,7 +433,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
 
 def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> Verdict | None:
     """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
-    from forge_pack.targets import ops
+    from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.tolerance import compare, magnitude, surely_within
     from forge_pack.evaluate.verdict_rules import bitwise_equal, first_diff
     from forge_pack.evaluate.verify import canaries_intact, count_sentinel, set_canaries
@@ -385,7 +461,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         if unwritten:
             return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
                                                       f"not written ({where})")
-        ref = ops.reference64(sig, slot["tensors"])
+        ref = memory_plan.reference64(sig, slot["tensors"])  # float64 temporaries bounded by slices
         if surely_within(out, ref, sig.output.dtype, sig.op):
             continue
         check = compare(out, ref, sig.output.dtype, sig.op, atol_floor=base.atol_floor,
@@ -480,7 +556,7 @@ def _with_zeroing(run, zeroed):
 
 def measure_baseline(session: Session, job: MeasureBaseline) -> Baseline:
     from forge_pack.targets import ops
-    from forge_pack.evaluate.timing import Flusher, rotation_count, time_calls
+    from forge_pack.evaluate.timing import Flusher, rotation_cache, rotation_count, time_calls
     from forge_pack.evaluate.verify import seed_for
 
     torch = session.torch
@@ -488,8 +564,8 @@ def measure_baseline(session: Session, job: MeasureBaseline) -> Baseline:
     device = session.device
     gen = torch.Generator().manual_seed(seed_for(job.seed, "baseline", sig.key()))
     base = ops.make_inputs(sig, "fresh", gen, device)
-    k = rotation_count(abi.bytes_moved(sig), cfg)
-    slots = [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k)]
+    k = rotation_count(abi.bytes_moved(sig), cfg, rotation_cache(device))
+    slots = [base] + [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k - 1)]
     fn = ops.eager(sig)
     flusher = Flusher(device, cfg)
     eager = time_calls([lambda t=t: fn(t) for t in slots], device, cfg, flusher)

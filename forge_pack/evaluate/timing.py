@@ -299,5 +299,21 @@ def copy_bandwidth_gbs(device: str, cfg: TimingConfig) -> float:
     return 2 * nbytes / (t.median_us * 1e3)
 
 
-def rotation_count(bytes_per_copy: int, cfg: TimingConfig) -> int:
+ROTATE_ONE_FACTOR = 8  # a copy this many times the cache: the flush already leaves none of it cached
+
+
+def rotation_cache(device: str) -> int:
+    """The cache a timing copy is measured against in ``rotation_count`` (as ``cache_bytes``)."""
+    if device == "cuda":
+        return _cuda_l2_bytes()
+    size, domains = _cpu_llc_domains()
+    return size * domains
+
+
+def rotation_count(bytes_per_copy: int, cfg: TimingConfig, cache: int = 0) -> int:
+    """Copies of the timed input: up to ``cfg.rotate`` within ``rotate_max_bytes``, and one when a
+    copy is at least ``ROTATE_ONE_FACTOR`` x all the cache (``cache``, 0: unknown), where more
+    copies would only cost memory and their checks time."""
+    if cache and bytes_per_copy >= ROTATE_ONE_FACTOR * cache:
+        return 1
     return max(1, min(cfg.rotate, cfg.rotate_max_bytes // max(bytes_per_copy, 1)))

@@ -311,8 +311,13 @@ def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
 
 
 def _finite_absmax(t: torch.Tensor) -> float:
-    fin = t[torch.isfinite(t)]
-    return float(fin.abs().max()) if fin.numel() else 0.0
+    """Largest finite |t|, 0 when there is none; in chunks, so a large t needs no full-size copies."""
+    flat = t.reshape(-1)
+    best = 0.0
+    for start in range(0, flat.numel(), _CHUNK):
+        c = flat[start:start + _CHUNK]
+        best = max(best, float(torch.where(torch.isfinite(c), c.abs(), torch.zeros_like(c)).max()))
+    return best
 
 
 def derived_source(count: int, gen: torch.Generator) -> int:

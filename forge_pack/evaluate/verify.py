@@ -34,15 +34,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from forge_pack.targets import ops, registry
+from forge_pack.evaluate import memory_plan
 from forge_pack.evaluate import verdict_rules as rules
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
 from forge_pack.evaluate.launch import LaunchError, check_requires, plan
-from forge_pack.core.signature import Signature, TensorSpec
+from forge_pack.core.signature import Signature, TensorSpec, contiguous_strides
 from forge_pack.evaluate.tolerance import as_check
 from forge_pack.core.verdict import Check, Verdict
 # The sentinel, the bitwise checks and the order of the per-call verdicts are verdict_rules' (shipped
@@ -66,12 +68,15 @@ class InputSet:
     atol_floor: "float | torch.Tensor" = 0.0  # tolerance.eager_allowance: eager's own error, by magnitude
     fingerprint: tuple = field(default=())
     magnitude: torch.Tensor | None = None  # rules.magnitude: the allowance's lookup key where not |ref|
+    # made for this evaluation alone (memory_plan: a large hotspot): the reference may be dropped once
+    # the first run is judged and made again only if the second run needs it
+    streamed: bool = False
 
 
 def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet | None:
     """Reference and eager error for one input; None when eager itself breaks NaN/Inf parity there
     (a kernel is not held to a standard PyTorch does not meet)."""
-    ref = ops.reference64(sig, tensors)
+    ref = memory_plan.reference64(sig, tensors)
     eager_out = ops.eager(sig)(tensors)
     spec = registry.get(sig.op)
     mag = rules.magnitude(spec, tensors)
@@ -108,6 +113,88 @@ def static_sets(sig: Signature, captures: list[str], run_dir: str | None, device
     return sets, skipped
 
 
+class StaticStream:
+    """A hotspot's static sets too large to cache (``memory_plan.cache_static``): remade for each
+    evaluation from the same seeds, one at a time, in the order the judge verifies them (odd,
+    adversarial, captured). ``captures`` names the captured sets (sources of the derived sets)."""
+
+    def __init__(self, sig: Signature, captures: list[str], run_dir: str | None, device: str, seed: int,
+                 final: bool):
+        self.sig, self.captures, self.run_dir, self.device, self.seed, self.final = (
+            sig, list(captures), run_dir, device, seed, final)
+        self.skipped: list[str] = []
+        # kind -> the set's tensors in host memory (memory_plan.host_cache_bytes): copied to the device
+        # for each evaluation instead of drawn again; the kernel only ever sees the device copy
+        self.host: dict[str, dict] = {}
+        self.host_room = memory_plan.host_cache_bytes(device)
+
+    def capture(self, i: int) -> dict:
+        from forge_pack.profile.capture import load_capture
+
+        tensors, _ = load_capture(Path(self.run_dir or ".") / self.captures[i], self.sig, self.device)
+        return tensors
+
+    def __iter__(self):
+        op = ops.get_op(self.sig.op)
+        mode = "final" if self.final else "search"
+        for osig in op.odd_signatures(self.sig):
+            osig = ops.with_output(_no_larger(osig, self.sig))
+            gen = torch.Generator().manual_seed(seed_for(self.seed, mode, "odd", osig.key()))
+            shape = "x".join(str(s) for s in osig.x.shape)
+            yield from self._made(f"odd:{shape}", osig,
+                                  lambda osig=osig, gen=gen: op.make_inputs(osig, "fresh", gen, self.device))
+        for kind in op.adversarial_kinds(self.sig):
+            gen = torch.Generator().manual_seed(seed_for(self.seed, mode, "adversarial", kind, self.sig.key()))
+            yield from self._made(f"adversarial:{kind}", self.sig,
+                                  lambda kind=kind, gen=gen: op.make_inputs(self.sig, kind, gen, self.device))
+        for i in range(len(self.captures)):
+            yield from self._made(f"captured[{i}]", self.sig, lambda i=i: self.capture(i))
+
+    def _tensors(self, kind: str, make) -> dict:
+        """The set's tensors on the device: from the host copy when there is one, else made (and kept
+        in host memory while there is room)."""
+        if kind in self.host:
+            return {n: (t.to(self.device, copy=True) if t is not None else None) for n, t in self.host[kind].items()}
+        tensors = make()
+        size = memory_plan.tensors_bytes(tensors)
+        if size <= self.host_room:
+            self.host[kind] = {n: (t.to("cpu", copy=True) if t is not None else None) for n, t in tensors.items()}
+            self.host_room -= size
+        return tensors
+
+    def _made(self, kind: str, sig: Signature, make):
+        tensors = self._tensors(kind, make)
+        s = make_set(kind, sig, tensors, self.device)
+        del tensors
+        if s is None:
+            self.skipped.append(f"{kind}: eager PyTorch itself differs from float64 in NaN/Inf positions")
+        else:
+            s.streamed = True
+            yield s
+
+
+def fresh_inputs(sig: Signature, device: str, seed: int, candidate_hash: str, final: bool, i: int = 0) -> dict:
+    """The tensors of ``fresh[i]`` (the same draw every time: a large hotspot's timed input is made
+    again for timing rather than held while the other sets are verified)."""
+    gen = torch.Generator().manual_seed(seed_for(seed, "final" if final else "search", candidate_hash, i))
+    return ops.get_op(sig.op).make_inputs(sig, "fresh", gen, device)
+
+
+def _no_larger(osig: Signature, sig: Signature) -> Signature:
+    """An odd-size signature no larger than the signature itself (a few huge rows make 37 rows of
+    them 2x the data): its leading dim becomes the largest odd count that keeps it within, so it
+    still catches a hard-coded row count and a missing tail."""
+    x = osig.x
+    if x.numel <= sig.x.numel or len(x.shape) < 2:
+        return osig
+    per = x.numel // max(x.shape[0], 1)
+    lead = max(1, sig.x.numel // max(per, 1) - 1) | 1
+    shape = (min(lead, x.shape[0]),) + tuple(x.shape[1:])
+    inputs = tuple((n, TensorSpec(s.dtype, shape, contiguous_strides(shape)) if n == "x" else s)
+                   for n, s in osig.inputs)
+    return Signature(osig.op, inputs, osig.params, None)
+
+
 def fresh_sets(sig: Signature, device: str, seed: int, candidate_hash: str, final: bool, count: int = 1
                ) -> list[InputSet]:
     """Inputs drawn for this evaluation: seeded by the candidate's own hash, so no candidate can
@@ -115,11 +202,10 @@ def fresh_sets(sig: Signature, device: str, seed: int, candidate_hash: str, fina
     op = ops.get_op(sig.op)
     sets: list[InputSet] = []
     for i in range(count):
-        gen = torch.Generator().manual_seed(seed_for(seed, "final" if final else "search", candidate_hash, i))
-        tensors = op.make_inputs(sig, "fresh", gen, device)
+        tensors = fresh_inputs(sig, device, seed, candidate_hash, final, i)
         s = make_set(f"fresh[{i}]", sig, tensors, device)
         if s is None:  # never expected for random inputs; keep the set (timing needs one) without slack
-            s = InputSet(f"fresh[{i}]", sig, tensors, ops.reference64(sig, tensors))
+            s = InputSet(f"fresh[{i}]", sig, tensors, memory_plan.reference64(sig, tensors))
         sets.append(s)
     return sets
 
@@ -140,6 +226,24 @@ def derived_sets(sig: Signature, device: str, seed: int, candidate_hash: str, fi
         if s is not None:
             out.append(s)
     return out
+
+
+def iter_derived_sets(sig: Signature, device: str, seed: int, candidate_hash: str, final: bool, count: int,
+                      source) -> "Iterator[InputSet]":
+    """``derived_sets`` one at a time, for sets too large to hold together: ``source(i)`` gives the
+    tensors of source ``i`` of ``count`` (loaded when needed); the same seeds, transforms and sources
+    as ``derived_sets`` over the same sources."""
+    mode = "final" if final else "search"
+    for kind in ops.DERIVED_KINDS:
+        gen = torch.Generator().manual_seed(seed_for(seed, mode, candidate_hash, "derived", kind, sig.key()))
+        src = source(rules.derived_source(count, gen))
+        tensors = ops.derive_inputs(sig, kind, src, gen)
+        del src
+        s = make_set(f"derived:{kind}", sig, tensors, device)
+        del tensors
+        if s is not None:
+            s.streamed = True
+            yield s
 
 
 def _add(sets: list, skipped: list, kind: str, sig: Signature, tensors: dict, device: str) -> None:
@@ -315,7 +419,9 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     # The second run is prepared the way timed calls and the package's calls are: no sentinel in
     # out (CPU: a fresh allocation, as timing makes per call; CUDA: finite garbage), so the
     # sentinel's presence tells a kernel nothing about being verified.
-    first = out.clone()
+    if s.streamed:
+        s.ref = None  # judged: made again below only if the second run differs from the first
+    first = out.clone() if device == "cuda" else out  # CPU: the second run writes a new output, out stays
     second = out
     if device != "cuda":
         second = fresh_output(out_spec)
@@ -332,7 +438,8 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
                                                   f"written by the second run ({where})"), check
     changed = rules.repeat_change(second, first, s.kind)
     if changed is not None:
-        again = as_check(rules.compare(second, s.ref, out_spec.dtype, spec, atol_floor=s.atol_floor,
+        ref = s.ref if s.ref is not None else memory_plan.reference64(s.sig, s.tensors)
+        again = as_check(rules.compare(second, ref, out_spec.dtype, spec, atol_floor=s.atol_floor,
                                        input_kind=s.kind, magnitude=s.magnitude))
         if not again.passed:
             return Verdict(False, "mismatch", f"{s.kind}: the second run, into an output not pre-filled with the "

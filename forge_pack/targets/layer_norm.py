@@ -1,4 +1,5 @@
-"""layer_norm over a trailing normalized_shape (targeted: contiguous tensors)."""
+"""layer_norm over a trailing normalized_shape (targeted: contiguous tensors, and an x whose rows are each
+contiguous at up to two strides, norm_common.row_layout)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ LAYER_NORM = TargetSpec(
     name="layer_norm", tensors=("x", "weight", "bias"), scalars=("eps",), params=("normalized_shape", "eps"),
     own_params=(),
     doc="out[r, c] = (x[r, c] - mean_r) * rsqrt(var_r + eps) * weight[c] + bias[c]; biased variance "
-        "over the last `cols` elements; x contiguous [rows, cols]; weight/bias may be absent.",
-    size_vars=norm_common.row_size_vars, supports=norm_common.contiguous_inputs, float64_reference=_reference,
+        "over the last `cols` elements; x [rows, cols], each row contiguous, row r starting at element "
+        "(r / x_inner) * x_so + (r % x_inner) * x_si (contiguous x: x_si = cols); out contiguous; "
+        "weight/bias may be absent.",
+    size_vars=norm_common.row_size_vars, supports=norm_common.row_inputs, float64_reference=_reference,
     eager_call=_eager,
     tolerances={"bfloat16": Tolerance(1.6e-2, 1.6e-2, "unit-scale outputs rounded to bf16")},
     draws={"weight": Draw(0.2, 1.0), "bias": Draw(0.2)}, adversarial=("large", "offset", "constant"),

@@ -15,6 +15,54 @@ def contiguous_inputs(sig) -> str | None:
     return None
 
 
+def row_layout(sig) -> tuple[int, int, int] | None:
+    """Where a row norm's rows of x start, for an x whose normalized (trailing) dims are contiguous:
+    (inner, s_outer, s_inner) with row r at element (r // inner) * s_outer + (r % inner) * s_inner,
+    i.e. the leading dims merged into at most two strided dims whose rows do not overlap. A
+    contiguous x is (rows, rows * cols, cols). None when the rows need more than two strides (or
+    overlap, or a row itself is strided)."""
+    x = sig.x
+    ncols = len(sig.param("normalized_shape") or [0])
+    lead_shape, lead_strides = x.shape[:len(x.shape) - ncols], x.strides[:len(x.shape) - ncols]
+    tail_shape, tail_strides = x.shape[len(x.shape) - ncols:], x.strides[len(x.shape) - ncols:]
+    want = 1  # the normalized dims packed: each stride the product of the sizes after it
+    for size, stride in reversed(list(zip(tail_shape, tail_strides))):
+        if size != 1 and stride != want:
+            return None
+        want *= size
+    cols = normalized_size(dict(sig.params), x.shape)
+    dims: list[list[int]] = []
+    for size, stride in zip(lead_shape, lead_strides):
+        if size == 1:
+            continue
+        if dims and dims[-1][1] == size * stride:  # merges with the dim before it
+            dims[-1] = [dims[-1][0] * size, stride]
+        else:
+            dims.append([size, stride])
+    if not dims:
+        return 1, cols, cols
+    if len(dims) == 1:
+        (n, s), = dims
+        return (n, n * s, s) if s >= cols else None
+    if len(dims) > 2:
+        return None
+    (a, sa), (b, sb) = dims
+    inner_fits = sb >= cols and sa >= b * sb  # inner rows inside each outer step
+    outer_fits = sa >= cols and sb >= a * sa  # outer rows interleaved inside each inner step (a transposed view)
+    return (b, sa, sb) if inner_fits or outer_fits else None
+
+
+def row_inputs(sig) -> str | None:
+    """A row norm's x may be strided (e.g. a transposed view whose rows are each contiguous, as
+    torchvision's ViT hands its encoder norm): the strided_row families read it in place."""
+    if not sig.x.is_contiguous and row_layout(sig) is None:
+        return "non-contiguous input whose rows need more than two strides"
+    for name, spec in sig.inputs[1:]:
+        if spec is not None and not spec.is_contiguous:
+            return f"non-contiguous {name}"
+    return None
+
+
 def normalized_size(params: dict, shape: tuple) -> int:
     n = 1
     for s in params.get("normalized_shape") or shape[-1:]:
@@ -24,7 +72,10 @@ def normalized_size(params: dict, shape: tuple) -> int:
 
 def row_size_vars(sig) -> dict:
     cols = normalized_size(dict(sig.params), sig.x.shape)
-    return {"rows": sig.x.numel // max(cols, 1), "cols": cols}
+    rows = sig.x.numel // max(cols, 1)
+    inner, s_outer, s_inner = row_layout(sig) or (rows, rows * cols, cols)
+    # x_inner / x_so / x_si: where row r starts (row_layout); only the strided_row families read them
+    return {"rows": rows, "cols": cols, "x_inner": inner, "x_so": s_outer, "x_si": s_inner}
 
 
 def rows(params: dict, xf):

@@ -1,12 +1,16 @@
 """The row-normalisation families layer_norm and rms_norm share (templates rownorm_*, `RMS` picks
-the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length; the CPU
-has `rows`. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
+the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length,
+`split_row` spreads each of a few long rows over many blocks; layer_norm's `strided_row` reads an x
+whose rows are each contiguous but not packed (a transposed view). The CPU has `rows` and
+(layer_norm) `strided_rows`. Every family but the strided ones needs a contiguous x. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
 """
 
 from __future__ import annotations
 
+from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
-from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, THREADS, UNROLL, VEC, Built, Family, Gpu, always,
+from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu,
+                                            always,
                                             cdiv, clamp, first, grain_default, launch, pow2_ceil, regs_ok, rows_items,
                                             spec, stream_ok, vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
@@ -119,19 +123,113 @@ def _online_score(sig: Signature, gpu: Gpu) -> float:
     return 3
 
 
+# ---------------------------------------------------------------- CUDA: few long rows
+
+
+SPLIT_MIN_COLS = 4096  # below this a row is one block's work: splitting only adds a second launch
+
+
+def _few_rows(sig: Signature, gpu: Gpu) -> bool:
+    """Fewer rows than two per SM: one block per row leaves SMs idle."""
+    return sizes(sig)["rows"] < 2 * gpu.sm_count
+
+
+def _split_row_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    return "rows too short to split" if sizes(sig)["cols"] < SPLIT_MIN_COLS else None
+
+
+def _split_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, _ = _base_defaults(sig)
+    rows, cols, vec = sizes(sig)["rows"], sizes(sig)["cols"], p["vec"]
+    split = clamp(pow2_ceil(cdiv(4 * gpu.sm_count, max(rows, 1))), 4, 256)  # about 4 blocks per SM
+    while split > 4 and cdiv(cols, split) < 256 * vec * 2:  # at least two passes of a 256-thread block
+        split //= 2
+    p.update(threads=256, unroll=4, split=split, store_hint=1)  # the output is not read again: stream it
+    return p
+
+
+def _split_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    why = stream_ok(sig, p, p["unroll"] * p["vec"] * 2)  # as `online`: two fp32 values per element in flight
+    if why:
+        return why
+    split, vec = p["split"], p["vec"]
+    if cdiv(sizes(sig)["cols"], split) < p["threads"] * vec:
+        return "chunks smaller than one pass of the block"
+    head, tail = _head_tail(sig)
+    defines = {**_defines(sig, p), "UNROLL": p["unroll"], "SPLIT": split}
+    chunk = f"i32:round_up(ceil_div(cols, {split}), {vec})"
+    k1 = launch(f"{sig.op}_split_stats", ["x", "ws", "i32:cols", chunk], [f"rows * {split}"], [p["threads"]])
+    k2 = launch(f"{sig.op}_split_norm", [*head[:-1], "ws", "out", "i32:cols", chunk, *tail], [f"rows * {split}"],
+                [p["threads"]])
+    return Built(dict(p), defines, spec([k1, k2], [Workspace("ws", f"rows * {split} * 16")]))
+
+
+def _split_row_score(sig: Signature, gpu: Gpu) -> float:
+    return -1 if _few_rows(sig, gpu) else 4
+
+
+# ---------------------------------------------------------------- strided rows (CUDA and CPU)
+
+
+def _contiguous(applicable):
+    """The packed-row families: a strided x (norm_common.row_layout) is the strided families' job."""
+    def check(sig: Signature, gpu: Gpu) -> str | None:
+        return "x is not contiguous (strided_row reads it)" if not sig.x.is_contiguous else applicable(sig, gpu)
+
+    return check
+
+
+def _strided_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    return "x is contiguous: the packed-row families read it" if sig.x.is_contiguous else None
+
+
+def _strided_args(sig: Signature, kernel: str, head: list[str], tail: list[str], cols: str) -> list[str]:
+    return [*head, "rows", cols, f"{kernel}:x_inner", "i64:x_so", "i64:x_si", *tail]
+
+
+def _strided_defaults(sig: Signature, gpu: Gpu) -> dict:
+    p, nvec = _base_defaults(sig)
+    return {**p, "threads": 256, "unroll": clamp(pow2_ceil(cdiv(nvec, 32)), 1, 4)}  # a warp per row
+
+
+def _strided_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    why = stream_ok(sig, p, p["unroll"] * p["vec"] * 2)  # as `online`: two fp32 values per element in flight
+    if why:
+        return why
+    if p["threads"] < 32:
+        return "a warp per row needs 32 threads"
+    head, tail = _head_tail(sig)
+    defines = {**_defines(sig, p), "UNROLL": p["unroll"]}
+    k = launch(f"{sig.op}_strided_row", _strided_args(sig, "i32", head, tail, "i32:cols"),
+               [f"ceil_div(rows, {p['threads'] // 32})"], [p["threads"]])
+    return Built(dict(p), defines, spec([k]))
+
+
 def cuda_families(op: str) -> tuple[Family, ...]:
+    """The families of `op` (layer_norm or rms_norm). Only layer_norm takes a strided x (rms_norm's
+    composite form gives out x's own layout), so only it gets the strided families."""
     ops = (op,)
     return (
         Family(ops, "cuda", "warp_row", "rownorm_warp_row.cu", (THREADS, LANES_ALL, VEC, *HINTS),
                "`lanes` threads per row, row in registers, shuffle reductions (short and medium rows)",
-               _warp_row_applicable, _warp_row_defaults, _warp_row_build, _warp_row_score),
+               _contiguous(_warp_row_applicable), _warp_row_defaults, _warp_row_build, _warp_row_score),
         Family(ops, "cuda", "block_row", "rownorm_block_row.cu", (THREADS, VEC, *HINTS),
                "one block per row, row in registers",
-               _block_row_applicable, _block_row_defaults, _block_row_build, _block_row_score),
+               _contiguous(_block_row_applicable), _block_row_defaults, _block_row_build, _block_row_score),
         Family(ops, "cuda", "online", "rownorm_online.cu", (THREADS, VEC, UNROLL, *HINTS),
                "one block per row, statistics pass then normalise pass: any length",
-               always, _online_defaults, _online_build, _online_score),
-    )
+               _contiguous(always), _online_defaults, _online_build, _online_score),
+        Family(ops, "cuda", "split_row", "rownorm_split_row.cu", (SPLIT, THREADS, VEC, UNROLL, *HINTS),
+               "few long rows: each split over `split` blocks; stats kernel -> workspace -> normalise kernel",
+               _contiguous(_split_row_applicable), _split_row_defaults, _split_row_build, _split_row_score),
+    ) + (_strided_cuda() if op == "layer_norm" else ())
+
+
+def _strided_cuda() -> tuple[Family, ...]:
+    return (Family(("layer_norm",), "cuda", "strided_row", "rownorm_strided_row.cu", (THREADS, VEC, UNROLL, *HINTS),
+                   "x's rows each contiguous but not packed (a transposed view): a warp per row at its own start, "
+                   "statistics pass then normalise pass, contiguous out",
+                   _strided_applicable, _strided_defaults, _strided_build, first),)
 
 
 # ---------------------------------------------------------------- CPU
@@ -147,7 +245,20 @@ def _cpu_rows_build(sig: Signature, p: dict, gpu: Gpu) -> Built:
     return Built(dict(p), defines, spec([launch(f"{sig.op}_rows", [*head, "rows", "cols", *tail], [1], [1])]))
 
 
+def _cpu_strided_build(sig: Signature, p: dict, gpu: Gpu) -> Built:
+    head, tail = _head_tail(sig)
+    defines = {"RMS": int(_is_rms(sig)), "GRAIN": p["grain"], **_rms_defines(sig)}
+    k = launch(f"{sig.op}_strided_rows", _strided_args(sig, "i64", head, tail, "cols"), [1], [1])
+    return Built(dict(p), defines, spec([k]))
+
+
 def cpu_families(op: str) -> tuple[Family, ...]:
-    return (Family((op,), "cpu", "rows", "rownorm_rows.cpp", (GRAIN,),
-                   "rows in parallel; exact statistics, vectorised normalise(+affine)",
-                   always, _cpu_rows_defaults, _cpu_rows_build, first),)
+    """As cuda_families: the strided family for layer_norm only."""
+    rows = Family((op,), "cpu", "rows", "rownorm_rows.cpp", (GRAIN,),
+                  "rows in parallel; exact statistics, vectorised normalise(+affine)",
+                  _contiguous(always), _cpu_rows_defaults, _cpu_rows_build, first)
+    strided = Family((op,), "cpu", "strided_rows", "rownorm_strided_rows.cpp", (GRAIN,),
+                     "x's rows each contiguous but not packed (a transposed view): rows in parallel at their own "
+                     "starts; exact statistics, vectorised normalise(+affine), contiguous out",
+                     _strided_applicable, _cpu_rows_defaults, _cpu_strided_build, first)
+    return (rows, strided) if op == "layer_norm" else (rows,)

@@ -1,0 +1,179 @@
+"""KernelBench-style problems (bench/kernelbench/*.py) searched with forge-pack, one at a time.
+
+    python bench/kernelbench.py [OUT_DIR] [--only NAME ...] [--budget 50] [--time-limit S]
+        [--deadline S] [--device cuda] [--work DIR] [--small]
+
+Per problem: ``python -m forge_pack search bench/kernelbench/<name>.py --device D --budget B --top 1
+--min-share 0 --run-dir WORK/<name> --json [--time-limit S]``, timed from start to end (the search's
+wall time, profiling and baselines included). Its JSON gives the hottest targeted op: eager and
+torch.compile medians, the best verified kernel's median, its fraction of the copy bandwidth. A problem
+whose hot op forge-pack does not target (activations, max/avg pooling with a window, instance norm,
+an RMS norm over channels) is recorded as such, with what the search said.
+
+Results merge into OUT_DIR/kernelbench.json (rows keyed by problem; a later run replaces a problem's
+row) and OUT_DIR/kernelbench.md is rewritten from all rows, after every problem, so a device call cut
+off by its time limit keeps what finished. ``--deadline`` (seconds, default 500) starts no problem
+after that much of this call has passed and gives the running search only what is left (its
+subprocess is stopped at the deadline and the row says so): one device call stays under 9 minutes.
+Chunks: ``--only l1_23_softmax l1_24_log_softmax``; ``--list`` prints the names in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBLEMS = ROOT / "bench" / "kernelbench"
+DEFAULT_DEADLINE_S = 500.0  # a device call may run 10 minutes: leave room for the start and the copy back
+
+
+def problems() -> list[str]:
+    return sorted(p.stem for p in PROBLEMS.glob("l*.py"))
+
+
+def _cmd(name: str, args, run_dir: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "forge_pack", "search", f"bench/kernelbench/{name}.py", "--device", args.device,
+           "--budget", str(args.budget), "--top", "1", "--min-share", "0", "--run-dir", str(run_dir), "--json"]
+    if args.time_limit:
+        cmd += ["--time-limit", str(args.time_limit)]
+    return cmd
+
+
+def row_of(name: str, doc: dict | None, wall_s: float, status: str, cmd: list[str], tail: str) -> dict:
+    """One table row from the search's JSON (None when it produced none)."""
+    row = {"problem": name, "status": status, "search_wall_s": round(wall_s, 1),
+           "command": " ".join(["python"] + [shlex.quote(c) for c in cmd[1:]]), "signature": None, "eager_us": None,
+           "compile_us": None, "ours_us": None, "vs_eager": None, "vs_compile": None, "bandwidth_fraction": None,
+           "family": None, "evaluations": None, "note": None}
+    if doc is None:
+        row["note"] = tail[-600:]
+        return row
+    hot = [h for h in doc.get("hotspots", []) if not h.get("skipped")]
+    if not hot:
+        row["status"] = "not targeted" if status == "ok" else status
+        skipped = [f"{h['signature']}: {h['skipped']}" for h in doc.get("hotspots", [])]
+        row["note"] = "; ".join(skipped)[:600] or "no targeted op in the forward"
+        return row
+    h = hot[0]
+    best = h.get("best") or {}
+    search = h.get("search") or {}
+    row.update(signature=h["signature"], eager_us=h.get("eager_us"), compile_us=h.get("compile_us"),
+               ours_us=best.get("median_us"), vs_eager=best.get("speedup_vs_eager"),
+               vs_compile=best.get("speedup_vs_compile"), bandwidth_fraction=best.get("bandwidth_fraction"),
+               family=best.get("family"), evaluations=search.get("evaluations"), note=h.get("verdict"))
+    return row
+
+
+def run_one(name: str, args, deadline_at: float) -> dict:
+    run_dir = Path(args.work) / name
+    cmd = _cmd(name, args, run_dir)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if args.small:
+        env["FORGE_BENCH_SMALL"] = "1"
+    t0 = time.perf_counter()
+    left = max(deadline_at - time.monotonic(), 1.0)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=left, env=env, cwd=ROOT)
+        status, out, err = ("ok" if res.returncode == 0 else f"exit {res.returncode}"), res.stdout, res.stderr
+    except subprocess.TimeoutExpired as e:
+        status = f"stopped at the deadline ({left:.0f} s)"
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    wall = time.perf_counter() - t0
+    doc = None
+    for line in reversed(out.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+            break
+        except ValueError:
+            continue
+    if doc is None:  # cut off: the run store's summary, when the search wrote one
+        summary = run_dir / "search.json"
+        if summary.exists():
+            doc = json.loads(summary.read_text())
+    row = row_of(name, doc, wall, status, cmd, err or out)
+    if args.small:
+        row["command"] = "FORGE_BENCH_SMALL=1 " + row["command"]
+    return row
+
+
+def _fmt(v, unit="", scale=1.0, digits=1) -> str:
+    return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
+
+
+def markdown(rows: list[dict], env: dict) -> str:
+    lines = ["# KernelBench-style problems, searched by forge-pack", "",
+             f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch', '?')}. One search per "
+             "problem, budget as in its command; eager and compile are torch's medians under the same timing "
+             "protocol, ours the best verified kernel's; % BW is the kernel's fraction of the copy bandwidth "
+             "(bytes read + written at the measured device-to-device copy rate); wall is the whole search "
+             "(profile, baselines, evaluations).", "",
+             "| problem | hot op | eager µs | compile µs | ours µs | vs eager | vs compile | % BW | wall s | status |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {r['problem']} | {r['signature'] or '-'} | {_fmt(r['eager_us'])} | {_fmt(r['compile_us'])} | "
+                     f"{_fmt(r['ours_us'])} | {_fmt(r['vs_eager'], 'x', digits=2)} | "
+                     f"{_fmt(r['vs_compile'], 'x', digits=2)} | {_fmt(r['bandwidth_fraction'], '%', 100, 0)} | "
+                     f"{r['search_wall_s']:.0f} | {r['status']} |")
+    lines += ["", "Commands (from the repository root):", ""]
+    lines += [f"- `{r['problem']}`: `{r['command']}`" for r in rows]
+    notes = [r for r in rows if r.get("note") and r["status"] != "ok" or r["status"] == "not targeted"]
+    if notes:
+        lines += ["", "Notes:", ""] + [f"- `{r['problem']}`: {r['note']}" for r in notes]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir", nargs="?", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--only", nargs="*", default=None, help="problem names (file stems)")
+    ap.add_argument("--budget", type=int, default=50)
+    ap.add_argument("--time-limit", type=float, default=None, help="seconds of search per hotspot")
+    ap.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds for this whole call")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--work", default=os.environ.get("OUT", "/tmp") + "/kernelbench_runs")
+    ap.add_argument("--small", action="store_true", help="FORGE_BENCH_SMALL=1 (CPU smoke test)")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    names = problems()
+    if args.list:
+        print("\n".join(names))
+        return 0
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            ap.error(f"unknown problems {unknown}; --list shows them")
+        names = [n for n in names if n in args.only]
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / "kernelbench"
+    doc = json.loads(base.with_suffix(".json").read_text()) if base.with_suffix(".json").exists() else {"rows": []}
+    import torch
+
+    env = {"torch": torch.__version__, "device": args.device}
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_properties(0).name
+    deadline_at = time.monotonic() + args.deadline
+    for name in names:
+        if time.monotonic() >= deadline_at:
+            print(f"deadline reached: {name} and later problems not started", flush=True)
+            break
+        row = run_one(name, args, deadline_at)
+        rows = [r for r in doc["rows"] if r["problem"] != name] + [row]
+        doc = {"rows": sorted(rows, key=lambda r: r["problem"]), "env": env}
+        base.with_suffix(".json").write_text(json.dumps(doc, indent=2))
+        base.with_suffix(".md").write_text(markdown(doc["rows"], env))
+        print(f"{name}: {row['status']}  ours {_fmt(row['ours_us'])} us  vs compile "
+              f"{_fmt(row['vs_compile'], 'x', digits=2)}  {row['search_wall_s']:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

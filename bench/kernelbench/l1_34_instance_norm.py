@@ -1,0 +1,33 @@
+"""KernelBench level 1, problem 34: InstanceNorm2d.
+
+nn.InstanceNorm2d over an NCHW tensor (no affine).
+KernelBench form: ``Model``, ``get_inputs()``, ``get_init_inputs()``; fp32 as published.
+Sizes: written from memory of KernelBench's level-1 file, not checked against it.
+FORGE_BENCH_SMALL=1 shrinks every size for a CPU smoke test (tests/test_bench_kernelbench.py).
+"""
+
+import os
+
+import torch
+from torch import nn
+
+SMALL = os.environ.get("FORGE_BENCH_SMALL", "") not in ("", "0")
+
+
+class Model(nn.Module):
+    def __init__(self, num_features: int):
+        super().__init__()
+        self.inorm = nn.InstanceNorm2d(num_features=num_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inorm(x)
+
+N, C, H, W = (2, 8, 16, 16) if SMALL else (112, 64, 512, 512)
+
+
+def get_inputs():
+    return [torch.randn(N, C, H, W)]
+
+
+def get_init_inputs():
+    return [C]

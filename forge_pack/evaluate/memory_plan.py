@@ -1,0 +1,181 @@
+"""What an evaluation may hold in device memory, and the float64 references computed in slices.
+
+The goal is an evaluation whose peak stays within a few times B, the bytes of the signature's
+inputs + outputs, whatever B is (the judge's tensors: input sets, references, outputs, saved
+copies, timing copies; not the flush buffer or the copy-bandwidth probe, which have fixed sizes):
+
+- input sets are verified one at a time: a hotspot's static sets (captured, adversarial, odd)
+  stay cached in the worker only while all of them together are small (``CACHE_BYTES``); beyond
+  that they are made again per evaluation (their cost is proportional to the data), each set's
+  tensors and reference dropped when verification moves on, an odd-size set never larger than
+  the signature (``verify._no_larger``), the timed input drawn again for timing rather than held
+  (on a GPU it waits in host memory while the derived sets are made from it, and comes back from
+  there for timing); on a GPU the static sets' tensors stay in host memory between evaluations
+  (``host_cache_bytes``) and only their references are computed again;
+- the float64 reference of a large set is computed in slices along a batch dimension
+  (``reference64``), so its float64 temporaries (inputs converted to float64, the op's
+  intermediates) are bounded by ``SLICE_BYTES``, not by the tensor; a streamed set drops its
+  reference once the first run is judged;
+- timing keeps one copy of the timed input when it is far larger than the cache
+  (``timing.rotation_count``), and times the verified set's own tensors.
+
+Measured on the CPU for a scaled-down large hotspot (tests/test_eval_memory.py): 4.4x B at the
+peak for a 36 MB layer_norm; the live tensors there, verifying a derived set, are its inputs and
+float64 reference (2x an fp32 output), the saved inputs, out, the CPU's second fresh output and the
+timed input kept as the derived sets' source (about 3.9x B); the rest is the process's own growth.
+
+``fits`` tells the judge before it allocates anything whether the evaluation's estimated peak fits
+the device's free memory; when it does not (or an allocation fails anyway), the verdict is
+``out_of_memory``: a fact about the signature on this device, never a crash of the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_pack.core.signature import Signature
+from forge_pack.targets import abi
+
+CACHE_BYTES = 256 << 20  # static sets kept between evaluations up to this much (captures of real models fit)
+SLICE_BYTES = 64 << 20  # float64 bytes of one reference slice's output: temporaries stay near this size
+OOM_MARGIN = 1.1  # estimate x this must fit the free memory: the allocator rounds and fragments
+
+# Ops whose dim 0 indexes independent problems (samples, or rows of a row-wise op): the reference on
+# x[a:b] with every other tensor whole is rows a..b of the reference. Any other op is never sliced.
+_BATCH_DIM0 = ("group_norm", "batch_norm", "adaptive_avg_pool2d")
+
+
+def _dim0_independent(sig: Signature) -> bool:
+    x = sig.x
+    if len(x.shape) < 2 or x.shape[0] < 2:
+        return False
+    if sig.op in ("softmax", "log_softmax"):
+        return (sig.param("dim") or 0) % len(x.shape) != 0
+    if sig.op in ("layer_norm", "rms_norm"):
+        return len(sig.param("normalized_shape") or [0]) < len(x.shape)
+    return sig.op in _BATCH_DIM0
+
+
+def reference64(sig: Signature, tensors: dict[str, Any], slice_bytes: int = SLICE_BYTES):
+    """``ops.reference64`` with bounded temporaries: the float64 output preallocated, filled slice
+    by slice along dim 0 where the op allows it (each slice about ``slice_bytes`` of output)."""
+    import torch
+
+    from forge_pack.targets import ops
+
+    out_spec = sig.output
+    if out_spec is None or not _dim0_independent(sig) or out_spec.numel * 8 <= slice_bytes:
+        return ops.reference64(sig, tensors)
+    x = tensors["x"]
+    n = x.shape[0]
+    per_row = max(out_spec.numel // max(out_spec.shape[0], 1), 1)
+    step = max(1, slice_bytes // (per_row * 8))
+    ref = torch.empty(tuple(out_spec.shape), dtype=torch.float64, device=x.device)
+    for a in range(0, n, step):
+        part = {k: (v[a:a + step] if k == "x" else v) for k, v in tensors.items()}
+        ref[a:a + step] = ops.reference64(sig, part)
+        del part
+    return ref
+
+
+PARK_ON_HOST = ("cuda",)  # devices whose streamed timed input waits in host memory during the derived sets
+
+
+def park_on_host(device: str) -> bool:
+    """Whether a large hotspot's fresh set leaves the device while the derived sets are verified
+    (on the CPU the host is the device: nothing to gain)."""
+    return device in PARK_ON_HOST
+
+
+HOST_CACHE_DEVICES = ("cuda",)  # devices whose streamed static sets keep their tensors in host memory
+HOST_CACHE_CAP = 32 << 30  # and at most this much of it (or a quarter of the machine's memory, if less)
+
+
+def host_cache_bytes(device: str) -> int:
+    """Host memory a streamed hotspot may keep its static sets' tensors in (0: none): drawing a GB
+    tensor on the CPU takes seconds, copying it back to the GPU a fraction of one."""
+    if device not in HOST_CACHE_DEVICES:
+        return 0
+    import os
+
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        physical = 0
+    return min(HOST_CACHE_CAP, physical // 4)
+
+
+def tensors_bytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t is not None)
+
+
+def data_bytes(sig: Signature) -> int:
+    """Inputs + outputs: the bytes the bound is stated in."""
+    return abi.bytes_moved(sig)
+
+
+def set_bytes(sig: Signature) -> int:
+    """One input set held for verification: its inputs and its float64 reference."""
+    inputs = sum(s.nbytes for _, s in sig.inputs if s is not None)
+    return inputs + (sig.output.numel * 8 if sig.output is not None else 0)
+
+
+def cache_static(sig: Signature, static_sets: int) -> bool:
+    """Whether a hotspot's static sets stay cached in the worker between evaluations."""
+    return static_sets * set_bytes(sig) <= CACHE_BYTES
+
+
+def estimate_peak(sig: Signature, workspace_bytes: int = 0) -> int:
+    """Device bytes the judge holds at its peak (verification of one set while the timed input is
+    kept): the timed input, one set (inputs + float64 reference), the set's saved inputs, the output
+    and its first-run copy, the workspaces, and one reference slice's temporaries."""
+    inputs = sum(s.nbytes for _, s in sig.inputs if s is not None)
+    out = sig.output.nbytes if sig.output is not None else 0
+    ref = sig.output.numel * 8 if sig.output is not None else 0
+    temporaries = min(ref, SLICE_BYTES) * 4  # float64 inputs and intermediates of one slice
+    return inputs + (inputs + ref) + inputs + 2 * out + workspace_bytes + temporaries
+
+
+def fits(sig: Signature, free_bytes: int | None, workspace_bytes: int = 0) -> str | None:
+    """Why the evaluation cannot fit ``free_bytes`` of device memory (None: it fits, or unknown)."""
+    if free_bytes is None:
+        return None
+    need = estimate_peak(sig, workspace_bytes)
+    if need * OOM_MARGIN <= free_bytes:
+        return None
+    return (f"evaluating {sig.pretty()} needs about {need / 2**30:.2f} GiB of device memory "
+            f"({need / max(data_bytes(sig), 1):.1f}x its {data_bytes(sig) / 2**30:.2f} GiB of inputs and "
+            f"outputs), {free_bytes / 2**30:.2f} GiB are free")
+
+
+def free_bytes(device: str) -> int | None:
+    """Free device memory now (CUDA: the driver's count plus what torch's cache holds); None on CPU."""
+    if device != "cuda":
+        return None
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    return int(free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """An allocation failure (CUDA's OutOfMemoryError, the CPU allocator's refusal)."""
+    import torch
+
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    text = str(err)
+    return isinstance(err, (RuntimeError, MemoryError)) and (
+        "out of memory" in text or "DefaultCPUAllocator: can't allocate memory" in text or isinstance(err, MemoryError))
+
+
+def release(device: str) -> None:
+    """Give what a failed evaluation allocated back, so the worker stays usable."""
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+

@@ -1,0 +1,73 @@
+"""bench/kernelbench: every problem file loads as forge-pack loads a KernelBench file and runs at its
+small size; the bench script turns a search's JSON into its table row."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import kernelbench as kb  # noqa: E402
+
+
+def test_the_issue_problems_are_all_there():
+    names = kb.problems()
+    for want in ("l1_23_softmax", "l1_24_log_softmax", "l1_33_batch_norm", "l1_35_group_norm", "l1_36_rms_norm",
+                 "l1_40_layer_norm", "l1_19_relu", "l1_26_gelu", "l1_42_max_pool_2d", "l1_45_avg_pool_2d"):
+        assert want in names
+    assert sum(n.startswith("l2_") for n in names) >= 2
+
+
+@pytest.mark.parametrize("name", kb.problems())
+def test_problem_file_loads_and_runs_small(name, monkeypatch):
+    monkeypatch.setenv("FORGE_BENCH_SMALL", "1")
+    from forge_pack.profile.load import load
+
+    target = load(str(ROOT / "bench" / "kernelbench" / f"{name}.py"), device="cpu")
+    assert target.form == "kernelbench"
+    with torch.no_grad():
+        out = target.module(*target.args)
+    assert torch.isfinite(out).all()
+
+
+def test_published_sizes_of_the_issue_problems():
+    def sizes(name):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "kernelbench" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    assert (sizes("l1_23_softmax").BATCH, sizes("l1_23_softmax").DIM) == (4096, 393216)
+    gn = sizes("l1_35_group_norm")
+    assert (gn.N, gn.C, gn.H, gn.W, gn.get_init_inputs()) == (112, 64, 512, 512, [64, 8])
+    ln = sizes("l1_40_layer_norm")
+    assert (ln.BATCH, ln.get_init_inputs()) == (16, [(64, 256, 256)])
+    bn = sizes("l1_33_batch_norm")
+    assert (bn.N, bn.C, bn.H, bn.W) == (64, 64, 512, 512)
+
+
+def test_row_from_a_search_document():
+    doc = {"hotspots": [{"signature": "layer_norm(x: f32[16,64,256,256], ...)", "skipped": None, "eager_us": 900.0,
+                         "compile_us": 314.0, "verdict": "faster than torch.compile",
+                         "best": {"median_us": 157.0, "speedup_vs_eager": 900 / 157, "speedup_vs_compile": 2.0,
+                                  "bandwidth_fraction": 0.8, "family": "split_row"},
+                         "search": {"evaluations": 50}}]}
+    row = kb.row_of("l1_40_layer_norm", doc, 123.4, "ok", ["py", "-m", "forge_pack", "search"], "")
+    assert (row["ours_us"], row["vs_compile"], row["family"], row["evaluations"], row["search_wall_s"]) == (
+        157.0, 2.0, "split_row", 50, 123.4)
+    assert row["command"] == "python -m forge_pack search"
+    md = kb.markdown([row], {"gpu": "NVIDIA H200", "torch": "2.11"})
+    assert "| l1_40_layer_norm | layer_norm(x: f32[16,64,256,256], ...) | 900.0 | 314.0 | 157.0 | 5.73x | 2.00x | 80% | 123 | ok |" in md
+
+
+def test_row_when_nothing_is_targeted():
+    doc = {"hotspots": [{"signature": "relu(...)", "skipped": "not a target op"}]}
+    row = kb.row_of("l1_19_relu", doc, 5.0, "ok", ["py"], "")
+    assert row["status"] == "not targeted" and row["note"] == "relu(...): not a target op"
+    row = kb.row_of("l1_19_relu", {"hotspots": []}, 5.0, "ok", ["py"], "")
+    assert row["note"] == "no targeted op in the forward"

@@ -1,11 +1,11 @@
 """attention: out = softmax(q k^T * scale [softcapped] + mask) v, per batch and query head.
 
 Two ways a model reaches it:
-- ``F.scaled_dot_product_attention`` (source "sdpa"): an additive float mask or ``is_causal``,
+- ``F.scaled_dot_product_attention`` (composite=False): an additive float mask or ``is_causal``,
   ``scale``, ``enable_gqa``; dropout must be 0. PyTorch gives 0 (not NaN) for a row whose logits
   are all -inf (its "safe softmax", and the flash kernels alike), and so does the reference here.
 - the eager attention of HF transformers, a module-level function ``eager_attention_forward``
-  (source "eager", a composite): ``repeat_kv``, matmul, ``* scaling``, Gemma's soft-capping
+  (composite=True): ``repeat_kv``, matmul, ``* scaling``, Gemma's soft-capping
   (``tanh(s / cap) * cap``), the additive mask (sliced to the key length), softmax in fp32 cast back,
   dropout (eval), matmul, ``transpose(1, 2).contiguous()``. A fully -inf row is NaN there (plain
   softmax); a row masked with finfo.min is uniform (all its logits round to the same value), on
@@ -29,7 +29,7 @@ from .dtypes import torch_dtype
 from .lazy_torch import torch
 from .spec import CallPath, Draw, TargetSpec, Tolerance
 
-PARAMS = ("scale", "causal", "softcap", "enable_gqa", "source", "composite")
+PARAMS = ("scale", "causal", "softcap", "enable_gqa", "composite")
 # Query rows per float64 reference chunk: bounds the [.., rows, S] score temporaries (a 16384-key
 # VAE mid-block would otherwise hold 2 GB per float64 copy).
 REF_ROWS = 1024
@@ -66,7 +66,7 @@ def _sdpa_binder(style: str, args: tuple, kwargs: dict):
     scale = float(b["scale"]) if b["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
     return ({"x": q, "k": k, "v": v, "mask": mask},
             {"scale": scale, "causal": b["is_causal"], "softcap": None, "enable_gqa": b["enable_gqa"],
-             "source": "sdpa", "composite": False})
+             "composite": False})
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,7 +109,7 @@ def _eager_binder(fn, args: tuple, kwargs: dict):
         mask = mask[:, :, :, : k.shape[-2]]  # what the function itself does
     return ({"x": q, "k": k, "v": v, "mask": mask},
             {"scale": float(scale), "causal": False, "softcap": float(softcap) if softcap is not None else None,
-             "enable_gqa": groups > 1, "source": "eager", "composite": True})
+             "enable_gqa": groups > 1, "composite": True})
 
 
 # ---------------------------------------------------------------- sizes and applicability
@@ -125,7 +125,7 @@ def _mask4(spec) -> tuple[tuple, tuple]:
 def _out_layout(sig) -> tuple[int, int, int]:
     """Strides of the output's (batch, head, query row): the eager composite writes [B, L, H, D]."""
     b, h, l_, d = sig.x.shape
-    eager = sig.param("source") == "eager"
+    eager = bool(sig.param("composite"))
     if sig.output is not None and len(sig.output.shape) == 4:
         s = sig.output.strides
         return (s[0], s[2], s[1]) if eager else (s[0], s[1], s[2])
@@ -201,7 +201,7 @@ def _scores64(params, q, k, mask, rows: slice):
 
 def _probs64(params, s):
     p = torch.softmax(s, dim=-1)
-    if params.get("source") == "sdpa":  # PyTorch's safe softmax: an all -inf row attends to nothing
+    if not params.get("composite"):  # SDPA's safe softmax: an all -inf row attends to nothing
         p = torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), torch.zeros_like(p), p)
     return p
 
@@ -212,7 +212,7 @@ def _expand_v(q, v):
 
 
 def _layout(params, out):
-    return out.transpose(1, 2).contiguous() if params.get("source") == "eager" else out
+    return out.transpose(1, 2).contiguous() if params.get("composite") else out
 
 
 def _reference(params, t, lookup):
@@ -254,7 +254,7 @@ def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtyp
 
 def _eager(params, out_dtype, lookup):
     scale, cap = params["scale"], params.get("softcap")
-    if params.get("source") == "eager":
+    if params.get("composite"):
         dt = torch_dtype(out_dtype) if out_dtype else None
         return lambda t: eager_attention(t["x"], t["k"], t["v"], t.get("mask"), scale, cap, dt)
     fn = lookup("torch.nn.functional", "scaled_dot_product_attention")
@@ -290,10 +290,17 @@ def _odd_shapes(sig) -> list:
 
 
 def _complete(kwargs: dict):
+    """A hand-written signature (ABI names x, k, v, mask, causal) as the SDPA call's keywords."""
+    for abi_name, arg in (("input", "query"), ("k", "key"), ("v", "value"), ("mask", "attn_mask"),
+                          ("causal", "is_causal")):
+        if abi_name in kwargs:
+            kwargs[arg] = kwargs.pop(abi_name)
     q, k = kwargs.get("query"), kwargs.get("key")
-    if q is not None and k is not None and q.dim() == 4 and k.dim() == 4 and q.shape[1] % k.shape[1]:
+    if q is None or k is None or q.dim() != 4 or k.dim() != 4:
+        return "attention takes 4-d x (the query) and k", "e.g. x: bf16[1,8,2048,128], k: bf16[1,8,2048,128], ..."
+    if q.shape[1] % k.shape[1]:
         return (f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key heads",
-                "pass key/value with a head count dividing the query's, and enable_gqa=True")
+                "give k and v a head count dividing the query's, and enable_gqa=True")
     return None
 
 
@@ -309,13 +316,14 @@ def composite_return(out):
 
 ATTENTION = TargetSpec(
     name="attention", tensors=("x", "k", "v", "mask"), scalars=("scale", "softcap"), params=PARAMS,
-    own_params=("source", "composite"),
+    own_params=("softcap", "composite"),
     doc="out[b, h, i, :] = sum_j p[i, j] v[b, h // G, j, :], p = softmax_j(s), s[i, j] = x[b, h, i, :] . "
         "k[b, h // G, j, :] * scale, then tanh(s / softcap) * softcap where softcap > 0, + mask[b, h, i, j] "
         "(broadcast; strides m_sb, m_sh, m_sl, 0 where it broadcasts) where present, -inf where causal and j > "
         "i; x is the query [B, H, L, D], k and v [B, HKV, S, D], G = H / HKV; every tensor's (batch, head, row) "
         "strides are size variables (q_*, k_*, v_*, o_*), the last dim contiguous; fp32 logits, softmax and "
-        "accumulation. A row whose logits are all -inf is 0 for source sdpa and NaN for source eager.",
+        "accumulation. A row whose logits are all -inf is 0 for an SDPA call and NaN for the eager composite "
+        "(composite=True, whose out is [B, L, H, D]).",
     size_vars=_size_vars, supports=_supports, float64_reference=_reference, eager_call=_eager,
     tolerances={
         "bfloat16": Tolerance(4e-3, 1.6e-2, "two bf16 ulps of the output; atol: probabilities rounded to bf16 "

@@ -34,7 +34,7 @@ STRIDE_ALIGN = 8  # elements: cp.async moves 16 bytes, so every row of q, k, v s
 
 
 def _masked_zero(sig: Signature) -> int:
-    return int(sig.param("source") == "sdpa")
+    return int(not sig.param("composite"))  # SDPA: an all -inf row is 0; the eager composite: NaN
 
 
 def _aligned(sig: Signature) -> list[str]:

@@ -51,6 +51,8 @@ def _shapes_ok(q, k, v, mask) -> bool:
 
 
 def _sdpa_binder(style: str, args: tuple, kwargs: dict):
+    if len(args) > 6:  # scale and enable_gqa are keyword-only
+        return None
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     b = bind(names, {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False},
              args, kwargs)

@@ -317,3 +317,36 @@ def test_a_search_on_the_attention_model_finds_a_verified_kernel(tmp_path, cli_e
     searched = [h for h in doc["hotspots"] if not h["skipped"]]
     assert searched
     assert all(h.get("best") for h in searched), [h["verdict"] for h in searched]  # a verified kernel each
+
+
+# ---------------------------------------------------------------- the CUDA family compiles here
+
+
+def _cuda_compiler() -> bool:
+    import shutil
+
+    from forge_pack.evaluate import compile as fcompile
+
+    return fcompile.nvrtc() is not None or shutil.which("nvcc") is not None
+
+
+@pytest.mark.skipif(not _cuda_compiler(), reason="neither NVRTC nor nvcc available")
+@pytest.mark.parametrize("text, knobs", [
+    ("x: bf16[2,16,256,128], k: bf16[2,16,256,128], v: bf16[2,16,256,128], causal=True, scale=0.088", {}),
+    ("x: f16[2,8,77,64], k: f16[2,2,77,64], v: f16[2,2,77,64], mask: f16[2,1,77,77], enable_gqa=True, scale=0.125",
+     {"stages": 1}),
+    ("x: bf16[1,8,128,256], k: bf16[1,4,128,256], v: bf16[1,4,128,256], mask: bf16[1,1,128,128], enable_gqa=True, "
+     "scale=0.0625, softcap=50.0, composite=True", {}),
+    ("x: bf16[1,1,1030,512], k: bf16[1,1,1030,512], v: bf16[1,1,1030,512], scale=0.044", {}),
+])
+def test_the_cuda_family_compiles_for_sm90_without_spills(tmp_path, text, knobs):
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", text)
+    build = compile_candidate(instantiate("attention", "cuda", "flash", knobs, h.signature), arch="sm_90",
+                              cache_dir=tmp_path)
+    assert build.ok, build.log[-2000:]
+    res = build.resources["attention_flash"]
+    assert res["spill_stores"] == 0 and res["registers"] <= 255, res
+    assert "warning" not in build.log.lower(), build.log

@@ -27,6 +27,7 @@
 
 typedef unsigned short h16;          // one bf16 / fp16 element as raw bits
 
+#if HAS_MASK
 static __device__ __forceinline__ float h2f(h16 b) {
 #if IS_BF16
   return __uint_as_float(((unsigned int)b) << 16);
@@ -34,6 +35,7 @@ static __device__ __forceinline__ float h2f(h16 b) {
   return __half2float(__ushort_as_half(b));
 #endif
 }
+#endif
 
 static __device__ __forceinline__ unsigned int pack2(float lo, float hi) {
 #if IS_BF16

@@ -39,7 +39,8 @@ SHAPES = [
     ("vae_midblock_hd512", 1, 1, 1, 16384, 16384, 512, False, "none"),
     ("unseen_gqa_hd128_mask", 3, 12, 4, 1536, 1536, 128, False, "additive"),
 ]
-SWEEP = {"block_m": (64, 128), "block_n": (32, 64, 128), "stages": (1, 2), "o_split": (1, 2, 4)}
+SWEEP = {"block_m": (64, 128), "block_n": (32, 64, 128), "stages": (1, 2), "o_split": (1, 2, 4),
+         "v_ldmatrix": (0, 1)}
 
 
 def _o_splits(d: int) -> tuple:
@@ -102,7 +103,8 @@ def _ours(q, k, v, mask, causal, scale):
     out = torch.empty_like(q)
     sig = ops.make_signature("attention", tensors, params, out)
     seen = set()
-    sweep = {**SWEEP, "o_split": _o_splits(q.shape[-1])}
+    # stages 1 only where two stages' shared memory crowds the head_dim 512 plans
+    sweep = {**SWEEP, "o_split": _o_splits(q.shape[-1]), "stages": (1, 2) if q.shape[-1] > 256 else (2,)}
     for values in itertools.product(*sweep.values()):
         knobs = dict(zip(sweep, values))
         try:
@@ -118,7 +120,8 @@ def _ours(q, k, v, mask, causal, scale):
             continue
         module = load_module("cuda", build.path, [l.name for l in cand.spec.kernels])
         run = module.bind(plan(cand.spec, sig), {**tensors, "out": out})
-        yield ",".join(f"{k}={v}" for k, v in knobs.items()), run, out, {**cand.params, **build.resources}
+        yield (",".join(f"{k}={v}" for k, v in knobs.items()), run, out,
+               {**cand.params, **build.resources.get("attention_flash", {})})
 
 
 def _sdpa(q, k, v, mask, causal, scale, backend):

@@ -6,7 +6,8 @@
 // used). Per tile: S = Q K^T by mma.sync m16n8k16 (fp32 accumulate), scaled, soft-capped, masked
 // (the additive mask read straight into the accumulator layout; causal and the key tail by index),
 // an online softmax in fp32 (exp2 of the difference times log2(e); rows reduced over a quad's 4 lanes), then the
-// probabilities, rounded to the input type, are the A operand of O += P V (fp32 accumulate).
+// probabilities, rounded to the input type, are the A operand of O += P V (fp32 accumulate; V's
+// B fragments by ldmatrix.trans where V_LDMATRIX, else by 16-bit shared loads).
 // Causal (top-left aligned: key j visible to row i when j <= i) stops at the block's last row and
 // skips the tiles a warp cannot see. GQA: query head h reads key/value head h / G.
 // A row with no live key writes 0 when MASKED_ZERO (SDPA), else NaN (softmax of an all -inf row).
@@ -59,6 +60,17 @@ static __device__ __forceinline__ void mma16816(float* c, const unsigned int* a,
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
+
+// Four 8x8 b16 tiles from shared memory, each transposed: r[i] of lane L holds rows 2(L%4), 2(L%4)+1
+// of tile i at column L/4, which is an m16n8k16 B fragment of a row-major [k][n] tile.
+#if V_LDMATRIX
+static __device__ __forceinline__ void ldsm_x4_trans(unsigned int* r, const h16* row) {
+  const unsigned int s = (unsigned int)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+#endif
 
 // 16 bytes global -> shared, asynchronously; `valid` 0 writes zeros and reads nothing.
 static __device__ __forceinline__ void cp16(void* smem, const void* gmem, bool valid) {
@@ -214,6 +226,19 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
         a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
         a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
         a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#if V_LDMATRIX
+        // four 8x8 tiles of V transposed by ldmatrix: keys 0-7 and 8-15 of this k-step for channel
+        // tiles ot and ot+1; lane L gives the address of row L%8 of tile L/8
+        const int mi = lane / 8;
+        const h16* vrow = Vt + (kk * 16 + (mi & 1) * 8 + lane % 8) * LDV + (mi >> 1) * 8;
+#pragma unroll
+        for (int ot = 0; ot < OTILE; ot += 2) {
+          unsigned int bv[4];
+          ldsm_x4_trans(bv, vrow + ot * 8);
+          mma16816(o[ot], a, bv[0], bv[1]);
+          mma16816(o[ot + 1], a, bv[2], bv[3]);
+        }
+#else
         const h16* vb = Vt + (kk * 16 + t * 2) * LDV + g;
 #pragma unroll
         for (int ot = 0; ot < OTILE; ++ot) {
@@ -222,6 +247,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
           const unsigned int b1 = (unsigned int)p0[8 * LDV] | ((unsigned int)p0[9 * LDV] << 16);
           mma16816(o[ot], a, b0, b1);
         }
+#endif
       }
     }
     __syncthreads();  // every warp is done with this stage before a later iteration refills it

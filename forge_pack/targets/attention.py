@@ -162,6 +162,8 @@ def _supports(sig) -> str | None:
         return "a value head_dim other than the query's, or keys and values of different shapes"
     if k.shape[0] != q.shape[0] or q.shape[1] % k.shape[1]:
         return "query heads not a multiple of key/value heads"
+    if q.shape[1] != k.shape[1] and not sig.param("enable_gqa") and not sig.param("composite"):
+        return "fewer key/value heads than query heads without enable_gqa (SDPA refuses the call)"
     if k.shape[2] == 0 or q.shape[2] == 0:
         return "empty attention"
     if any(s.strides[-1] != 1 and s.shape[-1] > 1 for s in (q, k, v)):

@@ -206,6 +206,8 @@ def test_signatures_it_does_not_target_say_why():
     assert "boolean masks are not targeted" in abi.supports(boolean)
     odd = ops.make_signature("attention", {"x": q, "k": k[:, :, :, :4], "v": v, "mask": None}, _p())
     assert "head_dim" in abi.supports(odd)
+    no_gqa = ops.make_signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p())
+    assert "without enable_gqa" in abi.supports(no_gqa)
 
 
 # ---------------------------------------------------------------- the CPU family, judged

@@ -336,7 +336,7 @@ def _cuda_compiler() -> bool:
 @pytest.mark.parametrize("text, knobs", [
     ("x: bf16[2,16,256,128], k: bf16[2,16,256,128], v: bf16[2,16,256,128], causal=True, scale=0.088", {}),
     ("x: f16[2,8,77,64], k: f16[2,2,77,64], v: f16[2,2,77,64], mask: f16[2,1,77,77], enable_gqa=True, scale=0.125",
-     {"stages": 1, "v_ldmatrix": 0}),
+     {"stages": 1, "ldmatrix": 0}),
     ("x: bf16[1,8,128,256], k: bf16[1,4,128,256], v: bf16[1,4,128,256], mask: bf16[1,1,128,128], enable_gqa=True, "
      "scale=0.0625, softcap=50.0, composite=True", {}),
     ("x: bf16[1,1,1030,512], k: bf16[1,1,1030,512], v: bf16[1,1,1030,512], scale=0.044", {}),

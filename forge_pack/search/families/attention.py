@@ -26,7 +26,8 @@ BLOCK_N = Knob("block_n", (32, 64, 128), "keys per shared-memory tile")
 STAGES = Knob("stages", (1, 2), "K/V tiles in flight: 2 loads the next tile (cp.async) while this one is used")
 O_SPLIT = Knob("o_split", (1, 2, 4), "blocks sharing one query block, each writing head_dim / o_split channels "
                                      "(each recomputes the logits; keeps head_dim 512 accumulators in registers)")
-V_LDMATRIX = Knob("v_ldmatrix", (0, 1), "V's mma fragments: 0 by 16-bit shared loads, 1 by ldmatrix.trans (4 per call)")
+LDMATRIX = Knob("ldmatrix", (0, 1, 2), "mma fragments from shared memory: 0 by 32/16-bit loads, 1 V's by "
+                                       "ldmatrix.trans, 2 also Q's and K's by ldmatrix")
 PAD = 8  # halves of padding per shared row (attention_flash.cu's PAD)
 # fp32 accumulators a thread may hold (O: DO/2, S: BLOCK_N/2) with room for addresses and fragments
 # under the 255-register limit; beyond it ptxas spills in the inner loop.
@@ -58,10 +59,10 @@ def _flash_applicable(sig: Signature, gpu: Gpu) -> str | None:
 def _flash_defaults(sig: Signature, gpu: Gpu) -> dict:
     d = sizes(sig)["D"]
     if d <= 128:
-        return {"block_m": 128, "block_n": 64, "stages": 2, "o_split": 1, "v_ldmatrix": 1}
+        return {"block_m": 128, "block_n": 64, "stages": 2, "o_split": 1, "ldmatrix": 2}
     if d <= 256:
-        return {"block_m": 64, "block_n": 64, "stages": 2, "o_split": 1, "v_ldmatrix": 1}
-    return {"block_m": 64, "block_n": 32, "stages": 2, "o_split": 2, "v_ldmatrix": 1}
+        return {"block_m": 64, "block_n": 64, "stages": 2, "o_split": 1, "ldmatrix": 2}
+    return {"block_m": 64, "block_n": 32, "stages": 2, "o_split": 2, "ldmatrix": 2}
 
 
 def flash_smem(d: int, p: dict) -> int:
@@ -83,7 +84,7 @@ def _flash_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     warps = p["block_m"] // 16
     defines = {"HEAD_DIM": d, "BLOCK_M": p["block_m"], "BLOCK_N": p["block_n"], "WARPS": warps,
                "STAGES": p["stages"], "O_SPLIT": p["o_split"], "MASKED_ZERO": _masked_zero(sig),
-               "IS_BF16": int(sig.x.dtype == "bfloat16"), "V_LDMATRIX": p.get("v_ldmatrix", 1)}
+               "IS_BF16": int(sig.x.dtype == "bfloat16"), "LDMATRIX": p["ldmatrix"]}
     k = launch("attention_flash", ARGS, [f"ceil_div(L, {p['block_m']})", f"H * {p['o_split']}", "B"],
                [warps * 32], smem)
     return Built({**p, "warps": warps, "smem": smem}, defines, spec([k], requires=_aligned(sig) + [f"D == {d}"]))
@@ -94,7 +95,7 @@ def _flash_score(sig: Signature, gpu: Gpu) -> float:
 
 
 CUDA = (
-    Family(OPS, "cuda", "flash", "attention_flash.cu", (BLOCK_M, BLOCK_N, STAGES, O_SPLIT, V_LDMATRIX),
+    Family(OPS, "cuda", "flash", "attention_flash.cu", (BLOCK_M, BLOCK_N, STAGES, O_SPLIT, LDMATRIX),
            "FlashAttention-2 forward: BLOCK_M query rows per block (16 per warp), K/V tiles streamed through "
            "shared memory (cp.async), mma.sync for Q.K^T and P.V, online softmax in fp32, causal tiles skipped",
            _flash_applicable, _flash_defaults, _flash_build, _flash_score),

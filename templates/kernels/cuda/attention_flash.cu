@@ -7,7 +7,8 @@
 // (the additive mask read straight into the accumulator layout; causal and the key tail by index),
 // an online softmax in fp32 (exp2 of the difference times log2(e); rows reduced over a quad's 4 lanes), then the
 // probabilities, rounded to the input type, are the A operand of O += P V (fp32 accumulate; V's
-// B fragments by ldmatrix.trans where V_LDMATRIX, else by 16-bit shared loads).
+// B fragments by ldmatrix.trans where LDMATRIX >= 1, else by 16-bit shared loads; Q's and K's
+// fragments by ldmatrix where LDMATRIX is 2, else by 32-bit shared loads).
 // Causal (top-left aligned: key j visible to row i when j <= i) stops at the block's last row and
 // skips the tiles a warp cannot see. GQA: query head h reads key/value head h / G.
 // A row with no live key writes 0 when MASKED_ZERO (SDPA), else NaN (softmax of an all -inf row).
@@ -63,7 +64,17 @@ static __device__ __forceinline__ void mma16816(float* c, const unsigned int* a,
 
 // Four 8x8 b16 tiles from shared memory, each transposed: r[i] of lane L holds rows 2(L%4), 2(L%4)+1
 // of tile i at column L/4, which is an m16n8k16 B fragment of a row-major [k][n] tile.
-#if V_LDMATRIX
+#if LDMATRIX >= 2
+// Four 8x8 b16 tiles from shared memory: r[i] of lane L holds row L/4, columns 2(L%4), 2(L%4)+1 of
+// tile i (an m16n8k16 A fragment of a row-major tile, or a B fragment of a [n][k] one).
+static __device__ __forceinline__ void ldsm_x4(unsigned int* r, const h16* row) {
+  const unsigned int s = (unsigned int)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+#endif
+#if LDMATRIX >= 1
 static __device__ __forceinline__ void ldsm_x4_trans(unsigned int* r, const h16* row) {
   const unsigned int s = (unsigned int)__cvta_generic_to_shared(row);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -161,8 +172,22 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
       for (int i = 0; i < NTILE; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
-        const h16* qa = Qs + (wr + g) * LDQ + ks * 16 + t * 2;
         unsigned int a[4];
+#if LDMATRIX >= 2
+        // Q rows 0-7 / 8-15 of the warp by columns 0-7 / 8-15 of the k-step: tile L/8 is rows
+        // (L/8 & 1) * 8 + L%8, columns (L/8 >> 1) * 8
+        ldsm_x4(a, Qs + (wr + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDQ + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int nt = 0; nt < NTILE; nt += 2) {
+          // keys of column tiles nt and nt+1 by d 0-7 / 8-15: tile L/8 is keys (nt + (L/8 >> 1)) * 8 + L%8,
+          // d (L/8 & 1) * 8
+          unsigned int bk[4];
+          ldsm_x4(bk, Kt + ((nt + (lane >> 4)) * 8 + (lane & 7)) * LDQ + ks * 16 + ((lane >> 3) & 1) * 8);
+          mma16816(s[nt], a, bk[0], bk[1]);
+          mma16816(s[nt + 1], a, bk[2], bk[3]);
+        }
+#else
+        const h16* qa = Qs + (wr + g) * LDQ + ks * 16 + t * 2;
         a[0] = *reinterpret_cast<const unsigned int*>(qa);
         a[1] = *reinterpret_cast<const unsigned int*>(qa + 8 * LDQ);
         a[2] = *reinterpret_cast<const unsigned int*>(qa + 8);
@@ -172,6 +197,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
           const h16* kb = Kt + (nt * 8 + g) * LDQ + ks * 16 + t * 2;
           mma16816(s[nt], a, *reinterpret_cast<const unsigned int*>(kb), *reinterpret_cast<const unsigned int*>(kb + 8));
         }
+#endif
       }
       // logits, masked, in natural units (a finfo.min mask times log2(e) would overflow to -inf and
       // turn HF's uniform fully-masked rows into empty ones); the max of each of the thread's rows
@@ -226,7 +252,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
         a[1] = pack2(s[2 * kk][2], s[2 * kk][3]);
         a[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
         a[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#if V_LDMATRIX
+#if LDMATRIX >= 1
         // four 8x8 tiles of V transposed by ldmatrix: keys 0-7 and 8-15 of this k-step for channel
         // tiles ot and ot+1; lane L gives the address of row L%8 of tile L/8
         const int mi = lane / 8;

@@ -352,3 +352,17 @@ def test_the_cuda_family_compiles_for_sm90_without_spills(tmp_path, text, knobs)
     res = build.resources["attention_flash"]
     assert res["spill_stores"] == 0 and res["registers"] <= 255, res
     assert "warning" not in build.log.lower(), build.log
+
+
+def test_a_function_of_the_eager_name_that_computes_something_else_is_not_targeted():
+    from forge_pack.profile.composite_functions import composite_mismatch
+
+    m = _HFAttention().eval()
+    tensors, params = SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, None, 0.3), {})
+    right = attention_block.eager_attention_forward(m, q, k, v, None, 0.3)[0]
+    assert composite_mismatch(SPEC, "eager_attention_forward", tensors, params, right) == ""
+    unscaled = attention_block.eager_attention_forward(m, q, k, v, None, 1.0)[0]  # scaling ignored
+    why = composite_mismatch(SPEC, "eager_attention_forward", tensors, params, unscaled)
+    assert why.startswith("eager_attention_forward does not compute softmax(q k^T * scale + mask) v here")
+    heads_first = right.transpose(1, 2)  # [B, H, L, D]: not the layout the function returns
+    assert "returns shape" in composite_mismatch(SPEC, "eager_attention_forward", tensors, params, heads_first)

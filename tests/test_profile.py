@@ -19,7 +19,7 @@ FAST = ProfileConfig(warmup=1, iterations=1)
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
     out = {}
-    for name in ("vision_net", "vae_decoder", "llm_block"):
+    for name in ("vision_net", "vae_decoder", "llm_block", "attention_block"):
         run_dir = tmp_path_factory.mktemp(name)
         out[name] = profile(load(MODELS / f"{name}.py", device="cpu"), run_dir, FAST, quiet=True)
     return out
@@ -43,6 +43,7 @@ EXPECTED = {
                   "softmax": {"F.softmax", "Tensor.softmax", "torch.softmax"},
                   "log_softmax": {"F.log_softmax", "torch.log_softmax", "Tensor.log_softmax", "nn.LogSoftmax"},
                   "layer_norm": {"nn.LayerNorm", "F.layer_norm", "torch.layer_norm"}},
+    "attention_block": {"attention": {"F.scaled_dot_product_attention", "function:eager_attention_forward"}},
 }
 
 
@@ -63,6 +64,15 @@ def test_registry_call_paths_all_covered_by_examples():
     registry = {p.label for paths in CALL_PATHS.values() for p in paths
                 if p.label not in ("nn.BatchNorm1d", "nn.BatchNorm3d")}  # 2-d models only
     assert registry <= covered, registry - covered
+
+
+def test_the_eager_attention_function_is_one_target_with_its_code_and_no_softmax_of_its_own(profiles):
+    p = profiles["attention_block"]
+    eager = [h for h in p.hotspots if h.call_paths == ("function:eager_attention_forward",)]
+    assert len(eager) == 1 and eager[0].unsupported == "" and eager[0].signature.param("composite") is True
+    assert eager[0].module_class.endswith(":eager_attention_forward") and len(eager[0].module_code) == 16
+    assert eager[0].captures and eager[0].time_share > 0
+    assert not [h for h in p.hotspots if h.op == "softmax"]  # its softmax is part of it, not a target
 
 
 def test_composite_rmsnorm_offsets_detected(profiles):

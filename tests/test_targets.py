@@ -37,7 +37,7 @@ def test_every_kind_is_complete_and_consistent(name):
     assert s.tensors[0] == "x" and len(set(s.tensors)) == len(s.tensors)
     assert set(s.own_params) <= set(s.params) and set(s.scalars) <= set(s.params)
     assert set(s.tolerances) <= set(verdict_rules.TABLE) and all(r.reason for r in s.tolerances.values())
-    assert s.adversarial and set(s.adversarial) <= set(inputs.ADVERSARIAL)
+    assert s.adversarial and set(s.adversarial) <= set(inputs.ADVERSARIAL) | set(inputs.ADVERSARIAL_SETS)
     assert set(s.draws) <= set(s.tensors)
     assert s.doc and s.bind is not None
     labels = [p.label for p in s.call_paths]

@@ -3,7 +3,9 @@
 Three phases on the user's own inputs:
 1. capture: one forward under a TorchFunctionMode that recognises every call path of every
    target op (``forge_pack.targets.ops``) plus module composites (RMSNorm written as eager ops), and
-   saves the exact tensors each signature received, and its output, as safetensors;
+   saves the exact tensors each signature received, and its output, as safetensors; model-code
+   functions that compute a kind as eager ops (HF's eager_attention_forward) are wrapped for the
+   duration, found by name in the Python modules of the model's classes;
 2. warm-up forwards;
 3. profiled forwards (torch.profiler): each target call runs inside a ``forge::sig:<n>`` range,
    each forward inside ``forge::forward``; device time (CPU time on cpu) is attributed to the
@@ -35,6 +37,7 @@ from torch.profiler import ProfilerActivity, record_function
 from forge_pack.targets import abi, ops
 from forge_pack.targets.rms_norm import module_eps
 from forge_pack.profile.capture import save_capture
+from forge_pack.profile.composite_functions import composite_functions, composite_mismatch
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.profile.load import Target, run_forward
@@ -180,8 +183,10 @@ class _Recorder(TorchFunctionMode):
     """Recognises target calls on every path; captures tensors or opens profiler ranges."""
 
     def __init__(self, run_dir: Path, config: ProfileConfig, stats: dict[str, _SigStats], capture: bool,
-                 annotate: bool):
+                 annotate: bool, functions: tuple = ()):
         super().__init__()
+        self.functions = functions  # (Python module, name, kind spec): composite functions to wrap
+        self.saved_functions: list[tuple[Any, str, Any]] = []
         self.table = ops.function_table()
         self.run_dir = run_dir
         self.config = config
@@ -202,12 +207,67 @@ class _Recorder(TorchFunctionMode):
         reg = torch.nn.modules.module
         self.hooks = [reg.register_module_forward_pre_hook(self._pre),
                       reg.register_module_forward_hook(self._post)]
+        for pymod, name, spec in self.functions:
+            original = getattr(pymod, name)
+            self.saved_functions.append((pymod, name, original))
+            setattr(pymod, name, self._composite_function(pymod, name, spec, original))
         return super().__enter__()
 
     def __exit__(self, *exc):
         for h in self.hooks:
             h.remove()
+        while self.saved_functions:
+            pymod, name, original = self.saved_functions.pop()
+            setattr(pymod, name, original)
         return super().__exit__(*exc)
+
+    # ---- composite functions (HF's eager_attention_forward): the model's own function, timed and captured
+    def _composite_function(self, pymod, name: str, spec, original):
+        recorder = self
+
+        def wrapper(*args, **kwargs):
+            if recorder.probing or recorder.composite_depth:
+                return original(*args, **kwargs)
+            bound = spec.bind_module(original, args, kwargs)
+            if bound is None or not ops.is_target(bound[0]):
+                return original(*args, **kwargs)
+            tensors, params = bound
+            saved = None
+            if recorder.capture:
+                saved = {n: (t.detach().to("cpu", copy=True) if t is not None else None) for n, t in tensors.items()}
+            recorder.composite_depth += 1  # its softmax & co. are part of it, not targets of their own
+            try:
+                if recorder.annotate:
+                    key = ops.make_signature(spec.name, tensors, params).key()
+                    with record_function(RANGE_PREFIX + str(recorder._idx(key))):
+                        result = original(*args, **kwargs)
+                else:
+                    result = original(*args, **kwargs)
+            finally:
+                recorder.composite_depth -= 1
+            out = spec.composite_output(result) if spec.composite_output is not None else result
+            if isinstance(out, torch.Tensor):
+                recorder._record_composite(spec, pymod, name, original, tensors, params, out, saved)
+            return result
+
+        return wrapper
+
+    def _record_composite(self, spec, pymod, name: str, original, tensors: dict, params: dict, out, saved) -> None:
+        sig = ops.make_signature(spec.name, tensors, params, out)
+        st = self._stats(sig, f"function:{name}")
+        st.module_class = f"{pymod.__name__}:{name}"
+        st.module_code = code_fingerprint(original)
+        x = tensors["x"]
+        if _autocast_on(x.device.type):
+            st.unsupported = AUTOCAST_REASON
+        elif self.capture and st.count == 1:
+            self.probing = True  # the reference's own torch calls are not the model's
+            try:
+                st.unsupported = composite_mismatch(spec, name, tensors, params, out)
+            finally:
+                self.probing = False
+        if self.capture and saved is not None:
+            self._save(st, saved, out)
 
     def _pre(self, module, args):
         if self.probing:
@@ -402,7 +462,8 @@ def profile(target: Target, run_dir: str | Path, config: ProfileConfig = Profile
     stats: dict[str, _SigStats] = {}
 
     _progress(f"capture pass on {target.device} (real inputs of every target call)", quiet)
-    recorder = _Recorder(run_path, config, stats, capture=True, annotate=False)
+    functions = composite_functions(target.module)
+    recorder = _Recorder(run_path, config, stats, capture=True, annotate=False, functions=functions)
     with recorder:
         run_forward(target)
     if cuda:
@@ -416,7 +477,7 @@ def profile(target: Target, run_dir: str | Path, config: ProfileConfig = Profile
     _progress(f"profiled forwards: {config.iterations}", quiet)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     annotator = _Recorder(run_path, config, {k: _SigStats(v.sig) for k, v in stats.items()}, capture=False,
-                          annotate=True)
+                          annotate=True, functions=functions)
     annotator.offsets = recorder.offsets
     with _filtered_native_stderr(), torch.profiler.profile(activities=activities) as prof:
         for _ in range(config.iterations):

@@ -58,6 +58,27 @@ ADVERSARIAL: dict[str, Callable[[Any], None]] = {"large": _large, "offset": _off
                                                  "constant": _constant}
 
 
+def _masked_rows(t: dict) -> None:
+    """Attention: rows of the additive mask fully masked (-inf, and finfo.min as HF builds masks), a
+    row with one live key, every 7th key masked elsewhere; without a mask, all-equal logits (q = 0)."""
+    mask = t.get("mask")
+    if mask is None:
+        t["x"].zero_()
+        return
+    flat = mask.reshape(-1, mask.shape[-1]).clone()
+    flat[:, ::7] = float("-inf")
+    flat[0, :] = float("-inf")  # softmax of an all -inf row: NaN in eager softmax, 0 in SDPA
+    if flat.shape[0] > 2:
+        flat[2, :] = torch.finfo(mask.dtype).min  # every logit rounds to the same value: uniform weights
+    if flat.shape[0] > 3 and flat.shape[1] > 1:
+        flat[3, 2:] = float("-inf")  # a single live key: column 1 (0 is masked above)
+    mask.copy_(flat.view(mask.shape))
+
+
+# Adversarial kinds that transform the whole input set (tensors by ABI name), not only "x".
+ADVERSARIAL_SETS: dict[str, Callable[[dict], None]] = {"masked_rows": _masked_rows}
+
+
 def make_inputs(spec, inputs: list, kind: str, gen, device) -> dict:
     """One input set of ``spec``'s kind, in ABI order: kind "fresh" or one of ``spec.adversarial``.
     ``inputs`` is [(name, (dtype, shape, strides) or None)]."""
@@ -70,7 +91,9 @@ def make_inputs(spec, inputs: list, kind: str, gen, device) -> dict:
         t[name] = randn(s, gen, device, d.scale, d.shift)
         if d.positive_floor is not None:
             t[name] = t[name].abs_() + d.positive_floor
-    if kind != "fresh":
+    if kind in ADVERSARIAL_SETS:
+        ADVERSARIAL_SETS[kind](t)
+    elif kind != "fresh":
         ADVERSARIAL[kind](t["x"])
     return t
 

@@ -8,10 +8,10 @@ the profiler runs is the one the package runs.
 
 from __future__ import annotations
 
-from . import avg_pool, batch_norm, dtypes, group_norm, layer_norm, rms_norm, softmax  # noqa: F401  (dtypes: for the package)
+from . import attention, avg_pool, batch_norm, dtypes, group_norm, layer_norm, rms_norm, softmax  # noqa: F401  (dtypes: for the package)
 from .spec import CallPath, TargetSpec
 
-KIND_MODULES = (softmax, layer_norm, rms_norm, group_norm, batch_norm, avg_pool)
+KIND_MODULES = (softmax, layer_norm, rms_norm, group_norm, batch_norm, avg_pool, attention)
 # The shipped runtime: this registry, what it imports, and __init__ (the package's _targets/).
 RUNTIME_MODULES = ("__init__", "registry", "spec", "lazy_torch", "dtypes", "call_args", "inputs", "norm_common",
                    "layouts") + tuple(m.__name__.rpartition(".")[2] for m in KIND_MODULES)

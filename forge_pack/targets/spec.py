@@ -86,7 +86,7 @@ class TargetSpec:
     eager_call: Callable[[Params, str | None, Lookup], Callable[[Tensors], Any]]  # (params, out dtype)
     tolerances: dict  # output dtype -> Tolerance; dtypes absent use the generic table
     draws: dict  # tensor name -> Draw for fresh inputs (absent: Draw())
-    adversarial: tuple[str, ...]  # adversarial input kinds (see inputs.ADVERSARIAL)
+    adversarial: tuple[str, ...]  # adversarial input kinds (see inputs.ADVERSARIAL and ADVERSARIAL_SETS)
     rows: Callable[[Params, Any], tuple]  # (params, x float64) -> (rows reduced together, way back)
     permute: Callable[[Params, Any, dict, Any], Any]  # (params, x, other tensors, generator) -> x
     odd_shapes: Callable[[Any], list]  # signature -> [(x shape, channels_last)] of odd sizes to try
@@ -95,6 +95,11 @@ class TargetSpec:
     # a module whose forward is the kind written as eager ops (a composite):
     # (module, args, kwargs) -> (tensors, the params a call is matched on) or None
     bind_module: Callable[[Any, tuple, dict], tuple | None] | None = None
+    # model-code functions (not modules) that compute the kind as eager ops, found by name in the
+    # Python modules of a model's classes and bound by ``bind_module(function, args, kwargs)``:
+    composite_functions: tuple[str, ...] = ()
+    composite_output: Callable[[Any], Any] | None = None  # such a function's return value -> the kernel's output
+    composite_return: Callable[[Any], Any] | None = None  # the kernel's output -> what the function returns
     magnitude: Callable[[Tensors], Any] | None = None  # the eager allowance's lookup key where not |ref|
     complete: Callable[[dict], tuple | None] | None = None  # parsed call kwargs: defaults in place, (error, hint)
 

@@ -7,7 +7,8 @@ registry shipped beside this file as ``_targets/`` (forge-pack's own ``forge_pac
 copied verbatim: the profiler bound the model's calls with the same code). ``Patcher.apply`` replaces every call path of each target op (``F.softmax``,
 ``torch.softmax``, ``Tensor.softmax``; ``nn.Softmax`` goes through ``F.softmax``) and, for module
 composites (an RMSNorm written as eager ops), the module class's ``forward`` and matching
-instances in a given model. Each replacement checks the call against the verified signatures
+instances in a given model; for function composites (HF's eager_attention_forward), the function
+at its module-level name. Each replacement checks the call against the verified signatures
 (device, GPU architecture, dtypes, shapes, strides, parameters, unknown keywords, whether
 autograd needs a graph, autocast, functorch transforms and forward-mode AD) and calls the original
 for anything else. ``revert`` puts every patched object back exactly, in any order across several
@@ -22,6 +23,7 @@ import copyreg
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -495,6 +497,38 @@ class Patcher:
 
         return wrapper
 
+    def _composite_function(self, targets: tuple, original: Callable, link: _Link) -> Callable:
+        """A model-code function that computes a kind as eager ops (HF's eager_attention_forward),
+        replaced at its module-level name: the kind's binder reads the call by the original's
+        parameters, and its ``composite_return`` shapes the kernel's output as the function returns it."""
+        patcher = self
+        shape = TARGETS.get(targets[0].op).composite_return
+
+        def wrapper(*args, **kwargs):
+            if not link.live:
+                return link.previous(*args, **kwargs)
+            out = patcher.dispatch_module(targets, original, args, kwargs)
+            if out is _MISS:
+                return patcher.fall_back("function", link.previous, args, kwargs)
+            return shape(out) if shape is not None else out
+
+        return wrapper
+
+    def _patch_function(self, path: str, targets: tuple) -> None:
+        """Patch the composite function at ``path`` ('pkg.module:name') where it is importable and its
+        code is the profiled code."""
+        owner, name = _import_function(path)
+        if owner is None:
+            return
+        fn = vars(owner)[name]
+        original = _unwrapped(fn) or fn
+        if original in self._patched_classes:
+            return
+        targets = self._same_code(original, targets)
+        if targets:
+            self._install(owner, name, lambda link: self._composite_function(targets, original, link))
+            self._patched_classes.add(original)
+
     def _class_forward(self, targets: tuple, link: _Link) -> Callable:
         patcher = self
 
@@ -592,7 +626,9 @@ class Patcher:
                                           self._function_wrapper(op, style, link))
                 for class_path, targets in self.composites.items():
                     cls = _import_class(class_path)
-                    if cls is not None and cls not in self._patched_classes and "forward" in vars(cls):
+                    if cls is None:  # a function, not a module class (eager_attention_forward)
+                        self._patch_function(class_path, targets)
+                    elif cls not in self._patched_classes and "forward" in vars(cls):
                         targets = self._same_code(cls, targets)  # another version of the library may differ
                         if targets:
                             self._install(cls, "forward",
@@ -703,10 +739,23 @@ def _missing_cpu_features(built: list | None) -> str | None:
             f"sources on this machine: pip install --no-build-isolation --force-reinstall <package dir>")
 
 
-def code_fingerprint(cls: type) -> str:
+def code_fingerprint(cls: Any) -> str:
     """16 hex digits over the bytecode of every function the class and its bases up to nn.Module
-    define; forge_pack.profile.profiler.code_fingerprint computes the same at profile time."""
+    define, or of a composite function and the module-level functions it calls (repeat_kv);
+    forge_pack.profile.profiler.code_fingerprint computes the same at profile time."""
     h = hashlib.sha256()
+    if not isinstance(cls, type):
+        fn = _unwrapped(cls) or cls
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            _hash_code(h, code)
+            helpers = getattr(fn, "__globals__", {})
+            for name in code.co_names:
+                callee = helpers.get(name)
+                if inspect.isfunction(callee):
+                    h.update(name.encode())
+                    _hash_code(h, callee.__code__)
+        return h.hexdigest()[:16]
     for klass in cls.__mro__:
         if klass is torch.nn.Module or klass is object:
             break
@@ -813,6 +862,19 @@ def _import_class(class_path: str) -> type | None:
         if obj is None:
             return None
     return obj if isinstance(obj, type) else None
+
+
+def _import_function(path: str) -> tuple[Any, str] | tuple[None, None]:
+    """'pkg.module:name' -> (the module, name) when it holds a plain function there, else (None, None)."""
+    module_name, _, name = path.partition(":")
+    if not module_name or not name or "." in name:
+        return None, None
+    try:
+        owner: Any = sys.modules.get(module_name) or importlib.import_module(module_name)
+    except Exception:  # not importable here
+        return None, None
+    fn = vars(owner).get(name)
+    return (owner, name) if inspect.isfunction(fn) or _link_of(fn) is not None else (None, None)
 
 
 def for_package(package: str, directory: str | Path) -> Patcher:

@@ -1,7 +1,7 @@
 """The kernel families and reference kernels of every target kind, one module per kind.
 
 Each kind module (softmax.py, layer_norm.py, rms_norm.py, group_norm.py, batch_norm.py,
-avg_pool.py: the kind names of forge_pack/targets/) declares `OPS` (the ops it serves), `CUDA` and
+avg_pool.py, attention.py: the kind names of forge_pack/targets/) declares `OPS` (the ops it serves), `CUDA` and
 `CPU` (its families, in root-order tie-break order) and `REFERENCES` (its reference kernels).
 This registry is how everything else finds them. Pure Python, no torch import.
 """
@@ -12,11 +12,12 @@ from types import ModuleType
 
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.signature import Signature
-from forge_pack.search.families import avg_pool, batch_norm, group_norm, layer_norm, rms_norm, softmax
+from forge_pack.search.families import attention, avg_pool, batch_norm, group_norm, layer_norm, rms_norm, softmax
 from forge_pack.search.template_kit import Family
 
 KINDS: dict[str, ModuleType] = {"softmax": softmax, "group_norm": group_norm, "batch_norm": batch_norm,
-                                "avg_pool": avg_pool, "layer_norm": layer_norm, "rms_norm": rms_norm}
+                                "avg_pool": avg_pool, "layer_norm": layer_norm, "rms_norm": rms_norm,
+                                "attention": attention}
 BACKENDS = ("cuda", "cpu")
 
 

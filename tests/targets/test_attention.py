@@ -1,0 +1,368 @@
+"""attention: the SDPA binder and the eager composite's, package parity, the float64 reference
+(exact on small inputs, fully masked rows as PyTorch gives them, GQA head mapping), tolerance,
+ABI, the CPU family through the evaluator, a kernel without its causal mask rejected, and the
+package's patch of a composite function."""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kind_checks as kc
+from forge_pack.targets import abi, ops, registry
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import attention_block  # noqa: E402  (HF-style eager_attention_forward, repeat_kv)
+
+SPEC = registry.get("attention")
+g = torch.Generator().manual_seed(0)
+q = torch.randn(2, 4, 6, 8, generator=g)
+k = torch.randn(2, 2, 7, 8, generator=g)
+v = torch.randn(2, 2, 7, 8, generator=g)
+mask = torch.randn(2, 1, 6, 7, generator=g)
+mask2 = torch.randn(6, 7, generator=g)
+kf, vf = torch.randn(2, 4, 7, 8, generator=g), torch.randn(2, 4, 7, 8, generator=g)
+
+
+def _p(scale=1 / math.sqrt(8), causal=False, gqa=False, softcap=None, composite=False) -> dict:
+    return {"scale": scale, "causal": causal, "softcap": softcap, "enable_gqa": gqa, "composite": composite}
+
+
+CALLS = [  # (call, style, tensors, params)
+    (lambda: F.scaled_dot_product_attention(q, kf, vf), "F", {"x": q, "k": kf, "v": vf, "mask": None}, _p()),
+    (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), "F",
+     {"x": q, "k": k, "v": v, "mask": None}, _p(causal=True, gqa=True)),
+    (lambda: F.scaled_dot_product_attention(q, k, v, mask, 0.0, False, scale=0.5, enable_gqa=True), "F",
+     {"x": q, "k": k, "v": v, "mask": mask}, _p(scale=0.5, gqa=True)),
+    (lambda: F.scaled_dot_product_attention(query=q, key=kf, value=vf, attn_mask=mask2, scale=0.1), "F",
+     {"x": q, "k": kf, "v": vf, "mask": mask2}, _p(scale=0.1)),
+]
+
+
+@pytest.mark.parametrize("call, style, tensors, params", CALLS)
+def test_the_binder_reads_every_call_path(call, style, tensors, params):
+    kc.check_binds("attention", call, style, tensors, params)
+
+
+@pytest.mark.parametrize("call, style, tensors, params", CALLS)
+def test_the_package_binds_each_call_as_the_profiler_does(tmp_path_factory, call, style, tensors, params):
+    kc.check_same_in_package(kc.package_runtime(tmp_path_factory.getbasetemp()), "attention", call)
+
+
+@pytest.mark.parametrize("style, args, kwargs", [
+    ("F", (q, kf, vf), {"dropout_p": 0.1}),  # dropout: random, no kernel reproduces it
+    ("F", (q, kf, vf, mask2), {"is_causal": True}),  # PyTorch refuses the pair; its error stays its own
+    ("F", (q[0], kf[0], vf[0]), {}),  # 3-d
+    ("F", (q, kf, vf), {"scale": "big"}),
+    ("F", (q, kf, vf), {"unknown": 1}),
+    ("F", (q, kf, vf, None, 0.0, False, 0.5), {}),  # scale is keyword-only
+])
+def test_calls_it_cannot_read_exactly_are_left_to_pytorch(tmp_path_factory, style, args, kwargs):
+    kc.check_refused(kc.package_runtime(tmp_path_factory.getbasetemp()), "attention", style, args, kwargs)
+
+
+# ---------------------------------------------------------------- the eager composite
+
+
+class _HFAttention(torch.nn.Module):
+    num_key_value_groups = 2
+    head_dim = 8
+
+
+def test_the_eager_composite_binds_by_the_functions_own_parameters():
+    m = _HFAttention().eval()
+    hf_mask = torch.randn(2, 1, 6, 9)  # longer than the keys: the function slices it
+    tensors, params = SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, hf_mask),
+                                       {"scaling": 0.3})
+    assert tensors["x"] is q and tensors["k"] is k and tensors["v"] is v
+    assert torch.equal(tensors["mask"], hf_mask[:, :, :, :7])
+    assert params == _p(scale=0.3, gqa=True, composite=True)
+    m.train()  # dropout applies in training: not the kernel's math
+    assert SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, None, 0.3, 0.1), {}) is None
+    m.eval()
+    m.num_key_value_groups = 3  # heads do not map
+    assert SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, None, 0.3), {}) is None
+
+
+def test_the_eager_composite_reference_is_the_model_codes_output_layout_and_values():
+    m = _HFAttention().eval()
+    hf_mask = torch.full((6, 7), torch.finfo(torch.float32).min).triu(1)[None, None]
+    tensors, params = SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, hf_mask, 0.3), {})
+    got = attention_block.eager_attention_forward(m, q, k, v, hf_mask, 0.3)[0]
+    ref = SPEC.reference64(params, tensors)
+    assert ref.shape == got.shape == (2, 6, 4, 8)  # [B, L, H, D], as the function returns it
+    assert torch.allclose(ref, got.double(), atol=1e-5)
+    assert torch.equal(SPEC.eager(params, "float32")(tensors), got)
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True):
+    """Element by element in float64: the definition the reference must match exactly."""
+    b_, h_, l_, d_ = qd.shape
+    s_ = kd.shape[2]
+    gq = h_ // kd.shape[1]
+    out = torch.zeros(b_, h_, l_, d_, dtype=torch.float64)
+    for b in range(b_):
+        for h in range(h_):
+            for i in range(l_):
+                logits = [float(qd[b, h, i] @ kd[b, h // gq, j]) * scale
+                          + (float(mask[b if mask.shape[0] > 1 else 0, 0, i, j]) if mask is not None else 0.0)
+                          for j in range(s_)]
+                if causal:
+                    logits = [x if j <= i else -math.inf for j, x in enumerate(logits)]
+                top = max(logits)
+                if top == -math.inf:
+                    out[b, h, i] = 0.0 if zero_empty else math.nan
+                    continue
+                w = [math.exp(x - top) for x in logits]
+                total = sum(w)
+                out[b, h, i] = sum(w[j] / total * vd[b, h // gq, j] for j in range(s_))
+    return out
+
+
+@pytest.mark.parametrize("causal, with_mask", [(False, False), (True, False), (False, True)])
+def test_the_reference_is_exact_on_small_inputs(causal, with_mask):
+    qd, kd, vd, md = q.double(), k.double(), v.double(), mask.double()
+    params = _p(scale=0.4, causal=causal, gqa=True)
+    ref = SPEC.reference64(params, {"x": q, "k": k, "v": v, "mask": mask if with_mask else None})
+    want = _naive(qd, kd, vd, 0.4, md if with_mask else None, causal)
+    assert torch.allclose(ref, want, rtol=1e-12, atol=1e-12)
+
+
+def test_gqa_maps_query_head_h_to_key_head_h_over_groups():
+    params = _p(gqa=True)
+    ref = SPEC.reference64(params, {"x": q, "k": k, "v": v, "mask": None})
+    for h in range(4):  # heads 0, 1 read key/value head 0; heads 2, 3 read head 1
+        alone = SPEC.reference64(_p(), {"x": q[:, h:h + 1], "k": k[:, h // 2:h // 2 + 1],
+                                        "v": v[:, h // 2:h // 2 + 1], "mask": None})
+        assert torch.equal(ref[:, h:h + 1], alone)
+
+
+@pytest.mark.parametrize("composite", [False, True])
+def test_fully_masked_rows_are_what_pytorch_gives(composite):
+    """An all -inf row: 0 from SDPA (its safe softmax), NaN from the eager softmax; a row of
+    finfo.min (HF's masks): uniform weights, the mean of v, on both."""
+    m = torch.zeros(2, 1, 6, 7)
+    m[:, :, 0] = float("-inf")
+    m[:, :, 1] = torch.finfo(torch.float32).min
+    t = {"x": q, "k": kf, "v": vf, "mask": m}
+    params = _p(composite=composite)
+    ref = SPEC.reference64(params, t)
+    eager = SPEC.eager(params, "float32")(t)
+    row = (lambda r: r[:, 0, :]) if composite else (lambda r: r[:, :, 0])  # [B, L, H, D] or [B, H, L, D]
+    row1 = (lambda r: r[:, 1, :]) if composite else (lambda r: r[:, :, 1])
+    if composite:
+        assert torch.isnan(row(ref)).all() and torch.isnan(row(eager)).all()
+    else:
+        assert torch.equal(row(ref), torch.zeros_like(row(ref))) and torch.equal(row(eager), torch.zeros_like(row(eager)))
+    mean_v = vf.double().mean(dim=2)  # [B, H, D]
+    assert torch.allclose(row1(ref), mean_v, atol=1e-12) and torch.allclose(row1(eager).double(), mean_v, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["fresh", "large", "masked_rows"])
+def test_the_float64_reference_agrees_with_eager(kind):
+    sig = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": mask}, _p(gqa=True))
+    t = ops.make_inputs(sig, kind, torch.Generator().manual_seed(1), "cpu")
+    ref, out = ops.reference64(sig, t), ops.eager(sig)(t)
+    assert torch.equal(torch.isnan(ref), torch.isnan(out))
+    fin = ~torch.isnan(ref)
+    assert torch.allclose(out.double()[fin], ref[fin], rtol=1e-4, atol=1e-5)
+
+
+def test_masked_rows_mask_some_rows_fully_and_leave_the_rest_live():
+    sig = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": mask}, _p(gqa=True))
+    t = ops.make_inputs(sig, "masked_rows", torch.Generator().manual_seed(1), "cpu")
+    rows = t["mask"].reshape(-1, 7)
+    assert torch.isneginf(rows[0]).all() and (rows[2] == torch.finfo(torch.float32).min).all()
+    assert torch.isfinite(rows[3, 1]) and torch.isneginf(rows[3, 2:]).all()
+    unmasked = ops.make_inputs(kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p(gqa=True)),
+                               "masked_rows", torch.Generator().manual_seed(1), "cpu")
+    assert torch.equal(unmasked["x"], torch.zeros_like(q))  # no mask: all-equal logits instead
+
+
+def test_tolerance_rows():
+    kc.check_tolerances("attention", {"bfloat16": (4e-3, 1.6e-2), "float16": (1e-3, 2e-3)})
+
+
+def test_abi_size_variables_carry_every_stride_and_the_mask_broadcast():
+    vs = torch.empty(2, 7, 2, 8).transpose(1, 2)  # a strided value, as HF's transpose(1, 2) view
+    sig = kc.signature("attention", {"x": q, "k": k, "v": vs, "mask": mask}, _p(gqa=True))
+    kc.check_abi(sig, {"B": 2, "H": 4, "HKV": 2, "L": 6, "S": 7, "D": 8, "G": 2, "v_sb": 112, "v_sh": 8, "v_sl": 16,
+                       "m_sb": 42, "m_sh": 0, "m_sl": 7, "o_sb": 192, "o_sh": 48, "o_sl": 8, "has_mask": 1})
+    assert abi.scalars(sig) == {"scale": 1 / math.sqrt(8), "softcap": 0.0}
+    assert abi.supports(sig) is None
+    composite = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p(gqa=True, composite=True))
+    kc.check_abi(composite, {"o_sb": 192, "o_sh": 8, "o_sl": 32})  # out is [B, L, H, D]
+
+
+def test_signatures_it_does_not_target_say_why():
+    boolean = ops.make_signature("attention", {"x": q, "k": kf, "v": vf, "mask": torch.ones(6, 7, dtype=torch.bool)},
+                                 _p())
+    assert "boolean masks are not targeted" in abi.supports(boolean)
+    odd = ops.make_signature("attention", {"x": q, "k": k[:, :, :, :4], "v": v, "mask": None}, _p())
+    assert "head_dim" in abi.supports(odd)
+    no_gqa = ops.make_signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p())
+    assert "without enable_gqa" in abi.supports(no_gqa)
+
+
+# ---------------------------------------------------------------- the CPU family, judged
+
+
+from eval_helpers import hotspot  # noqa: E402
+
+def _timing():
+    from forge_pack.evaluate.timing import TimingConfig
+
+    return TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
+
+
+SIGS = [
+    "x: f32[2,4,33,16], k: f32[2,2,40,16], v: f32[2,2,40,16], causal=True, enable_gqa=True, scale=0.25",
+    "x: bf16[1,2,20,32], k: bf16[1,2,20,32], v: bf16[1,2,20,32], mask: bf16[1,1,20,20], scale=0.2",
+    "x: f32[1,4,12,16], k: f32[1,2,12,16], v: f32[1,2,12,16], mask: f32[1,1,12,12], enable_gqa=True, scale=0.25, "
+    "softcap=50.0, composite=True",
+]
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    from forge_pack.evaluate.evaluator import Evaluator
+
+    with Evaluator("cpu", workers=1, timeout_s=60, timing=_timing(), log_dir=tmp_path_factory.mktemp("ev")) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("text", SIGS)
+def test_the_cpu_family_is_verified_by_the_evaluator(evaluator, text):
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", text)
+    r = evaluator.evaluate(instantiate("attention", "cpu", "online", {}, h.signature), h)
+    assert r.verdict.ok, r.verdict.detail
+    assert r.verdict.reason == "ok"
+
+
+def test_a_kernel_without_the_causal_mask_is_rejected_as_a_mismatch(evaluator):
+    from forge_pack.core.candidate import Candidate
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", SIGS[0])
+    good = instantiate("attention", "cpu", "online", {}, h.signature)
+    source = good.source.replace("const long long kv_end = causal ?", "const long long kv_end = 0 ?")
+    source = source.replace("if (causal) live =", "if (0) live =")
+    assert source != good.source
+    bad = Candidate(good.op, good.backend, source, good.spec, good.family, dict(good.params), "user")
+    r = evaluator.evaluate(bad, h)
+    assert not r.verdict.ok and r.verdict.reason == "mismatch", r.verdict
+    assert "out of tolerance" in r.verdict.detail
+
+
+# ---------------------------------------------------------------- the package's patch of the function
+
+
+def _manifest_target(patch_mod, sig, fn) -> dict:
+    return {"id": "attention_0", "op": "attention", "torch_op": "attention_0", "signature": sig.to_json(),
+            "module_class": f"{fn.__module__}:{fn.__name__}", "module_code": patch_mod.code_fingerprint(fn),
+            "kernel": {"min_sm_count": 0}}
+
+
+@torch.no_grad()  # the kernels have no backward: a call that needs a graph goes to the original
+def test_the_package_replaces_the_eager_function_at_its_module_name_and_reverts_it(tmp_path_factory, monkeypatch):
+    patch_mod = kc.package_runtime(tmp_path_factory.getbasetemp())
+    model = attention_block.get_model()
+    x = attention_block.get_inputs()[0]
+    seen = []
+    original = attention_block.eager_attention_forward
+    monkeypatch.setattr(attention_block, "eager_attention_forward",
+                        lambda *a, **kw: seen.append((a, kw)) or original(*a, **kw))
+    model(x)
+    attention_block.eager_attention_forward = original
+    args, kwargs = seen[0]
+    tensors, params = SPEC.bind_module(original, args, kwargs)
+    sig = ops.make_signature("attention", tensors, params, original(*args, **kwargs)[0])
+    manifest = {"package": {"namespace": "attn_test"}, "backend": "cpu", "build": {"cuda_arch_list": ""},
+                "targets": [_manifest_target(patch_mod, sig, original)]}
+    monkeypatch.setattr(patch_mod, "integrity_status", lambda doc: ("ok", "test manifest"))
+    p = patch_mod.Patcher(manifest, "attn_test", lambda: None)
+    marker = torch.full(tuple(sig.output.shape), 7.0)
+    monkeypatch.setattr(p, "_bind_ops", lambda: [setattr(t, "fn", lambda *ts: marker) for t in p.targets])
+    assert p.apply(model)
+    try:
+        assert attention_block.eager_attention_forward is not original
+        out, weights = attention_block.eager_attention_forward(*args, **kwargs)
+        assert out is marker and weights is None  # HF's own SDPA path returns no weights either
+        model(x)
+        assert p.kernel_calls == {"attention_0": 2}
+        attention_block.eager_attention_forward(*args[:4], None, **kwargs)  # no mask: not the verified call
+        assert p.fallback_calls == {"function": 1}
+    finally:
+        p.revert()
+    assert attention_block.eager_attention_forward is original
+
+
+@pytest.mark.slow  # ~30-70 s on 2 cores; the evaluator tests above are its fast path
+def test_a_search_on_the_attention_model_finds_a_verified_kernel(tmp_path, cli_env, forge_cmd):
+    import json
+    import subprocess
+
+    model = Path(__file__).resolve().parents[1] / "models" / "attention_block.py"
+    r = subprocess.run([*forge_cmd, "search", str(model), "--device", "cpu", "--budget", "2", "--top", "1",
+                        "--run-dir", str(tmp_path / "run"), "--seed", "1"],
+                       capture_output=True, text=True, env=cli_env, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((tmp_path / "run" / "search.json").read_text())
+    searched = [h for h in doc["hotspots"] if not h["skipped"]]
+    assert searched
+    assert all(h.get("best") for h in searched), [h["verdict"] for h in searched]  # a verified kernel each
+
+
+# ---------------------------------------------------------------- the CUDA family compiles here
+
+
+def _cuda_compiler() -> bool:
+    import shutil
+
+    from forge_pack.evaluate import compile as fcompile
+
+    return fcompile.nvrtc() is not None or shutil.which("nvcc") is not None
+
+
+@pytest.mark.skipif(not _cuda_compiler(), reason="neither NVRTC nor nvcc available")
+@pytest.mark.parametrize("text, knobs", [
+    ("x: bf16[2,16,256,128], k: bf16[2,16,256,128], v: bf16[2,16,256,128], causal=True, scale=0.088", {}),
+    ("x: f16[2,8,77,64], k: f16[2,2,77,64], v: f16[2,2,77,64], mask: f16[2,1,77,77], enable_gqa=True, scale=0.125",
+     {"stages": 1, "ldmatrix": 0}),
+    ("x: bf16[1,8,128,256], k: bf16[1,4,128,256], v: bf16[1,4,128,256], mask: bf16[1,1,128,128], enable_gqa=True, "
+     "scale=0.0625, softcap=50.0, composite=True", {}),
+    ("x: bf16[1,1,1030,512], k: bf16[1,1,1030,512], v: bf16[1,1,1030,512], scale=0.044", {}),
+])
+def test_the_cuda_family_compiles_for_sm90_without_spills(tmp_path, text, knobs):
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", text)
+    build = compile_candidate(instantiate("attention", "cuda", "flash", knobs, h.signature), arch="sm_90",
+                              cache_dir=tmp_path)
+    assert build.ok, build.log[-2000:]
+    res = build.resources["attention_flash"]
+    assert res["spill_stores"] == 0 and res["registers"] <= 255, res
+    assert "warning" not in build.log.lower(), build.log
+
+
+def test_a_function_of_the_eager_name_that_computes_something_else_is_not_targeted():
+    from forge_pack.profile.composite_functions import composite_mismatch
+
+    m = _HFAttention().eval()
+    tensors, params = SPEC.bind_module(attention_block.eager_attention_forward, (m, q, k, v, None, 0.3), {})
+    right = attention_block.eager_attention_forward(m, q, k, v, None, 0.3)[0]
+    assert composite_mismatch(SPEC, "eager_attention_forward", tensors, params, right) == ""
+    unscaled = attention_block.eager_attention_forward(m, q, k, v, None, 1.0)[0]  # scaling ignored
+    why = composite_mismatch(SPEC, "eager_attention_forward", tensors, params, unscaled)
+    assert why.startswith("eager_attention_forward does not compute softmax(q k^T * scale + mask) v here")
+    heads_first = right.transpose(1, 2)  # [B, H, L, D]: not the layout the function returns
+    assert "returns shape" in composite_mismatch(SPEC, "eager_attention_forward", tensors, params, heads_first)

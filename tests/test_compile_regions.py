@@ -379,8 +379,16 @@ def test_reduce_overhead_cuda_graphs_run_the_region_ops(base_doc):
         pytest.skip("needs a CUDA GPU")
     model, inputs = llama_regions.get_model().cuda(), [t.cuda() for t in llama_regions.get_inputs()]
     g = capture(model, tuple(inputs), profile=False)
-    chosen = _pick(find_regions(g))
-    ids = _ids(chosen)
+    regions = find_regions(g)
+    # The mask softmax's pattern name depends on how the CUDA trace spells the score scaling; take the
+    # one softmax region whatever its prologue, and show every pattern when one is missing.
+    chosen, seen = [], set()
+    for r in regions:
+        if (r.pattern in ("rms_norm", "silu+mul") or "softmax" in r.pattern) and r.key not in seen:
+            seen.add(r.key)
+            chosen.append((f"r{len(chosen)}", r))
+    ids = {("softmax" if "softmax" in r.pattern else r.pattern): rid for rid, r in chosen}
+    assert sorted(ids) == ["rms_norm", "silu+mul", "softmax"], sorted({r.pattern for r in regions})
     doc = json.loads(json.dumps(base_doc))
     doc["backend"] = "cuda"
     doc["build"]["cuda_arch_list"] = "%d.%d" % torch.cuda.get_device_capability()
@@ -394,7 +402,7 @@ def test_reduce_overhead_cuda_graphs_run_the_region_ops(base_doc):
         compiled = cm.compile(model, mode="reduce-overhead")
         for _ in range(3):  # warm-up, record, replay
             got = compiled(*inputs)
-    assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
+    assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids["softmax"]: 1, ids["silu+mul"]: 1}
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 

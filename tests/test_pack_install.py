@@ -5,11 +5,13 @@ manifest, torch.compile of a patched model, and `python -m <pkg> verify | bench 
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -24,12 +26,18 @@ DRIVER = Path(__file__).resolve().parent / "pack" / "driver.py"
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("install")
     run = helpers.make_cpu_run(root / "run")
     result = pack(run, root / "pkg", PKG, confirm=False, wheel=True)  # --wheel: pip wheel --no-build-isolation
     assert result.written and result.wheel and Path(result.wheel).parent == root / "pkg" / "dist"
-    r = helpers.pip_install(Path(result.wheel), root / "site")
+    return root, Path(result.wheel)
+
+
+@pytest.fixture(scope="module")
+def site(built):
+    root, wheel = built
+    r = helpers.pip_install(wheel, root / "site")
     assert r.returncode == 0, r.stdout + r.stderr
     assert list((root / "site" / PKG).glob("_C*.so"))
     return root / "site"
@@ -45,6 +53,58 @@ def scenario(site: Path, name: str, **env: str) -> dict:
 def copy_site(site: Path, dest: Path) -> Path:
     shutil.copytree(site, dest)
     return dest
+
+
+def test_wheel_is_abi3_and_requires_the_exact_torch(built):
+    import torch
+    from torch.utils import cpp_extension
+
+    _, wheel = built
+    z = zipfile.ZipFile(wheel)
+    names = z.namelist()
+    meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    tags = z.read(next(n for n in names if n.endswith(".dist-info/WHEEL"))).decode()
+    assert f"Requires-Dist: torch=={torch.__version__}\n" in meta  # the release and its build (+cu130, +cpu)
+    if "py_limited_api" in inspect.getsource(cpp_extension.CppExtension):  # torch allows a stable-ABI build
+        hexv = int(cpp_extension.min_supported_cpython, 16)
+        tag = f"cp{hexv >> 24}{(hexv >> 16) & 0xFF}-abi3"
+        assert f"-{tag}-linux_" in wheel.name and f"Tag: {tag}-linux_" in tags
+        assert f"{PKG}/_C.abi3.so" in names
+        info = json.loads(z.read(f"{PKG}/_build_info.json"))
+        assert info["python_abi"] == tag and info["torch"] == torch.__version__
+
+
+def test_wheel_holds_no_path_of_the_build_machine(built):
+    """Neither the package files nor the compiled extension (debug info, assertion messages) carry
+    the folder it was built in, the home folder, or where torch is installed."""
+    import torch
+
+    root, wheel = built
+    z = zipfile.ZipFile(wheel)
+    local = [str(root), str(root.resolve()), str(Path.home()), str(Path(torch.__file__).resolve().parent),
+             str(helpers.TINY_MODEL.parent)]
+    found = [(n, p) for n in z.namelist() for p in local if p.encode() in z.read(n)]
+    assert found == []
+    doc = json.loads(z.read(f"{PKG}/manifest.json"))
+    assert doc["model"]["path"] == helpers.TINY_MODEL.name
+
+
+def test_wheel_is_built_for_the_chosen_cpu_isa(built):
+    """The default instruction set is the portable x86-64-v3 (not -march=native), named in the
+    manifest and in _build_info.json with the CPU features it needs."""
+    import platform
+
+    if platform.machine() != "x86_64":
+        pytest.skip("the default ISA checked here is x86-64's")
+    z = zipfile.ZipFile(built[1])
+    doc = json.loads(z.read(f"{PKG}/manifest.json"))
+    info = json.loads(z.read(f"{PKG}/_build_info.json"))
+    assert doc["build"]["cpu_isa"] == "x86-64-v3" and "-march=x86-64-v3" in doc["build"]["cxx_flags"]
+    assert "-march=native" not in doc["build"]["cxx_flags"]
+    assert info["cpu_isa"] == "x86-64-v3" and {"avx2", "fma", "sse4_2"} <= set(info["cpu_features"])
+    readme = (built[0] / "pkg" / "README.md").read_text()
+    assert "## Deploy on another machine" in readme and f"torch **{doc['environment']['torch']}** exactly" in readme
+    assert "CPU: one that implements x86-64-v3" in readme
 
 
 def test_apply_matches_the_original_and_revert_is_bitwise(site):
@@ -96,11 +156,11 @@ def test_extension_built_for_another_torch_is_not_loaded(site, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="reads /proc/cpuinfo")
-def test_native_wheel_moved_to_a_cpu_without_its_instructions_is_not_loaded(site, tmp_path):
+def test_wheel_moved_to_a_cpu_without_its_instructions_is_not_loaded(site, tmp_path):
     other = copy_site(site, tmp_path / "site")
     info = other / PKG / "_build_info.json"
     built = json.loads(info.read_text())
-    assert built["cpu_features"], "a -march=native build records the features of the CPU it was built on"
+    assert built["cpu_features"], "the build records the CPU features its instruction set needs"
     info.write_text(json.dumps({**built, "cpu_features": built["cpu_features"] + ["avx512_fake_isa"]}))
     r = scenario(other, "apply_fails")
     assert r["applied"] == [False, False] and r["identity_unchanged"]
@@ -172,6 +232,12 @@ def test_python_m_verify_bench_info(site):
     assert len(json.loads(r.stdout)["targets"]) == 5
     r = subprocess.run([sys.executable, "-m", PKG, "info"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "extension: loaded" in r.stdout and ": softmax(x: f32[4,16,64]" in r.stdout
+    import torch
+
+    built_for = next(line for line in r.stdout.splitlines() if line.startswith("built for:"))
+    from forge_pack.pack.packager import default_cpu_isa
+
+    assert f"torch {torch.__version__}" in built_for and f"CPU ISA {default_cpu_isa()}" in built_for, built_for
     measured = next(line for line in r.stdout.splitlines() if line.startswith("measured on:"))
     assert "CUDA" not in measured, measured  # a CPU package was not measured with CUDA
 

@@ -243,15 +243,59 @@ def templates_dir() -> Path:
     return tdir() / "package"
 
 
-def build_flags(backend: str) -> dict:
-    """Compiler flags of the package build: the search compiler's, minus what setup.py owns."""
+# The CPU instruction set the package's C++ code is compiled for (--cpu-isa). The search compiles
+# with -march=native; a package is meant to move, so it defaults to a level every CPU of the last
+# decade has: x86-64-v3 (AVX2, FMA: Intel from Haswell 2013, AMD from Excavator 2015) keeps the
+# kernels' vector code, and the whole-model check measures the package as built with it. "native"
+# (this CPU only, checked before loading) on request.
+X86_ISAS = ("x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "native")
+ARM_ISAS = ("armv8-a", "armv8.2-a", "native")
+
+
+def cpu_isas() -> tuple[str, ...]:
+    import platform
+
+    return ARM_ISAS if platform.machine().lower() in ("aarch64", "arm64") else X86_ISAS
+
+
+def default_cpu_isa() -> str:
+    return "armv8-a" if cpu_isas() is ARM_ISAS else "x86-64-v3"
+
+
+def check_cpu_isa(isa: str | None) -> str:
+    isa = isa or default_cpu_isa()
+    if isa not in cpu_isas():
+        raise ForgeError(f"unknown --cpu-isa {isa!r} for this machine",
+                         f"choose one of {', '.join(cpu_isas())} (default {default_cpu_isa()}; native: this CPU only)")
+    return isa
+
+
+def isa_macros(source: str) -> list[str]:
+    """The CPU instruction-set macros (__AVX2__, ...) a kernel's preprocessor conditionals test: such a
+    kernel was verified as compiled with -march=native, and another --cpu-isa could select other code."""
+    from forge_pack.evaluate import build_parity as bp
+
+    found = []
+    for m in bp._CONDITIONAL.finditer(source):
+        found += [n for n in bp._IDENT.findall(m.group(2)) if bp._ISA.match(n)]
+    return list(dict.fromkeys(found))
+
+
+def build_flags(backend: str, cpu_isa: str | None = None) -> dict:
+    """Compiler flags of the package build: the search compiler's, minus what setup.py owns, with
+    -march=native replaced by the chosen instruction set (host code of a CUDA package too)."""
     from forge_pack.evaluate import compile as comp
 
+    isa = check_cpu_isa(cpu_isa)
+    march = f"-march={isa}"
     drop = {"-shared", "-fPIC", "-v"}
     if backend == "cpu":
-        cxx = [f for f in comp.CPU_FLAGS if f not in drop and not f.startswith("-std=")]
+        cxx = [march if f.startswith("-march=") else f
+               for f in comp.CPU_FLAGS if f not in drop and not f.startswith("-std=")]
+        if march not in cxx:
+            cxx.append(march)
         ld = ["-fopenmp"] if "-fopenmp" in cxx else []
-        return {"cxx_flags": cxx, "nvcc_flags": [], "ldflags": ld}
+        return {"cxx_flags": cxx, "nvcc_flags": [], "ldflags": ld, "cpu_isa": isa}
     nvcc, skip = [], False
     for f in comp.NVCC_FLAGS:  # drop -std (torch chooses) and the "-Xptxas -v" resource report
         if skip:
@@ -262,7 +306,7 @@ def build_flags(backend: str) -> dict:
             continue
         if not f.startswith("-std="):
             nvcc.append(f)
-    return {"cxx_flags": ["-O3"], "nvcc_flags": nvcc, "ldflags": []}
+    return {"cxx_flags": ["-O3", march], "nvcc_flags": nvcc, "ldflags": [], "cpu_isa": isa}
 
 
 def cuda_arch_list(env: dict) -> str:
@@ -285,7 +329,7 @@ def _header_dirs(backend: str) -> list[Path]:
 
 
 def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], confirmations: dict,
-                  dropped: list[dict]) -> dict:
+                  dropped: list[dict], cpu_isa: str | None = None) -> dict:
     """Write the package into `stage` (manifest without the whole-model result); returns the manifest."""
     from forge_pack.evaluate import tolerance
     from forge_pack.targets.ops import with_output
@@ -362,12 +406,13 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
             "search": {**w.stats, "best_node_id": w.node_id}, "fixtures": fixtures,
             "confirmed": source == "confirm"})
     (csrc / "binding.cpp").write_text(binding.binding_source(codes, name, namespace, version))
-    flags = build_flags(backend)
+    flags = build_flags(backend, cpu_isa)
     doc = {
         "schema_version": manifest_mod.SCHEMA_VERSION,
         "package": {"name": name, "version": PACKAGE_VERSION, "namespace": namespace},
         "forge_pack_version": version, "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": {"name": Path(info.model_path).stem or "model", "path": info.model_path,
+        # the file's name, not its path: a package records no folder of the build machine
+        "model": {"name": Path(info.model_path).stem or "model", "path": Path(info.model_path).name,
                   "sha256": info.model_hash, "device": "cuda" if info.device == "cuda" else "cpu", "dtype": info.dtype},
         "environment": env, "backend": backend,
         "build": {"cuda_arch_list": cuda_arch_list(env) if backend == "cuda" else None, **flags,
@@ -472,7 +517,7 @@ def vendored_rules_body(text: bytes) -> bytes:
 
 
 def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, force: bool = False, wheel: bool = False,
-         *, confirm: bool = True, model_check: bool = True, require_gain: bool = False,
+         *, confirm: bool = True, model_check: bool = True, require_gain: bool = False, cpu_isa: str | None = None,
          say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> PackResult:
     """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist).
     require_gain: write nothing unless the whole-model check measured a gain (model_gain.judge_gain)."""
@@ -481,9 +526,22 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
 
     info = read_run(run_dir)
     name = check_name(name or default_name(info.model_path))
+    cpu_isa = check_cpu_isa(cpu_isa)
     out = Path(out_dir).resolve()
     check_out_dir(out, force, info.run_dir)
     winners, dropped = collect(info.run_dir)
+    if cpu_isa != "native" and info.device != "cuda":
+        kept = []
+        for w in winners:
+            macros = isa_macros(w.candidate.source)
+            if macros:
+                dropped.append({"hotspot_id": w.hotspot.id, "op": w.hotspot.op, "pretty": w.hotspot.signature.pretty(),
+                                "reason": f"its source tests {', '.join(macros)}: verified as compiled with "
+                                          f"-march=native, which a --cpu-isa {cpu_isa} build would not reproduce "
+                                          "(--cpu-isa native ships it, for this CPU only)"})
+            else:
+                kept.append(w)
+        winners = kept
     model_path = Path(info.model_path)
     check = model_check and confirm
     # the whole-model check gates the package: it must be able to run, and that is known before
@@ -531,7 +589,7 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     try:
         def stage_for(kept: list[Winner]) -> dict:
             shutil.rmtree(stage, ignore_errors=True)
-            return stage_package(stage, name, info, kept, confirmations, dropped)
+            return stage_package(stage, name, info, kept, confirmations, dropped, cpu_isa)
 
         if check:
             from forge_pack.evaluate.model_gate import run_gate

@@ -226,6 +226,13 @@ def test_python_m_verify_bench_info(site):
                                                  "derived:scale", "derived:shift", "derived:permute",
                                                  "derived:mixed", "derived:flip", "adversarial:large", "adversarial:neg_inf_rows",
                                                  "adversarial:constant"], r.stdout
+    # under every judged row, the element closest to its bound with the bound's terms spelled out
+    lines = r.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^t\d ", line) and line.endswith("PASS"):
+            assert re.match(r"^ {33}closest to its bound: \|err\| \S+ at ref \S+: bound (atol|eager allowance) \S+.* \+ "
+                            r"rtol \S+ x \|ref\| = \S+ -> ok \(\d+% of the bound\)", lines[i + 1]), lines[i + 1]
+    assert "a relative error above rtol passes there" in r.stdout
     r = subprocess.run([sys.executable, "-m", PKG, "bench", "--n", "5", "--warmup", "1", "--json"], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -255,3 +262,28 @@ def test_verify_fails_when_a_kernel_is_wrong(site, tmp_path):
     failing = [line for line in r.stdout.splitlines() if " FAIL " in line]
     assert r.returncode == 1 and "FAIL: 5 kernels" in r.stdout
     assert failing and all(line.startswith(t["id"] + " ") and " FAIL mismatch: " in line for line in failing), r.stdout
+
+
+EXPLAIN = """
+import json, torch
+from {pkg} import _verify as v
+ref = torch.tensor([1e-4, 1.0, -2.0], dtype=torch.float64)
+out = (ref + torch.tensor([3e-3, 1e-3, 0.0], dtype=torch.float64)).float()
+allow = torch.zeros(2048, dtype=torch.float64)  # no eager allowance: atol alone is the absolute term
+b = v.binding_element(out, ref, allow, 5e-3, 1e-2, None)
+print(json.dumps({{"line": v.explain(b), "ref": b["ref"], "rel_ref": b["max_rel"]["ref"]}}))
+"""
+
+
+def test_verify_explains_a_large_relative_error_on_a_near_zero_reference(site):
+    """|err| 3e-3 at ref 1e-4 is 30x the reference (the rules' max rel, |err| / max(|ref|, atol), is 0.6,
+    still 60x rtol), yet within atol 5e-3 + rtol 1e-2 x 1e-4: the line says which element binds, its
+    bound, and why the relative error passes."""
+    r = subprocess.run([sys.executable, "-c", EXPLAIN.format(pkg=PKG)], capture_output=True, text=True,
+                       env=helpers.env_with(site), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout.strip().splitlines()[-1])
+    assert doc["ref"] == pytest.approx(1e-4) and doc["rel_ref"] == pytest.approx(1e-4)
+    assert doc["line"].startswith("closest to its bound: |err| 3.0e-03 at ref 1.0e-04: bound atol 5.0e-03 + rtol "
+                                  "1e-02 x |ref| = 5.0e-03 -> ok (60% of the bound); max rel err 6.0e-01 > rtol is "
+                                  "at ref 1.0e-04, where |err| 3.0e-03 is within the absolute term 5.0e-03"), doc["line"]

@@ -33,6 +33,7 @@ from typing import Callable
 from forge_pack.pack import binding, manifest as manifest_mod
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
+from forge_pack.core.progress_line import step
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.core.winner import WIN_MARGIN, is_winner
 from forge_pack.store import run_queries
@@ -568,7 +569,8 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     if confirm and winners:
         say(f"confirming {len(winners)} winning kernel{'s' if len(winners) != 1 else ''} on unseen inputs, "
             f"in a fresh process")
-        confirmations = confirm_mod.confirm_kernels(info, winners, say=say)
+        with step("confirming", say) as progress:
+            confirmations = confirm_mod.confirm_kernels(info, winners, say=progress.say)
         kept = []
         for w in winners:
             c = confirmations.get(w.hotspot.id)
@@ -594,9 +596,10 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
         if check:
             from forge_pack.evaluate.model_gate import run_gate
 
-            say("checking the whole model: patched vs original, end-to-end latency")
-            gate = run_gate(winners, stage_for, lambda only: confirm_mod.check_model(stage, name, info, only=only),
-                            say=say)
+            say("checking the whole model: patched vs original, end-to-end latency (building the package first)")
+            with step("whole-model check", say) as progress:
+                gate = run_gate(winners, stage_for, lambda only: confirm_mod.check_model(stage, name, info, only=only),
+                                say=progress.say)
             dropped.extend(gate.dropped)
             if gate.doc is None:
                 why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
@@ -613,7 +616,8 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
             doc["dropped"], doc["model_result"] = dropped, gate.model_result
             from forge_pack.evaluate.compile_gate import run_compile_gate
 
-            result.compile_result = run_compile_gate(stage, info, doc, say=say)
+            with step("compile-mode check", say) as progress:
+                result.compile_result = run_compile_gate(stage, info, doc, say=progress.say)
         else:
             doc = stage_for(winners)
         manifest_mod.write(stage / name / "manifest.json", doc)
@@ -635,8 +639,9 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
 def build_wheel(package_dir: Path, say: Callable[[str], None]) -> str:
     dist = package_dir / "dist"
     say(f"building a wheel into {dist}")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
-                        "-w", str(dist), str(package_dir)], capture_output=True, text=True)
+    with step("pip wheel", say):
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-q",
+                            "-w", str(dist), str(package_dir)], capture_output=True, text=True)
     wheels = sorted(dist.glob("*.whl"))
     if r.returncode != 0 or not wheels:
         raise ForgeError(f"building the wheel failed:\n{(r.stdout + r.stderr)[-3000:]}",

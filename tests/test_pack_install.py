@@ -29,8 +29,11 @@ DRIVER = Path(__file__).resolve().parent / "pack" / "driver.py"
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("install")
     run = helpers.make_cpu_run(root / "run")
-    result = pack(run, root / "pkg", PKG, confirm=False, wheel=True)  # --wheel: pip wheel --no-build-isolation
+    said: list[str] = []
+    result = pack(run, root / "pkg", PKG, confirm=False, wheel=True, say=said.append)  # --wheel: pip wheel
     assert result.written and result.wheel and Path(result.wheel).parent == root / "pkg" / "dist"
+    # the wheel build (a compile: seconds) ends with its duration
+    assert any(line.startswith("  pip wheel: done in ") for line in said), said
     return root, Path(result.wheel)
 
 

@@ -228,11 +228,46 @@ def collect(run_dir: str | Path) -> tuple[list[Winner], list[dict]]:
                                                   f"{WIN_MARGIN:.2f}x needed to count as faster"})
                 continue
             base = Baseline.from_json(json.loads(row["baseline_json"])) if row["baseline_json"] else None
+            stats["within_noise"] = within_noise(conn, h.id, best, evaluation)
             winners.append(Winner(h, row["rank"], best, Candidate.from_json(node),
                                   evaluation, base, stats))
     finally:
         conn.close()
     return winners, dropped
+
+
+def within_noise(conn, hotspot_id: str, best_id: int, best: Evaluation) -> list[dict]:
+    """The other correct candidates of a hotspot that the winner is not faster than by more than the
+    measurement noise: a rerun, timing them again, could rank any of them first (the search keeps
+    the first found unless a later one is faster beyond the noise: mcts.replaces_best)."""
+    from forge_pack.core.winner import clearly_faster
+
+    if best.timing is None:
+        return []
+    out = []
+    for node_id, doc in run_queries.ok_evaluations(conn, hotspot_id):
+        ev = Evaluation.from_json(doc)
+        if node_id != best_id and ev.timing is not None and not clearly_faster(best.timing, ev.timing):
+            out.append({"node_id": node_id, "speedup": ev.speedup_vs_eager, "median_us": ev.timing.median_us})
+    return out
+
+
+def rerun_notes(winners: list[Winner]) -> list[str]:
+    """Why a rerun of the same model and budget may ship other kernels: for each winner, the
+    candidates measured within noise of it."""
+    notes = []
+    for w in winners:
+        near = w.stats.get("within_noise") or []
+        if not near:
+            continue
+        best = w.evaluation.speedup_vs_eager or 0.0
+        others = ", ".join(f"#{n['node_id']} {n['speedup']:.2f}x" for n in near[:4]) + (" ..." if len(near) > 4 else "")
+        notes.append(f"{w.hotspot.signature.pretty()}: the winner #{w.node_id} ({best:.2f}x) is within measurement "
+                     f"noise of {len(near)} other correct kernel{'s' if len(near) != 1 else ''} ({others}); the "
+                     "search keeps the first found unless a later one is faster beyond the noise, so a rerun "
+                     "that evaluates the same candidates ships the same one, but timings alone cannot tell them "
+                     "apart")
+    return notes
 
 
 # ------------------------------------------------------------------ the package
@@ -587,7 +622,7 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = out.parent / f".{out.name}.staging-{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
-    result = PackResult(True, "", str(out), name, dropped=dropped)
+    result = PackResult(True, "", str(out), name, dropped=dropped, notes=rerun_notes(winners))
     try:
         def stage_for(kept: list[Winner]) -> dict:
             shutil.rmtree(stage, ignore_errors=True)

@@ -64,18 +64,21 @@ def test_build_says_which_winners_are_within_noise_of_others(tmp_path):
     (note,) = rerun_notes(winners)
     assert note.startswith(f"{w.hotspot.signature.pretty()}: the winner #{w.node_id} "
                            f"({w.evaluation.speedup_vs_eager:.2f}x)")
-    assert "within measurement noise of 3 other correct kernels" in note and "a rerun" in note
+    assert "within measurement noise (or 10%) of 3 other correct kernels" in note and "a rerun" in note
 
 
 @pytest.mark.slow
 def test_two_cpu_searches_of_a_tiny_model_pick_the_same_winner(tmp_path, cli_env, forge_cmd):
-    """The real thing: the tiny router model searched twice on this CPU, budget 6."""
+    """The real thing: the tiny router model searched twice on this CPU, budget 6. The same winner, or
+    the build of one run names the other's winner as within its noise (the "or says why not")."""
     import sqlite3
+
+    from forge_pack.pack.packager import collect
 
     sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
     import helpers
 
-    best = []
+    best, close = [], []
     for i in range(2):
         run = tmp_path / f"r{i}"
         r = subprocess.run([*forge_cmd, "search", str(helpers.E2E_MODEL), "--device", "cpu", "--budget", "6",
@@ -84,8 +87,13 @@ def test_two_cpu_searches_of_a_tiny_model_pick_the_same_winner(tmp_path, cli_env
         assert r.returncode == 0, r.stderr[-4000:]
         conn = sqlite3.connect(run / "run.db")
         try:
-            best.append(conn.execute("SELECT n.family, n.params_json FROM hotspots h JOIN nodes n "
-                                     "ON n.id = h.best_node_id").fetchall())
+            params = dict(conn.execute("SELECT id, params_json FROM nodes").fetchall())
         finally:
             conn.close()
-    assert best[0] and best[0] == best[1]
+        winners = collect(run)[0]
+        if not winners:  # a slow shared CPU may find nothing faster: nothing to compare
+            pytest.skip("no kernel beat eager in one of the runs")
+        (w,) = winners
+        best.append(params[w.node_id])
+        close.append({params[n["node_id"]] for n in w.stats["within_noise"]})
+    assert best[0] == best[1] or best[1] in close[0] or best[0] in close[1], (best, close)

@@ -64,6 +64,12 @@ def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
     assert "-std=c++17" not in (out / "setup.py").read_text()
     info = json.loads((out / "cuda_pkg" / "_build_info.json").read_text())
     assert info["cuda_arch_list"] == "9.0" and info["nvcc"].split(".")[0] == info["cuda"].split(".")[0]
+    # deployable: the stable Python ABI where torch allows it, and no folder of this machine in the binary
+    (so,) = (out / "cuda_pkg").glob("_C*.so")
+    if info["python_abi"].endswith("-abi3"):
+        assert so.name == "_C.abi3.so"
+    binary = so.read_bytes()
+    assert str(tmp_path).encode() not in binary and str(Path.home()).encode() + b"/" not in binary
 
 
 def _big_signatures() -> list:

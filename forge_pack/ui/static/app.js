@@ -172,7 +172,8 @@ function renderHotspots() {
     el("td", { class: "num " + (h.speedup_vs_eager > 1 ? "good" : ""), text: fmtX(h.speedup_vs_eager) }),
     el("td", { class: "num " + (h.speedup_vs_compile > 1 ? "good" : ""), text: fmtX(h.speedup_vs_compile) }),
     el("td", { class: "num", text: fmtX(h.projected_model_speedup) }),
-    el("td", { class: "num", text: `${h.evaluations} / ${h.budget ?? "—"}` + (h.failures ? ` (${h.failures} failed)` : "") }),
+    el("td", { class: "num", title: h.planned_budget !== h.budget ? `budget ${h.planned_budget}` : "", text: `${h.evaluations} / ${h.budget ?? "—"}` + (h.failures ? ` (${h.failures} failed)` : "")
+      + (h.stop_reason === "exhausted" ? " · proposers ran dry" : h.stop_reason === "time_limit" ? " · time limit" : "") }),
     el("td", {}, h.status + (h.evaluating ? " ⟳" : "")),
     el("td", {}, link("tree", { view: "tree", hotspot: h.id }), " · ", link("candidates", { view: "candidates", hotspot: h.id })),
   ));

@@ -271,7 +271,8 @@ def rerun_notes(winners: list[Winner]) -> list[str]:
             continue
         best = w.evaluation.speedup_vs_eager or 0.0
         others = ", ".join(f"#{n['node_id']} {n['speedup']:.2f}x" for n in near[:4]) + (" ..." if len(near) > 4 else "")
-        notes.append(f"{w.hotspot.signature.pretty()}: the winner #{w.node_id} ({best:.2f}x) is within measurement "
+        notes.append(f"{w.hotspot.signature.pretty()}: the winner #{w.node_id} ({best:.2f}x in the search) is within "
+                     "measurement "
                      f"noise (or {100 * (RERUN_SPREAD - 1):.0f}%) of {len(near)} other correct "
                      f"kernel{'s' if len(near) != 1 else ''} ({others}): a rerun timing them again may ship "
                      "one of those instead (the search keeps the first found unless a later one is faster "

@@ -290,3 +290,17 @@ def test_verify_explains_a_large_relative_error_on_a_near_zero_reference(site):
     assert doc["line"].startswith("closest to its bound: |err| 3.0e-03 at ref 1.0e-04: bound atol 5.0e-03 + rtol "
                                   "1e-02 x |ref| = 5.0e-03 -> ok (60% of the bound); max rel err 6.0e-01 > rtol is "
                                   "at ref 1.0e-04, where |err| 3.0e-03 is within the absolute term 5.0e-03"), doc["line"]
+
+
+def test_verify_explains_a_failing_element_against_its_bound(site, tmp_path):
+    other = copy_site(site, tmp_path / "site")
+    path = other / PKG / "manifest.json"
+    doc = json.loads(path.read_text())
+    t = next(t for t in doc["targets"] if t["op"] == "layer_norm")
+    t["signature"]["params"] = [[k, 0.5 if k == "eps" else v] for k, v in t["signature"]["params"]]
+    path.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", PKG, "verify", "--random", "1"], capture_output=True, text=True,
+                       env=helpers.env_with(other), timeout=300)
+    lines = r.stdout.splitlines()
+    after_fail = [lines[i + 1] for i, line in enumerate(lines[:-1]) if " FAIL mismatch: " in line]
+    assert after_fail and all(re.search(r"-> out of tolerance \(\S+ the bound\)$", b) for b in after_fail), after_fail

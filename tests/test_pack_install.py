@@ -106,7 +106,8 @@ def test_wheel_is_built_for_the_chosen_cpu_isa(built):
     assert "-march=native" not in doc["build"]["cxx_flags"]
     assert info["cpu_isa"] == "x86-64-v3" and {"avx2", "fma", "sse4_2"} <= set(info["cpu_features"])
     readme = (built[0] / "pkg" / "README.md").read_text()
-    assert "## Deploy on another machine" in readme and f"torch **{doc['environment']['torch']}** exactly" in readme
+    assert "## Deploy on another machine" in readme
+    assert f"the kernels were measured with **{doc['environment']['torch']}**" in readme
     assert "CPU: one that implements x86-64-v3" in readme
 
 

@@ -107,10 +107,14 @@ def deploy_match(doc: dict) -> str:
     """The list of what a target machine must share with the build for the wheel to load there."""
     env, build = doc["environment"], doc["build"]
     cuda = doc["backend"] == "cuda"
-    torch_line = f"torch **{env['torch']}** exactly (the same release and build"
-    torch_line += (f", CUDA {env['cuda']}): the wheel requires it, and a CUDA build of torch comes from the "
-                   "PyTorch index (`pip install torch==... --index-url https://download.pytorch.org/whl/cuXYZ`)"
-                   if cuda and env.get("cuda") else "): the wheel requires it")
+    torch_line = ("torch: exactly the release and build the wheel requires (its `Requires-Dist: torch==...`, the "
+                  f"torch it was compiled against; the kernels were measured with **{env['torch']}**")
+    if cuda and env.get("cuda"):
+        tag = "cu" + str(env["cuda"]).replace(".", "")
+        torch_line += (f", CUDA {env['cuda']}); a CUDA build of torch comes from the PyTorch index, e.g. "
+                       f"`pip install torch==<version> --index-url https://download.pytorch.org/whl/{tag}`")
+    else:
+        torch_line += ")"
     items = [torch_line,
              "CPython: any version from torch's minimum on when the wheel is tagged `abi3` (the binding uses only "
              "Python's stable ABI), else the same CPython minor version as the build",
@@ -120,8 +124,8 @@ def deploy_match(doc: dict) -> str:
         items.append("CPU: one with every instruction-set feature of the build machine's CPU "
                      f"({env.get('cpu') or 'unknown'}); the code is compiled with -march=native")
     elif isa:
-        items.append(f"CPU: one that implements {isa} (-march={isa}); the features it needs are checked before "
-                     "loading")
+        items.append(f"CPU: one that implements {isa} (-march={isa}{', the C++ host code' if cuda else ''}); the "
+                     "features it needs are checked before loading")
     if cuda:
         items.append(f"GPU: compute capability {build['cuda_arch_list']} (the wheel holds code for that "
                      "architecture only, the one the kernels were verified on) and a driver for CUDA "

@@ -29,6 +29,8 @@ def test_forge_pack_build_on_cpu_then_install_apply_revert(tmp_path, cli_env, fo
     if not result["written"]:  # a slow shared CPU may find nothing faster: said plainly, no package
         assert "No faster kernel" in result["message"] and not out.exists()
         pytest.skip("no kernel beat eager on this machine: " + result["message"])
+    # every step of a few seconds or more says how long it took (forge_pack.core.progress_line)
+    assert "  confirming: done in " in r.stderr and "  whole-model check: done in " in r.stderr, r.stderr[-3000:]
     manifest = json.loads((out / "tiny_build" / "manifest.json").read_text())
     assert all(t["confirmed"] for t in manifest["targets"])
     m = manifest["model_result"]

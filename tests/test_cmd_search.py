@@ -288,3 +288,25 @@ def test_time_limit_and_timeout_must_be_positive(tmp_path, flags):
                        **flags)
     assert e.value.hint.startswith("e.g. --")
     assert not (tmp_path / "r").exists()
+
+
+def test_progress_bar_ends_full_when_the_proposers_run_dry(tmp_path):
+    """A budget of 8 with only 3 candidates to propose: the last line reads 3/3 and says why, not 3/8."""
+    import dataclasses
+
+    from forge_pack.search import pipeline
+    from search_fakes import ListProposer
+
+    points = [{"f": 0, "a": 1, "b": 1, "c": 0}, {"f": 0, "a": 2, "b": 1, "c": 0}, {"f": 0, "a": 1, "b": 2, "c": 0}]
+    tk = dataclasses.replace(fake_toolkit(), proposers=lambda config, backend, store: [ListProposer(points)])
+    stream = io.StringIO()
+    bar = ProgressBar(stream)
+    summary = pipeline.run(pipeline.RunConfig(model="m.py", budget=8, run_dir=str(tmp_path / "run")), toolkit=tk,
+                           say=bar.say, on_progress=bar.update, on_hotspot=bar.hotspot)
+    bar.done()
+    ran = [o.result.evaluations for o in summary.searched]
+    assert [o.result.stop_reason for o in summary.searched] == ["exhausted"] * len(ran)
+    bars = [line for line in stream.getvalue().splitlines() if line.startswith("  [")]
+    for n in ran:
+        assert any(f" {n}/{n} " in b and b.endswith(f"(the proposers ran dry: {n} of a budget of 8)") for b in bars), bars
+    assert bars[-1].split()[1] == f"{ran[-1]}/{ran[-1]}", bars

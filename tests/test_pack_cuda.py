@@ -64,6 +64,12 @@ def test_cuda_package_compiles_for_sm90_without_a_gpu(tmp_path):
     assert "-std=c++17" not in (out / "setup.py").read_text()
     info = json.loads((out / "cuda_pkg" / "_build_info.json").read_text())
     assert info["cuda_arch_list"] == "9.0" and info["nvcc"].split(".")[0] == info["cuda"].split(".")[0]
+    # deployable: the stable Python ABI where torch allows it, and no folder of this machine in the binary
+    (so,) = (out / "cuda_pkg").glob("_C*.so")
+    if info["python_abi"].endswith("-abi3"):
+        assert so.name == "_C.abi3.so"
+    binary = so.read_bytes()
+    assert str(tmp_path).encode() not in binary and str(Path.home()).encode() + b"/" not in binary
 
 
 def _big_signatures() -> list:
@@ -241,3 +247,26 @@ def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_
     print(res)
     assert res["applied"] and res["bitwise_after_revert"] and res["kernel_calls"]
     assert res["within_tolerance"], res
+
+
+@pytest.mark.gpu
+def test_cuda_wheel_installs_and_says_what_it_was_built_for(tmp_path):
+    """The deployment wheel of a CUDA package (--wheel): tagged abi3 where torch allows it, torch pinned
+    exactly, and `info` names its GPU architecture and loads the extension on this GPU."""
+    import zipfile
+
+    import torch
+
+    run = _cuda_run(tmp_path)
+    result = pack(run, tmp_path / "pkg", "cuda_whl", confirm=False, wheel=True, say=lambda s: None)
+    wheel = Path(result.wheel)
+    meta = zipfile.ZipFile(wheel).read("cuda_whl-0.1.0.dist-info/METADATA").decode()
+    assert f"Requires-Dist: torch=={torch.__version__}\n" in meta
+    r = helpers.pip_install(wheel, tmp_path / "site")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    r = subprocess.run([sys.executable, "-m", "cuda_whl", "info"], capture_output=True, text=True, timeout=300,
+                       env=helpers.env_with(tmp_path / "site"))
+    assert r.returncode == 0 and "extension: loaded" in r.stdout, r.stdout + r.stderr[-3000:]
+    major, minor = torch.cuda.get_device_capability()
+    assert f"GPU architectures: sm_{major}{minor} (compute capability {major}.{minor})" in r.stdout, r.stdout
+    assert "Python ABI " in r.stdout and f"torch {torch.__version__} (CUDA {torch.version.cuda})" in r.stdout

@@ -488,11 +488,15 @@ def test_run_passes_an_honest_package_and_prints_a_row_per_set(pv, tmp_path, mon
     assert lines[0].startswith("verification rules: forge_pack/evaluate/verdict_rules.py sha256 ")
     assert lines[0].endswith("(the build's final check); fresh and derived inputs seed 5; device cpu")
     assert lines[1] == ("an element passes when |out - ref| <= max(atol, eager allowance) + rtol * |ref| against "
-                        "float64; allowance: 2x eager PyTorch's own error at that magnitude")
+                        "float64; allowance: 2x eager PyTorch's own error at that magnitude. 'max rel' is "
+                        "|out - ref| / max(|ref|, atol): where |ref| is near zero the absolute term sets the bound, "
+                        "so a relative error above rtol passes there while the absolute error stays within it. "
+                        "Under each row: the element closest to its bound.")
     assert lines[2] == (f"{'target':<7} {'input':<24} {'max abs':>9} {'max rel':>9} {'atol':>9} {'allow<=':>9} "
                         f"{'rtol':>9} {'sentinel':>8}  result")
-    rows = lines[3:-1]
-    assert len(rows) == n and all(r.startswith("t0      ") and r.endswith("      no  PASS") for r in rows)
+    rows, bounds = lines[3:-1:2], lines[4:-1:2]  # each row, then its element closest to the bound
+    assert len(rows) == len(bounds) == n and all(r.startswith("t0      ") and r.endswith("      no  PASS") for r in rows)
+    assert all(b.startswith(" " * 33 + "closest to its bound: |err| ") and " -> ok (" in b for b in bounds), bounds
     assert rows[0].startswith("t0      fresh[0]                 ")
     assert lines[-1] == f"PASS: 1 kernel, 0 failing checks on cpu ({n} input sets, seed 5)"
 
@@ -758,7 +762,7 @@ def test_check_set_rows_start_empty(pv, monkeypatch):
     r = pv.check_set(target(), honest, "k", x_of(), "cpu")
     assert r == {"kind": "k", "max_abs": None, "max_rel": None, "atol": None, "rtol": None, "allowance": None,
                  "sentinel": False, "reason": "skipped",
-                 "detail": "eager PyTorch itself differs from float64 in NaN/Inf positions"}
+                 "detail": "eager PyTorch itself differs from float64 in NaN/Inf positions", "binding": None}
 
 
 def test_check_set_launch_error_row_keeps_the_empty_numbers(pv):

@@ -312,3 +312,78 @@ def test_5000_candidates_load_and_stay_responsive(tmp_path, watched):
         watched.clean()
     finally:
         s.close()
+
+
+def _cpu_run_with_long_moves(run_dir: Path) -> dict:
+    """A recorded run as a CPU search writes it (no dtype, env {"cpu_count": 2}), with one move far
+    longer than a table column and one passing check whose max rel err is far above its rtol."""
+    import json
+    import sqlite3
+
+    info = make_run(run_dir, n_candidates=24, seed=7)
+    conn = sqlite3.connect(run_dir / "run.db")
+    try:
+        conn.execute("UPDATE runs SET device='cpu', dtype=NULL, env_json=?",
+                     (json.dumps({"torch": "2.14.1", "cpu": "", "cpu_count": 2}),))
+        node = conn.execute("SELECT node_id, evaluation_json FROM evaluations WHERE ok=1 LIMIT 1").fetchone()
+        conn.execute("UPDATE nodes SET move=? WHERE id=?", ("rows_per_block 4->8 & " * 12 + "vector_width 4->8", node[0]))
+        ev = json.loads(node[1])
+        ev["verdict"]["checks"][0].update(max_abs_err=3e-3, max_rel_err=14.5, atol=5e-3, rtol=1e-2, passed=True)
+        conn.execute("UPDATE evaluations SET evaluation_json=? WHERE node_id=?", (json.dumps(ev), node[0]))
+        conn.commit()
+    finally:
+        conn.close()
+    return {**info, "node": node[0]}
+
+
+def test_cpu_run_header_has_no_empty_field(tmp_path, watched):
+    info = _cpu_run_with_long_moves(tmp_path)
+    s = Served(tmp_path, info)
+    try:
+        watched.open(s.base)
+        env = watched.page.locator("#h-env").inner_text()
+        fields = [f.strip() for f in env.split("·")]
+        assert fields == ["torch 2.14.1", "cpu", "cpu_count 2"], env  # no empty dtype, no empty "cpu" name
+        watched.clean()
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("width", [900, 1400])
+def test_candidates_table_stays_inside_its_card(tmp_path, watched, width):
+    info = _cpu_run_with_long_moves(tmp_path)
+    s = Served(tmp_path, info)
+    try:
+        watched.page.set_viewport_size({"width": width, "height": 800})
+        watched.open(s.base)
+        watched.go("#view=candidates", "#cand-table tbody tr")
+        box = watched.page.evaluate("""() => {
+            const table = document.querySelector('#cand-table'), wrap = table.parentElement;
+            const card = wrap.closest('.card').getBoundingClientRect(), w = wrap.getBoundingClientRect();
+            const move = [...document.querySelectorAll('#cand-table td.move')].map(td => td.getBoundingClientRect().width);
+            return {card_right: card.right, wrap_right: w.right, body: document.documentElement.scrollWidth,
+                    view: window.innerWidth, widest_move: Math.max(...move), table: table.scrollWidth};
+        }""")
+        assert box["wrap_right"] <= box["card_right"] + 0.5, box  # the table never spills out of its card
+        assert box["body"] <= box["view"], box  # and the page itself does not scroll sideways
+        assert box["widest_move"] <= 26 * 14, box  # the long move wraps (26em at 14px) instead of widening it
+        watched.clean()
+    finally:
+        s.close()
+
+
+def test_verification_card_explains_the_tolerance(tmp_path, watched):
+    info = _cpu_run_with_long_moves(tmp_path)
+    s = Served(tmp_path, info)
+    try:
+        watched.open(s.base)
+        watched.go(f"#view=node&node={info['node']}", "#checks tbody tr")
+        rule = watched.page.locator("#tol-rule").inner_text()
+        assert "max(atol, eager allowance) + rtol × |ref|" in rule and "near zero" in rule
+        why = watched.page.locator("#checks tbody tr").first.locator("td.why").inner_text()
+        assert why.startswith("max rel err 14.5 > rtol 0.01, ok: that element passes through the bound's absolute "
+                              "term, atol 0.005"), why
+        assert "below atol / rtol = 0.5" in why, why
+        watched.clean()
+    finally:
+        s.close()

@@ -461,3 +461,27 @@ def test_rejected_duplicate_reply_is_not_shown_as_producing_the_candidate(tmp_pa
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_summary_counts_a_search_that_ran_dry_as_complete(tmp_path):
+    """A hotspot whose proposers ran dry after fewer evaluations than its budget: its budget and the
+    header's total become what ran, so the dashboard's bars end full; the planned budget stays."""
+    import sqlite3
+
+    from forge_pack.ui import data
+
+    make_run(tmp_path, n_candidates=12, seed=3, hotspots=2)
+    conn = sqlite3.connect(tmp_path / "run.db")
+    conn.row_factory = sqlite3.Row
+    try:
+        hid = conn.execute("SELECT id FROM hotspots ORDER BY rank LIMIT 1").fetchone()[0]
+        conn.execute("UPDATE hotspots SET stop_reason='exhausted' WHERE id=?", (hid,))
+        conn.commit()
+        s = data.summary(conn)
+    finally:
+        conn.close()
+    dry = next(h for h in s["hotspots"] if h["id"] == hid)
+    other = next(h for h in s["hotspots"] if h["id"] != hid)
+    assert dry["budget"] == dry["evaluations"] == 6 and dry["planned_budget"] == 50
+    assert dry["stop_reason"] == "exhausted" and other["budget"] == other["planned_budget"] == 50
+    assert s["budget"] == 6 + 50

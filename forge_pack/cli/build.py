@@ -23,7 +23,8 @@ import typer
 from forge_pack.core.errors import ForgeError
 from forge_pack.evaluate.model_accuracy import describe
 from forge_pack.evaluate.compile_gate import summary_line
-from forge_pack.pack.packager import PackResult, check_name, check_out_dir, default_name, pack
+from forge_pack.pack.packager import (PackResult, check_cpu_isa, check_name, check_out_dir, default_cpu_isa,
+                                     default_name, pack)
 
 DEFAULT_BUDGET = 50
 
@@ -80,7 +81,7 @@ def format_result(r: PackResult, allow_no_gain: bool = False) -> str:
     for n in r.notes:
         lines.append(f"note: {n}")
     if r.wheel:
-        lines.append(f"Wheel: {r.wheel}")
+        lines.append(f"Wheel: {r.wheel}   (for another machine: see Deploy in {r.out_dir}/README.md)")
     lines.append(f"Install: pip install --no-build-isolation {r.out_dir}")
     lines.append(f"Use:     import {r.package}; {r.package}.apply(model)   (check: python -m {r.package} verify)")
     lines.append(f"     or: compiled = {r.package}.compile(model)   (torch.compile with the kernels that win compiled)")
@@ -144,13 +145,14 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                   timeout: Optional[float] = None, llm: Optional[str] = None, llm_budget_usd: Optional[float] = None,
                   llm_budget_tokens: Optional[int] = None, time_limit: Optional[float] = None,
                   allow_no_gain: bool = False, as_json: bool = False, toolkit=None, ui: dict | None = None,
-                  stdout: Callable[[str], None] = typer.echo, gpus: Optional[str] = None,
-                  ray: Optional[str] = None) -> PackResult:
+                  cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo,
+                  gpus: Optional[str] = None, ray: Optional[str] = None) -> PackResult:
     from forge_pack.cli.search import ProgressBar, device_overrides, format_summary
     from forge_pack.search.pipeline import RunConfig, load_config, run, with_overrides
     from forge_pack.store.vocabulary import RunStatus
 
     pkg = check_name(name or default_name(model))  # user errors first, before minutes of search
+    check_cpu_isa(cpu_isa)
     if budget is not None and budget < 1:
         raise ForgeError(f"--budget must be at least 1, got {budget}", "e.g. --budget 50")
     overrides = dict(budget=budget, seed=seed, workers=workers, parallel=workers, timeout_s=timeout, llm_model=llm,
@@ -192,7 +194,8 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
     else:
         bar.say(f"reusing the finished search in {run_dir} (no new search)")
         search_doc = _stored_summary(run_dir)
-    result = pack(config.run_dir, out, pkg, force=force, wheel=wheel, require_gain=not allow_no_gain, say=bar.say)
+    result = pack(config.run_dir, out, pkg, force=force, wheel=wheel, require_gain=not allow_no_gain, say=bar.say,
+                  cpu_isa=cpu_isa)
     _report(result, allow_no_gain, as_json, stdout, {"run_dir": config.run_dir, "search": search_doc})
     return result
 
@@ -210,12 +213,17 @@ def _report(result: PackResult, allow_no_gain: bool, as_json: bool, stdout: Call
 
 def pack_command(run_dir: Path, out: Path, *, name: Optional[str] = None, force: bool = False, wheel: bool = False,
                  confirm: bool = True, allow_no_gain: bool = False, as_json: bool = False,
-                 stdout: Callable[[str], None] = typer.echo) -> PackResult:
-    result = pack(run_dir, out, name, force=force, wheel=wheel, confirm=confirm, require_gain=not allow_no_gain)
+                 cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo) -> PackResult:
+    result = pack(run_dir, out, name, force=force, wheel=wheel, confirm=confirm, require_gain=not allow_no_gain,
+                  cpu_isa=cpu_isa)
     _report(result, allow_no_gain, as_json, stdout)
     return result
 
 
+WHEEL_HELP = ("Also build a wheel into OUT/dist for other machines: it pins the exact torch it was compiled "
+              "against, and is tagged abi3 (any CPython from torch's minimum on) where torch allows it.")
+CPU_ISA_HELP = (f"CPU instruction set the package's C++ code is compiled for (default {default_cpu_isa()}; "
+                "'native': this CPU only, checked before loading). Recorded in the manifest.")
 ALLOW_NO_GAIN_HELP = ("Write the package even when the whole-model check measures no end-to-end gain "
                       "(default: no package then, exit 0).")
 
@@ -234,7 +242,8 @@ def register(app: typer.Typer) -> None:
         dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
         budget: Optional[int] = typer.Option(None, "--budget",
                                              help=f"Evaluations per hotspot (default: {DEFAULT_BUDGET})."),
-        wheel: bool = typer.Option(False, "--wheel", help="Also build a wheel into OUT/dist."),
+        wheel: bool = typer.Option(False, "--wheel", help=WHEEL_HELP),
+        cpu_isa: Optional[str] = typer.Option(None, "--cpu-isa", help=CPU_ISA_HELP),
         force: bool = typer.Option(False, "--force", help="Replace OUT if forge-pack wrote it (or it is empty)."),
         run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Where the run store goes (default: runs/...)."),
         top: Optional[int] = typer.Option(None, "--top", min=1, help="Search the K largest hotspots (default: 3)."),
@@ -262,7 +271,7 @@ def register(app: typer.Typer) -> None:
                       run_dir=run_dir, from_run=from_run, top=top, min_share=min_share, seed=seed, workers=workers,
                       timeout=timeout, llm=llm, llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
                       time_limit=time_limit, allow_no_gain=allow_no_gain, as_json=as_json,
-                      ui=ui_options(with_ui, ui_port, allow_control), gpus=gpus, ray=ray)
+                      ui=ui_options(with_ui, ui_port, allow_control), cpu_isa=cpu_isa, gpus=gpus, ray=ray)
 
     @app.command("pack")
     def pack_cmd(
@@ -270,7 +279,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Directory to write the package into (must not exist)."),
         name: Optional[str] = typer.Option(None, "--name", help="Python name of the package (default: <model>_forge)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if forge-pack wrote it (or it is empty)."),
-        wheel: bool = typer.Option(False, "--wheel", help="Also build a wheel into OUT/dist."),
+        wheel: bool = typer.Option(False, "--wheel", help=WHEEL_HELP),
+        cpu_isa: Optional[str] = typer.Option(None, "--cpu-isa", help=CPU_ISA_HELP),
         no_confirm: bool = typer.Option(False, "--no-confirm",
                                         help="Skip re-verification in a fresh process and the whole-model check."),
         allow_no_gain: bool = typer.Option(False, "--allow-no-gain", help=ALLOW_NO_GAIN_HELP),
@@ -278,5 +288,5 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Package the winning kernels of an existing run."""
         pack_command(run_dir, out, name=name, force=force, wheel=wheel, confirm=not no_confirm,
-                     allow_no_gain=allow_no_gain, as_json=as_json)
+                     allow_no_gain=allow_no_gain, as_json=as_json, cpu_isa=cpu_isa)
 

@@ -141,8 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     if not result.written:
         return 0
     print(f"\n$ pip install --no-build-isolation {a.out}", flush=True)
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
-                        "--force-reinstall", "-q", a.out])
+    from forge_pack.core.progress_line import step
+
+    with step("pip install (compiling the kernels)", stream=sys.stdout):
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                            "--force-reinstall", "-q", a.out])
     if r.returncode != 0:
         return r.returncode
     print(f"\n$ python -m forge_pack.cli.demo show {name} {a.model} --device {a.device}", flush=True)

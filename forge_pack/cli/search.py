@@ -47,6 +47,10 @@ def fmt_x(v: float | None) -> str:
     return f"{v:.2f}x" if v is not None else "-"
 
 
+# How a search that ended short of its budget says so on its last progress line.
+ENDED_EARLY = {"exhausted": "the proposers ran dry", "time_limit": "time limit reached"}
+
+
 class ProgressBar:
     """One plain carriage-return bar per hotspot on stderr; a line every tenth of the budget when
     stderr is not a terminal (CI logs)."""
@@ -72,6 +76,9 @@ class ProgressBar:
         best = f"{p.best_speedup:.2f}x" if p.best_speedup is not None else "-"
         line = (f"  [{'#' * filled}{'.' * (self.width - filled)}] {p.evaluations}/{p.budget}  best {best}  "
                 f"failures {p.failures}  {p.elapsed_s:.0f}s")
+        ended = out.result.stop_reason if out.result is not None else None
+        if ended in ENDED_EARLY and p.evaluations >= p.budget:  # the pipeline's last update: the total that ran
+            line += f"  ({ENDED_EARLY[ended]}: {p.evaluations} of a budget of {out.result.budget})"
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K")
             self.stream.flush()

@@ -103,6 +103,36 @@ def compile_note(doc: dict) -> str:
             ).rstrip("; ") + "."
 
 
+def deploy_match(doc: dict) -> str:
+    """The list of what a target machine must share with the build for the wheel to load there."""
+    env, build = doc["environment"], doc["build"]
+    cuda = doc["backend"] == "cuda"
+    torch_line = ("torch: exactly the release and build the wheel requires (its `Requires-Dist: torch==...`, the "
+                  f"torch it was compiled against; the kernels were measured with **{env['torch']}**")
+    if cuda and env.get("cuda"):
+        tag = "cu" + str(env["cuda"]).replace(".", "")
+        torch_line += (f", CUDA {env['cuda']}); a CUDA build of torch comes from the PyTorch index, e.g. "
+                       f"`pip install torch==<version> --index-url https://download.pytorch.org/whl/{tag}`")
+    else:
+        torch_line += ")"
+    items = [torch_line,
+             "CPython: any version from torch's minimum on when the wheel is tagged `abi3` (the binding uses only "
+             "Python's stable ABI), else the same CPython minor version as the build",
+             f"operating system and architecture: {env['platform']} (the wheel's platform tag)"]
+    isa = build.get("cpu_isa")
+    if isa == "native":
+        items.append("CPU: one with every instruction-set feature of the build machine's CPU "
+                     f"({env.get('cpu') or 'unknown'}); the code is compiled with -march=native")
+    elif isa:
+        items.append(f"CPU: one that implements {isa} (-march={isa}{', the C++ host code' if cuda else ''}); the "
+                     "features it needs are checked before loading")
+    if cuda:
+        items.append(f"GPU: compute capability {build['cuda_arch_list']} (the wheel holds code for that "
+                     "architecture only, the one the kernels were verified on) and a driver for CUDA "
+                     f"{env.get('cuda') or 'of that torch'}")
+    return "\n\n" + "\n".join(f"- {i}" for i in items)
+
+
 def render(doc: dict) -> str:
     from forge_pack.evaluate.compile import templates_dir
 
@@ -127,7 +157,10 @@ def render(doc: dict) -> str:
                       "were verified on); nvcc's CUDA major version must match torch's. On any other GPU the "
                       "package loads nothing and the model runs unchanged.")
     else:
-        build_note = ("The kernels compile with " + " ".join(doc["build"]["cxx_flags"]) + " for this CPU (a C++ "
+        isa = doc["build"].get("cpu_isa")
+        target = ("this CPU only" if isa == "native" or (isa is None and "-march=native" in doc["build"]["cxx_flags"])
+                  else f"any CPU implementing {isa}" if isa else "this CPU")
+        build_note = ("The kernels compile with " + " ".join(doc["build"]["cxx_flags"]) + f", for {target} (a C++ "
                       "compiler with OpenMP is needed).")
     paths = sorted({p for t in doc["targets"] for p in t["call_paths"]})
     text = (templates_dir() / "package" / "README.md").read_text()
@@ -136,4 +169,4 @@ def render(doc: dict) -> str:
         model_hash_short=(doc["model"]["sha256"] or "unknown")[:12], forge_url=FORGE_URL,
         forge_version=doc["forge_pack_version"], measured_on=where, summary=summary,
         target_table=target_table(doc), model_table=model_table(doc), retimed=retimed(doc), dropped=dropped,
-        install_path=".", build_note=build_note, compile_note=compile_note(doc), paths=", ".join(f"`{p}`" for p in paths) or "none")
+        install_path=".", build_note=build_note, deploy_match=deploy_match(doc), compile_note=compile_note(doc), paths=", ".join(f"`{p}`" for p in paths) or "none")

@@ -94,6 +94,20 @@ def reward_of(evaluation: Any, failure_reward: float = FAILURE_REWARD) -> float:
     return min(max(math.log(speedup), failure_reward), MAX_REWARD)
 
 
+def replaces_best(new: "Node", best: "Node") -> bool:
+    """A later candidate takes the best's place only when it is faster by more than the measurement
+    noise of the two timings (core.winner.clearly_faster), so that a rerun measuring the same
+    candidates in the same order keeps the same best though its timings differ a little; without
+    timings, the higher speedup."""
+    from forge_pack.core.winner import clearly_faster
+
+    if (new.speedup or 0.0) <= (best.speedup or 0.0):
+        return False
+    a = new.evaluation.timing if new.evaluation is not None else None
+    b = best.evaluation.timing if best.evaluation is not None else None
+    return a is None or b is None or clearly_faster(a, b)
+
+
 @dataclass(eq=False)
 class Node:
     id: int
@@ -347,7 +361,7 @@ class _Search:
         self.done += 1
         if not evaluation.verdict.ok:
             self.failures += 1
-        elif node.speedup is not None and (self.best is None or node.speedup > (self.best.speedup or 0)):
+        elif node.speedup is not None and (self.best is None or replaces_best(node, self.best)):
             self.best = node
         for n in node.path():
             n.visits += 1

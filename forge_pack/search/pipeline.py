@@ -24,6 +24,7 @@ from typing import Callable
 
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.errors import ForgeError
+from forge_pack.core.progress_line import step
 from forge_pack.core.verdict import Baseline, Evaluation
 from forge_pack.search.config import RunConfig, load_config, save_config, stored_llm_model, with_overrides
 from forge_pack.search.devices import slots_of
@@ -245,6 +246,12 @@ def _search_one(r: _Run, out: HotspotOutcome, spent_s: float, on_progress: OnPro
                                 backend=r.backend, root_candidates=r.tk.roots(h, r.backend),
                                 gpu=gpu_info(r.env, baseline, evaluator), run_dir=r.run_dir,
                                 on_progress=progress_cb, started_at=r.started_at, spent_s=spent_s)
+    res = out.result
+    if progress_cb and res.evaluations < res.budget and res.stop_reason != StopReason.STOPPED:
+        # the search ended short of its budget (proposers ran dry, time limit): the bar's total becomes
+        # what actually ran, and out.result.stop_reason says why
+        progress_cb(Progress(res.evaluations, res.evaluations, res.failures,
+                             res.best.speedup if res.best is not None else None, 0, res.search_s))
 
 
 def _baseline(r: _Run, out: HotspotOutcome) -> Baseline | None:
@@ -255,7 +262,8 @@ def _baseline(r: _Run, out: HotspotOutcome) -> Baseline | None:
         return stored
     r.say(f"timing eager and torch.compile: {h.signature.pretty()}")
     try:
-        baseline = r.evaluator.get().baseline(h)  # type: ignore[union-attr]
+        with step("timing eager and torch.compile", r.say):
+            baseline = r.evaluator.get().baseline(h)  # type: ignore[union-attr]
     except ForgeError:
         raise
     except Exception as e:  # noqa: BLE001 - one bad hotspot must not end the run

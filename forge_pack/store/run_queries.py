@@ -50,6 +50,13 @@ def verdict_reasons(conn: sqlite3.Connection, hotspot_id: str) -> list[str]:
                                        (hotspot_id,))]
 
 
+def ok_evaluations(conn: sqlite3.Connection, hotspot_id: str) -> list[tuple[int, dict]]:
+    """(node id, Evaluation.to_json()) of every correct candidate of a hotspot, in node order."""
+    rows = conn.execute("SELECT node_id, evaluation_json FROM evaluations WHERE hotspot_id=? AND ok=1 "
+                        "ORDER BY node_id", (hotspot_id,)).fetchall()
+    return [(int(r[0]), _loads(r[1])) for r in rows]
+
+
 def candidate_json(conn: sqlite3.Connection, node_id: int) -> dict | None:
     """A node's Candidate.to_json(); None for no such node."""
     row = conn.execute("SELECT candidate_json FROM nodes WHERE id=?", (node_id,)).fetchone()

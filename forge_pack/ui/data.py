@@ -18,7 +18,7 @@ from typing import Any
 from forge_pack.search.mcts import SearchConfig
 from forge_pack.store import dashboard_queries as q
 from forge_pack.store import run_queries
-from forge_pack.store.vocabulary import NodeStatus, RunStatus
+from forge_pack.store.vocabulary import NodeStatus, RunStatus, StopReason
 
 # A running run whose heartbeat is older than this is shown as stalled (crashed or hung).
 # The search heartbeats every few seconds; two minutes leaves room for a slow compile.
@@ -115,6 +115,9 @@ def projected_speedup(parts: list[tuple[float, float | None]]) -> float:
     return 1.0 / new_time if new_time > 0 else 1.0
 
 
+ENDED_SHORT = (StopReason.EXHAUSTED, StopReason.TIME_LIMIT)
+
+
 def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
     """Run header, verdict counts, LLM totals and the hotspot leaderboard."""
     now = time.time() if now is None else now
@@ -152,7 +155,11 @@ def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
         rows.append({
             "id": h["id"], "rank": h["rank"], "op": h["op"], "pretty": h["pretty"], "time_share": _num(h["time_share"]),
             "calls_per_forward": hs.get("calls_per_forward"), "call_paths": hs.get("call_paths", []),
-            "status": h["status"], "budget": h["budget"], "evaluations": n_eval, "failures": n_fail or 0,
+            # a search that ended short of its budget (proposers dry, time limit) counts what ran, so the
+            # header's bar reaches its end instead of stopping at 5/8
+            "status": h["status"], "budget": n_eval if h["stop_reason"] in ENDED_SHORT else h["budget"],
+            "planned_budget": h["budget"], "stop_reason": h["stop_reason"],
+            "evaluations": n_eval, "failures": n_fail or 0,
             "evaluating": evaluating.get(h["id"], 0),
             "eager_us": eager, "compile_us": compiled, "floor_us": _num(base.get("floor_us")),
             "best_node_id": b["node_id"] if b else None, "best_us": _num(b["median_us"]) if b else None,

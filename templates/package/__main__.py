@@ -98,6 +98,8 @@ def cmd_info(args) -> int:
     print(f"measured on: {where}{cc}, torch {env['torch']}{cuda}")
     here = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA GPU"
     print(f"this machine: torch {torch.__version__}, {here}")
+    for line in build_lines(m, _PATCHER.build_info):
+        print(line)
     print(f"extension: {'loaded' if loaded else 'NOT loaded: ' + str(_PATCHER.load_error)}")
     print(f"figures: {state}: {message}")
     edited = state == "edited"
@@ -119,6 +121,25 @@ def cmd_info(args) -> int:
                   f"eager {acc['eager_max_error']:.3g}, "
                   f"patched {acc['patched_max_error']:.3g} (tolerance basis: {acc['basis']})")
     return 0
+
+
+def build_lines(m: dict, built: dict) -> list[str]:
+    """What the installed extension was compiled for: torch, Python ABI, CPU instruction set, GPU
+    architectures (from _build_info.json, written by setup.py, and the manifest's build record)."""
+    b = m["build"]
+    if not built:
+        return ["built for: unknown (no _build_info.json: the extension was not built by this package's setup.py)"]
+    cuda = f" (CUDA {built['cuda']})" if built.get("cuda") and m["backend"] == "cuda" else ""
+    abi = built.get("python_abi") or "unknown"
+    abi_text = (f"{abi} (CPython {abi[2]}.{abi[3:].split('-')[0]} and later)" if abi.endswith("-abi3")
+                else f"{abi} (this CPython only)")
+    isa = built.get("cpu_isa") or b.get("cpu_isa") or "compiler default"
+    lines = [f"built for: torch {built.get('torch')}{cuda}, Python ABI {abi_text}, CPU ISA {isa}"]
+    if m["backend"] == "cuda":
+        archs = built.get("cuda_arch_list") or b.get("cuda_arch_list") or ""
+        lines.append("GPU architectures: " + ", ".join(f"sm_{a.replace('.', '')}" for a in archs.split())
+                     + f" (compute capability {archs})")
+    return lines
 
 
 def cmd_export(args) -> int:

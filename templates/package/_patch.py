@@ -327,7 +327,7 @@ class Patcher:
             return (f"the extension was built against torch {built} but this is torch {torch.__version__}; "
                     f"reinstall the package: pip install --no-build-isolation --force-reinstall <package dir>")
         if self.backend != "cuda":
-            return _missing_cpu_features(self.build_info.get("cpu_features"))
+            return _missing_cpu_features(self.build_info.get("cpu_features"), self.build_info.get("cpu_isa") or "native")
         if torch.version.cuda is None:
             return "the kernels are CUDA kernels but this torch build has no CUDA"
         if not torch.cuda.is_available():
@@ -719,9 +719,10 @@ _ISA = re.compile(r"^(sse|ssse|avx|fma|f16c|bmi|popcnt|movbe|aes|vaes|pclmul|vpc
                   r"i8mm|bf16|fphp)")
 
 
-def _missing_cpu_features(built: list | None) -> str | None:
-    """Why a -march=native extension built on another CPU cannot run here (it would die on an illegal
-    instruction rather than fall back), else None."""
+def _missing_cpu_features(built: list | None, isa: str = "native") -> str | None:
+    """Why an extension compiled for instruction set `isa` (-march=native: the build CPU's; x86-64-v3,
+    ...: that level's) cannot run here (it would die on an illegal instruction rather than fall back),
+    else None."""
     if not built:
         return None
     try:
@@ -734,7 +735,7 @@ def _missing_cpu_features(built: list | None) -> str | None:
     missing = sorted(f for f in set(built) - set(m.group(1).split()) if _ISA.match(f))
     if not missing:
         return None
-    return (f"the extension was compiled for another CPU (-march=native) with instructions this CPU lacks "
+    return (f"the extension was compiled for another CPU (-march={isa}) with instructions this CPU lacks "
             f"({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}); reinstall the package from its "
             f"sources on this machine: pip install --no-build-isolation --force-reinstall <package dir>")
 

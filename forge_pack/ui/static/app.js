@@ -127,11 +127,11 @@ function renderHeader() {
   if (env.cuda) parts.push("CUDA " + env.cuda);
   if (env.driver) parts.push("driver " + env.driver);
   if (env.host) parts.push("host " + env.host);
-  if (run.device) parts.push(`${run.device} · ${run.dtype || ""}`);
+  if (run.device) parts.push(run.dtype ? `${run.device} ${run.dtype}` : run.device);  // no dtype: no empty field
   for (const [k, v] of Object.entries(env)) {
-    if (!["gpu", "gpu_name", "compute_capability", "torch", "cuda", "driver", "host"].includes(k) && (typeof v === "string" || typeof v === "number")) parts.push(`${k} ${v}`);
+    if (!["gpu", "gpu_name", "compute_capability", "torch", "cuda", "driver", "host"].includes(k) && ((typeof v === "string" && v.trim()) || fin(v))) parts.push(`${k} ${v}`);
   }
-  $("h-env").textContent = parts.join("  ·  ");
+  $("h-env").textContent = parts.filter((p) => p && p.trim()).join("  ·  ");
   $("h-evals").textContent = `${fmtInt(s.evaluations)} / ${fmtInt(s.budget)}` + (s.evaluating ? ` (+${s.evaluating} running)` : "");
   $("h-evals-bar").style.width = (s.budget ? Math.min(100, (100 * s.evaluations) / s.budget) : 0) + "%";
   let elapsed = run.elapsed_s;
@@ -172,7 +172,8 @@ function renderHotspots() {
     el("td", { class: "num " + (h.speedup_vs_eager > 1 ? "good" : ""), text: fmtX(h.speedup_vs_eager) }),
     el("td", { class: "num " + (h.speedup_vs_compile > 1 ? "good" : ""), text: fmtX(h.speedup_vs_compile) }),
     el("td", { class: "num", text: fmtX(h.projected_model_speedup) }),
-    el("td", { class: "num", text: `${h.evaluations} / ${h.budget ?? "—"}` + (h.failures ? ` (${h.failures} failed)` : "") }),
+    el("td", { class: "num", title: h.planned_budget !== h.budget ? `budget ${h.planned_budget}` : "", text: `${h.evaluations} / ${h.budget ?? "—"}` + (h.failures ? ` (${h.failures} failed)` : "")
+      + (h.stop_reason === "exhausted" ? " · proposers ran dry" : h.stop_reason === "time_limit" ? " · time limit" : "") }),
     el("td", {}, h.status + (h.evaluating ? " ⟳" : "")),
     el("td", {}, link("tree", { view: "tree", hotspot: h.id }), " · ", link("candidates", { view: "candidates", hotspot: h.id })),
   ));
@@ -458,7 +459,7 @@ function renderCandidates() {
   const body = c.items.map((it) => el("tr", { class: "click", "data-node": it.id, onclick: () => openNode(it.id) },
     el("td", { class: "mono" }, "#" + it.id, it.best ? el("span", { class: "star", title: "best of its hotspot", text: " ★" }) : null),
     el("td", { title: it.hotspot_id, text: (hotspotById(it.hotspot_id) || {}).op || it.hotspot_id }),
-    el("td", { text: it.depth }), el("td", { class: "mono small", text: it.move }), el("td", {}, chip(it.verdict)),
+    el("td", { text: it.depth }), el("td", { class: "mono small move", title: it.move, text: it.move }), el("td", {}, chip(it.verdict)),
     el("td", { class: "num " + (it.speedup_vs_eager > 1 ? "good" : ""), text: fmtX(it.speedup_vs_eager) }), el("td", { class: "num", text: fmtX(it.speedup_vs_compile) }),
     el("td", { class: "num", text: fmtUs(it.median_us) }), el("td", { class: "num", text: fmtUs(it.iqr_us) }), el("td", { class: "num", text: fmtNum(it.max_abs_err) }),
     el("td", { class: "num", text: it.visits }), el("td", { class: "detail", title: it.detail, text: it.detail })));
@@ -470,7 +471,8 @@ function renderCandidates() {
   root.replaceChildren(el("div", { class: "card" },
     el("div", { class: "toolbar" }, el("label", { text: "hotspot" }), hs, el("label", { text: "verdict" }), vs, el("label", { text: "depth" }), ds,
       el("label", { for: "f-best", title: "candidates that raised their hotspot's best speedup (★ = best)" }, best, " best only")),
-    el("table", { id: "cand-table" }, el("thead", {}, head), el("tbody", {}, body)), pager));
+    // the table scrolls inside its card rather than spilling out of it on a narrow window
+    el("div", { class: "table-wrap", id: "cand-wrap" }, el("table", { id: "cand-table" }, el("thead", {}, head), el("tbody", {}, body))), pager));
 }
 
 // ---------------------------------------------------------------- candidate detail
@@ -493,6 +495,22 @@ function compactJson(v) {
   return JSON.stringify(v, null, 2).replace(/\[\s+([^[\]{}]*?)\s+\]/g, (m, inner) => "[" + inner.split(/,\s+/).join(", ") + "]");
 }
 function kv(pairs) { return el("dl", { class: "kv" }, pairs.filter((p) => p).flatMap(([k, v]) => [el("dt", { text: k }), el("dd", {}, v instanceof Node ? v : String(v ?? "—"))])); }
+// The verification rule in words (forge_pack/evaluate/verdict_rules.py compare), shown with every verdict.
+const TOLERANCE_RULE = "An element passes when |out − ref| ≤ max(atol, eager allowance) + rtol × |ref| (ref: float64; "
+  + "allowance: 2× eager PyTorch's own error at that magnitude). Max rel err is |out − ref| / max(|ref|, atol): "
+  + "where |ref| is near zero the atol term sets the bound, so a large relative error there passes as long as the "
+  + "absolute error stays within atol.";
+// One check's numbers explained: which term of the bound lets it pass (or by how much it failed).
+function explainCheck(c) {
+  if (!fin(c.atol) || !fin(c.rtol)) return "";
+  const knee = c.rtol > 0 ? c.atol / c.rtol : Infinity;  // |ref| where atol and rtol·|ref| are equal
+  if (!c.passed) return c.mismatches ? `${fmtInt(c.mismatches)} element(s) beyond atol ${fmtNum(c.atol)} + rtol ${fmtNum(c.rtol)} × |ref|` : "";
+  if (fin(c.max_rel_err) && c.max_rel_err > c.rtol) {
+    return `max rel err ${fmtNum(c.max_rel_err)} > rtol ${fmtNum(c.rtol)}, ok: that element passes through the bound's `
+      + `absolute term, atol ${fmtNum(c.atol)} (or eager's allowance), which dominates where |ref| is small (below atol / rtol = ${fmtNum(knee)})`;
+  }
+  return `within rtol ${fmtNum(c.rtol)} × |ref| everywhere (max rel err ${fmtNum(c.max_rel_err)})`;
+}
 function renderNode() {
   const root = $("view-node"), n = S.node;
   if (!n) { root.replaceChildren(el("p", { class: "muted", text: "loading candidate…" })); return; }
@@ -519,11 +537,13 @@ function renderNode() {
   const verify = el("div", { class: "card" }, el("h2", { text: "Verification" }),
     v ? [el("div", {}, v.ok ? el("span", { class: "pass", text: "passed" }) : el("span", { class: "failtxt", text: v.reason }),
       el("span", { class: "muted", text: `   max abs err ${fmtNum(v.max_abs_err)} · max rel err ${fmtNum(v.max_rel_err)}` })),
+    el("p", { class: "small muted", id: "tol-rule", text: TOLERANCE_RULE }),
     v.detail ? el("pre", { class: "block", id: "verdict-detail", text: v.detail }) : null,
-    (v.checks || []).length ? el("table", { id: "checks" }, el("thead", {}, el("tr", {}, ["input", "result", "max abs", "max rel", "atol", "rtol", "mismatches", "NaN", "Inf", "first mismatch"].map((h) => el("th", { text: h })))),
+    (v.checks || []).length ? el("div", { class: "table-wrap" }, el("table", { id: "checks" }, el("thead", {}, el("tr", {}, ["input", "result", "max abs", "max rel", "atol", "rtol", "mismatches", "NaN", "Inf", "why", "first mismatch"].map((h) => el("th", { text: h })))),
       el("tbody", {}, v.checks.map((c) => el("tr", {}, el("td", { class: "mono small", text: c.input_kind }), el("td", {}, c.passed ? el("span", { class: "pass", text: "pass" }) : el("span", { class: "failtxt", text: "FAIL" })),
         el("td", { class: "num", text: fmtNum(c.max_abs_err) }), el("td", { class: "num", text: fmtNum(c.max_rel_err) }), el("td", { class: "num", text: fmtNum(c.atol) }), el("td", { class: "num", text: fmtNum(c.rtol) }),
-        el("td", { class: "num", text: fmtInt(c.mismatches) }), el("td", { class: "num", text: fmtInt(c.nan_count) }), el("td", { class: "num", text: fmtInt(c.inf_count) }), el("td", { class: "mono small", text: c.first_mismatch || "" })))))
+        el("td", { class: "num", text: fmtInt(c.mismatches) }), el("td", { class: "num", text: fmtInt(c.nan_count) }), el("td", { class: "num", text: fmtInt(c.inf_count) }),
+        el("td", { class: "small why", text: explainCheck(c) }), el("td", { class: "mono small", text: c.first_mismatch || "" }))))))
       : el("p", { class: "muted", text: "no per-input checks recorded" })] : el("p", { class: "muted", text: "not evaluated yet" }));
   const res = ev && ev.resources && ev.resources.length ? el("table", { id: "resources" }, el("thead", {}, el("tr", {}, ["kernel", "registers", "spill stores", "spill loads", "shared mem", "stack"].map((h, i) => el("th", { class: i ? "num" : null, text: h })))),
     el("tbody", {}, ev.resources.map((k) => el("tr", {}, el("td", { class: "mono", text: k.name }), ...["registers", "spill_stores", "spill_loads", "smem_bytes", "stack_bytes"].map((f) =>

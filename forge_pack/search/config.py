@@ -35,6 +35,7 @@ class RunConfig:
     llm_budget_usd: float | None = None
     llm_budget_tokens: int | None = None
     search: dict = field(default_factory=dict)  # SearchConfig overrides (exploration, widen_c, ...)
+    regions: bool = False  # search the graph's regions (fused chains) instead of single ops
 
     def search_config(self) -> SearchConfig:
         return SearchConfig(budget=self.budget, time_limit_s=self.time_limit_s, parallel=self.parallel,

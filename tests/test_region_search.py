@@ -119,3 +119,38 @@ def test_view_strides_follow_torch():
     assert view_strides((2, 6), (6, 1), (2, 2, 3)) == (6, 3, 1)
     assert view_strides((4, 3), (1, 4), (12,)) is None  # a transposed tensor flattens only by copy
     assert view_strides((8, 4), (0, 1), (2, 4, 4)) == (0, 0, 1)
+
+
+def test_search_regions_end_to_end_stores_resumes_and_packs_the_region(tmp_path, monkeypatch):
+    """`search --regions` on a model: the region is a hotspot named by its signature, its winner is
+    stored, a resumed run re-searches nothing, and pack writes its form, entry op and ABI."""
+    import json
+
+    from forge_pack.pack.packager import pack
+    from forge_pack.search.pipeline import RunConfig, run
+    from forge_pack.store.run_store import Store
+
+    monkeypatch.setenv("FORGE_PACK_CPU_THREADS", "1")
+    model = str(Path(__file__).resolve().parent / "models" / "regions" / "conv_bn_block.py")
+    run_dir = tmp_path / "run"
+    config = RunConfig(model=model, device="cpu", budget=2, top=1, run_dir=str(run_dir), regions=True,
+                       )
+    summary = run(config, quiet=True, say=lambda s: None)
+    searched = [o for o in summary.outcomes if not o.skipped]
+    assert [o.hotspot.op for o in searched] == ["region"]
+    region = searched[0].hotspot.extra["region"]
+    assert searched[0].hotspot.id == region["name"] and region["name"].startswith("batch_norm_")
+    assert searched[0].hotspot.captures  # the real inputs, saved from the graph's own run
+    with Store(run_dir) as store:
+        ids = {r["id"] for r in store.hotspots()}
+    assert region["name"] in ids
+    again = run(config, resume=True, quiet=True, say=lambda s: None)
+    assert [o.hotspot.id for o in again.outcomes if not o.skipped] == [region["name"]]
+    if not summary.winners:
+        pytest.skip("no kernel beat eager on this machine: nothing to pack")
+    res = pack(run_dir, tmp_path / "pkg", confirm=False, say=lambda s: None)
+    assert res.ok, res.message
+    entry = res.targets[0]["region"]
+    assert entry["inputs"] == [f"in{k}" for k in range(len(entry["form"]["inputs"]))]
+    assert entry["entry"].endswith("::t0") and entry["name"] == region["name"]
+    assert json.loads(entry["key"]) == entry["form"]

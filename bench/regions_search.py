@@ -1,13 +1,13 @@
 """Search generated kernels for a model's regions and compare them with Inductor's fused kernel.
 
-    python bench/regions_search.py MODEL.py [--device cuda] [--top 6] [--budget 12] [--time-limit 40]
+    python bench/regions_search.py MODEL.py [--device cuda] [--top 5] [--budget 10] [--time-limit 30]
         [--out BASE]
     python bench/regions_search.py --merge A.json B.json ... [--out BASE]
 
 On the H200, one seed model per device call (FORGE_BENCH_SMALL unset: the real sizes), then the merge:
 
-    python bench/regions_search.py bench/models/resnet50.py --device cuda --top 6 --budget 12 \
-        --time-limit 40 --out $OUT/regions_resnet50        # ~6 x (compile baseline + 40 s) < 9 min
+    FORGE_BENCH_DEVICE=cuda python bench/regions_search.py bench/models/resnet50.py --device cuda --top 5 --budget 10 \
+        --time-limit 30 --out $OUT/regions_resnet50        # capture ~2 min + 5 x (compile baseline + 30 s) < 9 min
     (the same for sd35_vae_decode, gemma4_prefill, qwen35_moe_prefill)
     python bench/regions_search.py --merge regions_*.json  # -> bench/results/regions.{md,json}
 
@@ -95,9 +95,9 @@ def main() -> None:
     p.add_argument("--merge", nargs="+", default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
-    p.add_argument("--top", type=int, default=6)  # 6 regions x (compile baseline + time limit) fits one 9-min call
-    p.add_argument("--budget", type=int, default=12)
-    p.add_argument("--time-limit", type=float, default=40.0)
+    p.add_argument("--top", type=int, default=5)  # 5 regions x (compile baseline + time limit) fits one 9-min call
+    p.add_argument("--budget", type=int, default=10)
+    p.add_argument("--time-limit", type=float, default=30.0)
     p.add_argument("--min-share", type=float, default=0.01)  # the issue's bar: regions above 1% of the time
     p.add_argument("--run-dir", default=None)
     p.add_argument("--out", default=None)

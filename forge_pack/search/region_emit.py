@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, contiguous
 
-MAX_REDUCTIONS = 4  # passes the skeletons unroll (layer/group norm: 2, softmax: 2)
+MAX_REDUCTIONS = 8  # passes the skeletons unroll (layer/group norm: 2, softmax: 2; 4 log_softmax of one row: 8)
 CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16", "bool": "bool",
              "int64": "long long", "int32": "int", "uint8": "unsigned char", "int8": "signed char",
              "float64": "double"}

@@ -384,7 +384,13 @@ class Lowering:
     # -- the ops
     def lower(self) -> Program:
         for entry in self.form["ops"]:
-            self.made.append(self.op(entry["op"], entry["args"], entry["kwargs"]))
+            try:
+                self.made.append(self.op(entry["op"], entry["args"], entry["kwargs"]))
+            except Uncovered:
+                raise
+            except (TypeError, IndexError, KeyError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # arguments spelled unlike the table expects: reported as data, never a crash
+                raise Uncovered(f"not covered: {entry['op']} with these arguments ({type(e).__name__}: {e})") from e
         out = self.made[-1]
         if not isinstance(out, Val):
             raise Uncovered("the region's output is not one tensor")
@@ -393,7 +399,15 @@ class Lowering:
     def op(self, op: str, args: list, kwargs: dict) -> Any:
         name = base(op)
         if name == "getitem":
-            return self.arg(args[0])[args[1]]
+            seq = self.arg(args[0])
+            if not isinstance(seq, tuple):
+                raise Uncovered("not covered: an element of a tuple made outside the region")
+            if seq[args[1]] is None:
+                raise Uncovered(f"not covered: output {args[1]} of {name}'s producer")
+            return seq[args[1]]
+        if name.endswith("_") and not name.startswith("_"):
+            name = name[:-1]  # an in-place op inside a region computes what its functional form does
+            op = op.replace(f".{name}_.", f".{name}.")
         if name in _IDENTITY or (name == "_to_copy" and "dtype" not in kwargs) or name == "to" and len(args) == 1:
             return self.arg(args[0])
         if name in ("_to_copy", "to", "type_as", "_convert_element_type", "convert_element_type"):
@@ -418,6 +432,10 @@ class Lowering:
             return self.softmax_op(name, args, kwargs)
         if name in ("layer_norm", "native_layer_norm"):
             return self.layer_norm_op(name, args)
+        if name in ("zeros_like", "ones_like", "full_like", "full", "zeros", "ones", "scalar_tensor"):
+            return self.constant_op(name, args, kwargs)
+        if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d") and list(args[1]) == [1, 1]:
+            return self.reduction_op("mean", [args[0], [-2, -1], True], {})
         if name in ("group_norm", "native_group_norm"):
             return self.group_norm_op(name, args)
         if name in ("_native_batch_norm_legit_no_training", "batch_norm", "native_batch_norm",
@@ -468,6 +486,23 @@ class Lowering:
         if name in ("add", "sub") and alpha not in (None, 1):
             template = template.replace("{a1}", f"({_const(alpha)} * {{a1}})")
         return _combine(template, vals, dtype)
+
+    def constant_op(self, name: str, args: list, kwargs: dict) -> Val:
+        """A tensor of one value (zeros_like, full ...): a constant broadcast to its shape."""
+        dt = kwargs.get("dtype")
+        dtype = dt["dtype"] if isinstance(dt, dict) and "dtype" in dt else "float32"
+        if name in ("zeros_like", "ones_like", "full_like"):
+            like = self.arg(args[0])
+            shape, dtype = like.shape, (dtype if isinstance(dt, dict) else like.dtype)
+            value = {"zeros_like": 0.0, "ones_like": 1.0}.get(name, args[1] if len(args) > 1 else 0.0)
+        elif name == "scalar_tensor":
+            shape, value = (), args[0]
+        else:
+            shape = tuple(args[0])
+            value = {"zeros": 0.0, "ones": 1.0}.get(name, args[1] if len(args) > 1 else 0.0)
+        if _is_ref(value):
+            raise Uncovered(f"not covered: {name} of a tensor value")
+        return Val(tuple(int(x) for x in shape), tuple(int(x) for x in shape), _const(value), [], dtype)
 
     def view_op(self, name: str, args: list) -> Val:
         v = self.arg(args[0])
@@ -558,8 +593,11 @@ class Lowering:
 
     def group_norm_op(self, name: str, args: list) -> Any:
         x = self.arg(args[0])
-        if name == "group_norm":
-            groups, w, b, eps = args[1], self.arg(args[2]), self.arg(args[3]), args[4]
+        if name == "group_norm":  # group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn)
+            groups = args[1]
+            w = self.arg(args[2]) if len(args) > 2 else None
+            b = self.arg(args[3]) if len(args) > 3 else None
+            eps = args[4] if len(args) > 4 else 1e-5
         else:  # native_group_norm(input, weight, bias, N, C, HxW, group, eps)
             w, b, groups, eps = self.arg(args[1]), self.arg(args[2]), args[6], args[7]
         n, c = x.shape[0], x.shape[1]

@@ -52,6 +52,34 @@ extern "C" void region_row(REGION_PARAMS) {
     FP_PASS_ORDERED(3)
 #endif
 #endif
+#if NRED > 4
+#if FP_SUM4
+    FP_PASS_SUM(4)
+#else
+    FP_PASS_ORDERED(4)
+#endif
+#endif
+#if NRED > 5
+#if FP_SUM5
+    FP_PASS_SUM(5)
+#else
+    FP_PASS_ORDERED(5)
+#endif
+#endif
+#if NRED > 6
+#if FP_SUM6
+    FP_PASS_SUM(6)
+#else
+    FP_PASS_ORDERED(6)
+#endif
+#endif
+#if NRED > 7
+#if FP_SUM7
+    FP_PASS_SUM(7)
+#else
+    FP_PASS_ORDERED(7)
+#endif
+#endif
 #if PER_ROW
     forge_store(out + fp_out_offset(r, 0), fp_out_value(REGION_ARGS, r, 0, red));
 #else

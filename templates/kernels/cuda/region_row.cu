@@ -41,6 +41,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) region_row(REGION_PARAMS) 
 #if NRED > 3
     FP_PASS(3)
 #endif
+#if NRED > 4
+    FP_PASS(4)
+#endif
+#if NRED > 5
+    FP_PASS(5)
+#endif
+#if NRED > 6
+    FP_PASS(6)
+#endif
+#if NRED > 7
+    FP_PASS(7)
+#endif
     if (!live) continue;
 #if PER_ROW
     if (lane == 0) forge_store(out + fp_out_offset(r, 0), fp_out_value(REGION_ARGS, r, 0, red));

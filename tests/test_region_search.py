@@ -154,3 +154,21 @@ def test_search_regions_end_to_end_stores_resumes_and_packs_the_region(tmp_path,
     assert entry["inputs"] == [f"in{k}" for k in range(len(entry["form"]["inputs"]))]
     assert entry["entry"].endswith("::t0") and entry["name"] == region["name"]
     assert json.loads(entry["key"]) == entry["form"]
+
+
+def test_derived_sets_keep_a_non_dense_input_layout():
+    """A region input that is a slice of a larger buffer keeps its strides in every derived set
+    (the kernel is specialised to them; a dense copy would be read at the wrong places)."""
+    import torch
+
+    from forge_pack.targets import ops
+
+    region = _regions(llama_regions)["silu+mul"]
+    sig = signature(region)
+    spec = sig.inputs[0][1]
+    wide = type(spec)(spec.dtype, spec.shape, (spec.strides[0] * 3, spec.strides[1] * 3, 1))
+    sig = type(sig)(sig.op, ((sig.inputs[0][0], wide), sig.inputs[1]), sig.params, sig.output)
+    src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(0), "cpu")
+    for kind in ops.DERIVED_KINDS:
+        out = ops.derive_inputs(sig, kind, src, torch.Generator().manual_seed(1))
+        assert out["in0"].stride() == wide.strides and out["in1"].stride() == src["in1"].stride()

@@ -185,7 +185,14 @@ class RegionSpec(TargetSpec):
 
         renamed = {("x" if k == self.main else k): v for k, v in source.items()}
         out = verdict_rules.derive_inputs(self, params, kind, renamed, gen)
-        return {(self.main if k == "x" else k): v for k, v in out.items()}
+        back = {(self.main if k == "x" else k): v for k, v in out.items()}
+        # derive_inputs clones, and a clone of a non-dense view (a slice of a fused qkv) is dense:
+        # the set keeps the source's exact strides, which the region's kernel is specialised to
+        for k, v in back.items():
+            src = source.get(k)
+            if v is not None and src is not None and v.stride() != src.stride():
+                back[k] = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=src.device).copy_(v)
+        return back
 
 
 def _cols(params: dict) -> int:

@@ -265,7 +265,7 @@ def check_bounds(module, cand: Candidate, base, device: str) -> None:
 
     p = plan(cand.spec, base.sig)
     for guard in ("end", "start"):
-        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        tensors = {n: (same_layout(t) if t is not None else None) for n, t in base.tensors.items()}
         ws = {name: torch.zeros(max(n, 1), dtype=torch.uint8, device=device)[:n] for name, n, _ in p.workspaces}
         run = module.bind(p, {**tensors, "out": ops.empty_like_spec(base.sig.output, device), **ws}, guard=guard)
         run()
@@ -327,7 +327,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
     state = {"batch": 0, "calls": 0, "verdict": None}
     calls, befores, slots = [], [], []
     for i in range(k):
-        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        tensors = {n: (same_layout(t) if t is not None else None) for n, t in base.tensors.items()}
         out, out_whole = guarded_like(out_spec, device)
         ws, wholes = {}, [out_whole]
         for name, n, _ in p.workspaces:
@@ -338,7 +338,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
         run = module.bind(p, {**tensors, "out": out, **ws})
         zeroed = [ws[name] for name, _, zero in p.workspaces if zero]
         garbage = [ws[name] for name, _, zero in p.workspaces if not zero]
-        slot = {"index": i, "tensors": tensors, "shadow": {n: (t.clone() if t is not None else None)
+        slot = {"index": i, "tensors": tensors, "shadow": {n: (same_layout(t) if t is not None else None)
                                                            for n, t in tensors.items()},
                 "pending": [], "out": out, "wholes": wholes if device == "cuda" else wholes[1:], "called": False}
         slots.append(slot)
@@ -395,6 +395,14 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
                                               f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "
                                               f"differently when timed (cached or skipped work?)", checks=(check,))
     return None
+
+
+def same_layout(t):
+    """A copy with t's exact strides: ``clone`` makes a non-dense view (a slice of a fused buffer,
+    a region's input) dense, and a kernel specialised to the strides would read the wrong places."""
+    import torch
+
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def main_input(tensors: dict) -> str:
@@ -499,7 +507,7 @@ def measure_baseline(session: Session, job: MeasureBaseline) -> Baseline:
     gen = torch.Generator().manual_seed(seed_for(job.seed, "baseline", sig.key()))
     base = ops.make_inputs(sig, "fresh", gen, device)
     k = rotation_count(abi.bytes_moved(sig), cfg)
-    slots = [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k)]
+    slots = [{n: (same_layout(t) if t is not None else None) for n, t in base.items()} for _ in range(k)]
     fn = ops.eager(sig)
     flusher = Flusher(device, cfg)
     eager = time_calls([lambda t=t: fn(t) for t in slots], device, cfg, flusher)

@@ -127,6 +127,11 @@ def format_summary(s: RunSummary) -> str:
     for o in s.outcomes:
         if not o.skipped:
             lines.append(f"#{o.rank} {o.hotspot.op}: {o.verdict_line()}")
+    for o in s.outcomes:  # a region: what it fuses
+        reg = (o.hotspot.extra or {}).get("region")
+        if reg and not o.skipped:
+            lines.append(f"#{o.rank} {reg['name']} ({reg['kind']}, x{reg['instances']}): "
+                         + " ".join(x.split(".")[1] if x.count(".") == 2 else x for x in reg["ops"]))
     skipped = [o for o in s.outcomes if o.skipped]
     if skipped:
         lines.append(f"Not searched: " + "; ".join(f"#{o.rank} {o.hotspot.signature.pretty()}: {o.skipped}"
@@ -207,7 +212,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
                    timeout: Optional[float] = None, as_json: bool = False, llm: Optional[str] = None,
                    llm_budget_usd: Optional[float] = None, llm_budget_tokens: Optional[int] = None,
                    toolkit: Toolkit | None = None, stdout: Callable[[str], None] = typer.echo,
-                   ui: dict | None = None, gpus: Optional[str] = None, ray: Optional[str] = None) -> RunSummary:
+                   ui: dict | None = None, gpus: Optional[str] = None, ray: Optional[str] = None,
+                   regions: bool = False) -> RunSummary:
     """The command's body, callable with a fake toolkit (tests)."""
     overrides = dict(budget=budget, time_limit_s=time_limit, top=top, min_share=min_share, seed=seed,
                      workers=workers, parallel=parallel, timeout_s=timeout, llm_model=llm,
@@ -230,7 +236,8 @@ def search_command(model: Optional[str], *, device: Optional[str] = None, dtype:
         if model is None:
             raise ForgeError("no model file given", "forge-pack search MODEL.py, or --resume RUN_DIR")
         config = with_overrides(RunConfig(model=model, device=device, dtype=dtype, budget=DEFAULT_BUDGET,
-                                          run_dir=str(run_dir or default_run_dir(model))), **overrides)
+                                          run_dir=str(run_dir or default_run_dir(model)), regions=regions),
+                                **overrides)
     if config.budget < 1:
         raise ForgeError(f"--budget must be at least 1, got {config.budget}", "e.g. --budget 50")
     if config.parallel < 1 or config.workers < 1:
@@ -309,6 +316,8 @@ def register(app: typer.Typer) -> None:
         allow_control: bool = ALLOW_CONTROL_OPTION,
         gpus: Optional[str] = GPUS_OPTION,
         ray: Optional[str] = RAY_OPTION,
+        regions: bool = typer.Option(False, "--regions", help="Search the model's regions (fused chains of "
+                                                              "memory-bound ops from its ATen graph), not single ops."),
     ) -> None:
         """Profile MODEL, then search faster kernels for its hottest ops (MCTS over kernel templates)."""
         try:
@@ -316,7 +325,7 @@ def register(app: typer.Typer) -> None:
                            min_share=min_share, run_dir=run_dir, resume=resume, seed=seed, workers=workers,
                            parallel=parallel, timeout=timeout, as_json=as_json, llm=llm,
                            llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
-                           ui=ui_options(with_ui, ui_port, allow_control), gpus=gpus, ray=ray)
+                           ui=ui_options(with_ui, ui_port, allow_control), gpus=gpus, ray=ray, regions=regions)
         except KeyboardInterrupt as e:
             # typer turns Ctrl-C into a silent exit 130: name the run directory to --resume first
             typer.echo("error: interrupted", err=True)

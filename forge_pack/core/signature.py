@@ -127,9 +127,12 @@ class Signature:
         return json.dumps(body, sort_keys=True, separators=(",", ":"))
 
     def slug(self) -> str:
-        """A short file-name-safe id: op plus a hash of the key."""
+        """A short file-name-safe id: op plus a hash of the key (a region: its name, which is
+        its pattern plus a hash of its canonical form)."""
         import hashlib
 
+        if self.op == "region" and self.param("name"):
+            return str(self.param("name"))
         return f"{self.op}_{hashlib.sha256(self.key().encode()).hexdigest()[:10]}"
 
     def pretty(self) -> str:
@@ -137,9 +140,11 @@ class Signature:
         for n, s in self.inputs:
             if s is not None:
                 parts.append(f"{n}: {s.pretty()}")
+        region = self.op == "region"  # its parameters are its form: the name stands for them
         for n, v in self.params:
-            parts.append(f"{n}={v}")
-        text = f"{self.op}({', '.join(parts)})"
+            if not region:
+                parts.append(f"{n}={v}")
+        text = f"{self.param('name') if region else self.op}({', '.join(parts)})"
         if self.output is not None and self.output.dtype != self.x.dtype:
             text += f" -> {SHORT_DTYPE.get(self.output.dtype, self.output.dtype)}"
         return text

@@ -340,7 +340,7 @@ def check_bounds(module, cand: Candidate, base, device: str) -> None:
 
     p = plan(cand.spec, base.sig)
     for guard in ("end", "start"):
-        tensors = {n: (t.clone() if t is not None else None) for n, t in base.tensors.items()}
+        tensors = {n: (same_layout(t) if t is not None else None) for n, t in base.tensors.items()}
         ws = {name: torch.zeros(max(n, 1), dtype=torch.uint8, device=device)[:n] for name, n, _ in p.workspaces}
         run = module.bind(p, {**tensors, "out": ops.empty_like_spec(base.sig.output, device), **ws}, guard=guard)
         run()
@@ -403,7 +403,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
     state = {"batch": 0, "calls": 0, "verdict": None}
     calls, befores, slots = [], [], []
     for i in range(k):
-        tensors = {n: (t if own_base and i == 0 or t is None else t.clone()) for n, t in base.tensors.items()}
+        tensors = {n: (t if own_base and i == 0 or t is None else same_layout(t)) for n, t in base.tensors.items()}
         out, out_whole = guarded_like(out_spec, device)
         ws, wholes = {}, [out_whole]
         for name, n, _ in p.workspaces:
@@ -414,7 +414,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
         run = module.bind(p, {**tensors, "out": out, **ws})
         zeroed = [ws[name] for name, _, zero in p.workspaces if zero]
         garbage = [ws[name] for name, _, zero in p.workspaces if not zero]
-        slot = {"index": i, "tensors": tensors, "shadow": {n: (t.clone() if t is not None else None)
+        slot = {"index": i, "tensors": tensors, "shadow": {n: (same_layout(t) if t is not None else None)
                                                            for n, t in tensors.items()},
                 "pending": [], "out": out, "wholes": wholes if device == "cuda" else wholes[1:], "called": False}
         slots.append(slot)
@@ -445,7 +445,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         state["calls"] += 1
         what = f"call {state['calls']} of the timing loop ({phase}, copy {slot['index']})"
         for idx, value in slot["pending"]:  # the judge's own changes, made on the shadow too
-            slot["shadow"]["x"][idx] = value
+            slot["shadow"][main_input(slot["tensors"])][idx] = value
         slot["pending"].clear()
         for n, want in slot["shadow"].items():
             got = slot["tensors"][n]
@@ -462,15 +462,33 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
             return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
                                                       f"not written ({where})")
         ref = memory_plan.reference64(sig, slot["tensors"])  # float64 temporaries bounded by slices
-        if surely_within(out, ref, sig.output.dtype, sig.op):
+        if surely_within(out, ref, sig.output.dtype, sig):
             continue
-        check = compare(out, ref, sig.output.dtype, sig.op, atol_floor=base.atol_floor,
-                        input_kind=f"timed[{slot['index']}]", magnitude=magnitude(sig.op, slot["tensors"]))
+        check = compare(out, ref, sig.output.dtype, sig, atol_floor=base.atol_floor,
+                        input_kind=f"timed[{slot['index']}]", magnitude=magnitude(sig, slot["tensors"]))
         if not check.passed:
             return Verdict(False, "mismatch", f"{what}: the output is wrong for its inputs ({check.mismatches} of "
                                               f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "
                                               f"differently when timed (cached or skipped work?)", checks=(check,))
     return None
+
+
+def same_layout(t):
+    """A copy with t's exact strides: ``clone`` makes a non-dense view (a slice of a fused buffer,
+    a region's input) dense, and a kernel specialised to the strides would read the wrong places."""
+    import torch
+
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def main_input(tensors: dict) -> str:
+    """The input the timing loop perturbs: "x" for an op; a region (in0..inK) its largest floating
+    input (a mask is broadcast, so never larger than the data it masks)."""
+    if "x" in tensors:
+        return "x"
+    floating = [(t.numel(), -i, n) for i, (n, t) in enumerate(tensors.items())
+                if t is not None and t.is_floating_point()]
+    return max(floating)[2] if floating else next(iter(tensors))
 
 
 def _before_timed_call(slot: dict, out, garbage: list, rng, gen, state: dict):
@@ -479,7 +497,7 @@ def _before_timed_call(slot: dict, out, garbage: list, rng, gen, state: dict):
     shadow), prepare out (CUDA) as verification does, garble the workspaces."""
     from forge_pack.evaluate.verify import garble, prefill
 
-    x = slot["tensors"]["x"]
+    x = slot["tensors"][main_input(slot["tensors"])]
     sign = [1.0]
 
     def before() -> None:
@@ -565,7 +583,7 @@ def measure_baseline(session: Session, job: MeasureBaseline) -> Baseline:
     gen = torch.Generator().manual_seed(seed_for(job.seed, "baseline", sig.key()))
     base = ops.make_inputs(sig, "fresh", gen, device)
     k = rotation_count(abi.bytes_moved(sig), cfg, rotation_cache(device))
-    slots = [base] + [{n: (t.clone() if t is not None else None) for n, t in base.items()} for _ in range(k - 1)]
+    slots = [base] + [{n: (same_layout(t) if t is not None else None) for n, t in base.items()} for _ in range(k - 1)]
     fn = ops.eager(sig)
     flusher = Flusher(device, cfg)
     eager = time_calls([lambda t=t: fn(t) for t in slots], device, cfg, flusher)

@@ -63,7 +63,7 @@ def launch_env(sig: Signature) -> dict[str, int | float]:
 
 def tensor_names(spec: LaunchSpec, sig: Signature) -> tuple[str, ...]:
     """Names that bind to pointers: every ABI input (absent ones are NULL), out, the workspaces."""
-    return (*abi.abi(sig.op).tensor_inputs, "out", *(w.name for w in spec.workspaces))
+    return (*abi.tensor_inputs(sig), "out", *(w.name for w in spec.workspaces))
 
 
 def check_requires(spec: LaunchSpec, sig: Signature) -> str | None:
@@ -81,7 +81,7 @@ def plan(spec: LaunchSpec, sig: Signature) -> Plan:
     scalars = abi.scalars(sig)
     pointers = set(tensor_names(spec, sig))
     for w in spec.workspaces:
-        if w.name in env or w.name in abi.abi(sig.op).tensor_inputs or w.name == "out":
+        if w.name in env or w.name in abi.tensor_inputs(sig) or w.name == "out":
             raise ForgeError(f"workspace name {w.name!r} shadows a tensor or size variable", "rename the workspace")
     launches = []
     for i, k in enumerate(spec.kernels):

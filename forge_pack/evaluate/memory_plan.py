@@ -46,6 +46,10 @@ _BATCH_DIM0 = ("group_norm", "batch_norm", "adaptive_avg_pool2d")
 
 
 def _dim0_independent(sig: Signature) -> bool:
+    # Only the ops below are known to compute each dim-0 slice alone; anything else (a region, whose
+    # reductions may span dim 0; attention) keeps the whole-tensor reference.
+    if sig.op not in ("softmax", "log_softmax", "layer_norm", "rms_norm") and sig.op not in _BATCH_DIM0:
+        return False
     x = sig.x
     if len(x.shape) < 2 or x.shape[0] < 2:
         return False

@@ -178,7 +178,7 @@ def check(candidate: Candidate, sig: Signature) -> Verdict | None:
     dtypes = {n: s.dtype for n, s in sig.inputs if s is not None}
     if sig.output is not None:
         dtypes["out"] = sig.output.dtype
-    inputs = set(abi.abi(sig.op).tensor_inputs)
+    inputs = set(abi.tensor_inputs(sig))
     for i, launch in enumerate(p.launches):
         problem = check_dims(launch, candidate.backend)
         if problem:

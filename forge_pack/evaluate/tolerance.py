@@ -31,9 +31,10 @@ OP_TABLE: dict[tuple[str, str], Tolerance] = {
     for s in registry.SPECS.values() for dtype, row in s.tolerances.items()}
 
 
-def spec_for(op: str | None) -> Any:
-    """The kind's spec for the rules (None: the generic rules only)."""
-    return registry.get(op) if op is not None else None
+def spec_for(op: Any) -> Any:
+    """The kind's spec for the rules (None: the generic rules only); ``op`` is a kind name or a
+    ``Signature`` (a region's spec is built from its signature)."""
+    return registry.spec_for(op) if op is not None else None
 
 
 def tolerance(op: str | None, dtype: str) -> Tolerance:

@@ -78,7 +78,7 @@ def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet 
     (a kernel is not held to a standard PyTorch does not meet)."""
     ref = memory_plan.reference64(sig, tensors)
     eager_out = ops.eager(sig)(tensors)
-    spec = registry.get(sig.op)
+    spec = registry.spec_for(sig)
     mag = rules.magnitude(spec, tensors)
     allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, spec, mag)
     if allowance is None:
@@ -411,7 +411,7 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
     bad = damage("first")
     if bad is not None:
         return bad, None
-    spec = registry.get(s.sig.op)
+    spec = registry.spec_for(s.sig)
     cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, spec, s.atol_floor, s.kind, s.magnitude)
     check = as_check(cmp)
     if reason is not None:

@@ -172,6 +172,7 @@ def find_regions(graph: Graph) -> list[Region]:
     position = {n: i for i, n in enumerate(order)}
     regions = []
     for g in reversed(groups):
+        _drop_outside_selects(g)
         _trim_trailing_views(graph, g)
         if not g.members or all(_kind(graph, m) == "view" for m in g.members):
             continue  # views only: nothing to compute
@@ -238,6 +239,14 @@ def _admits(graph: Graph, g: _Group, n: torch.fx.Node, fresh: bool = False) -> b
         g.full_numel = max(g.full_numel, numel)
         return True
     return numel <= g.full_numel  # a prologue no larger than what the reduction reads
+
+
+def _drop_outside_selects(g: _Group) -> None:
+    """An element of a tuple made outside the region (topk's values, a split) is one of the region's
+    inputs, not one of its ops: the tuple itself is no tensor a kernel can read."""
+    inside = set(g.members)
+    g.members[:] = [m for m in g.members if not (op_name(m) == "getitem" and isinstance(m.args[0], torch.fx.Node)
+                                                 and m.args[0] not in inside and m is not g.sink)]
 
 
 def _trim_trailing_views(graph: Graph, g: _Group) -> None:

@@ -32,7 +32,15 @@ class RegionGroup:
         return {"name": r.name, "pattern": r.pattern, "kind": r.kind, "calls": len(self.regions),
                 "time_us": self.time_us, "time_share": self.time_share, "ops": list(r.short_ops),
                 "modules": sorted({x.module for x in self.regions if x.module}),
-                "region": r.to_json()}
+                "kernel": self.kernel_coverage(), "region": r.to_json()}
+
+    def kernel_coverage(self) -> str:
+        """"" when the generated kernels compute this region (``search --regions`` searches it), else why not."""
+        from forge_pack.search.families.region import coverage
+        from forge_pack.targets.region_target import signature
+
+        r = self.first
+        return r.unsupported() or coverage(signature(r))
 
 
 def group_regions(regions: list[Region]) -> list[RegionGroup]:
@@ -74,6 +82,8 @@ def format_regions(graph: Graph, regions: list[Region] | None = None, top: int =
         shapes = ", ".join(_spec_text(s) for s in r["input_specs"][:4]) + (" ..." if len(r["input_specs"]) > 4 else "")
         lines.append(f"{i:>2}  {g['time_share'] * 100:5.1f}%  {_us(g['time_us']):>9}  {g['calls']:>5}  "
                      f"{g['kind']:<9}  {g['pattern']}: {' '.join(g['ops'])}  [{shapes}]")
+        if g["kernel"]:
+            lines.append(f"{'':>37}no generated kernel: {g['kernel']}")
     if len(doc["regions"]) > top:
         rest = sum(g["time_share"] for g in doc["regions"][top:])
         lines.append(f"    ... {len(doc['regions']) - top} more signatures, {rest * 100:.1f}% together")

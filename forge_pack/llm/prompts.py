@@ -89,7 +89,7 @@ def context(request: ProposeRequest) -> str:
     values = {
         "op": sig.op,
         "reference": torch_reference(sig),
-        "abi_doc": registry.SPECS[sig.op].doc if sig.op in registry.SPECS else "(no ABI description)",
+        "abi_doc": _abi_doc(sig),
         "pretty": sig.pretty(),
         "tensors": _tensors(sig),
         "call_paths": ", ".join(hs.call_paths) or "the model",
@@ -168,8 +168,19 @@ def _tolerance_args(node) -> tuple[float, float] | None:
     return None
 
 
+def _abi_doc(sig: Signature) -> str:
+    if sig.op in registry.SPECS or sig.op == "region":
+        return registry.spec_for(sig).doc
+    return "(no ABI description)"
+
+
 def torch_reference(sig: Signature) -> str:
-    """The PyTorch call the kernel replaces, as code (tensors by their ABI names)."""
+    """The PyTorch call the kernel replaces, as code (tensors by their ABI names); for a region,
+    its subgraph rebuilt from the canonical form (the ATen ops, called with in0..inK)."""
+    if sig.op == "region":
+        from forge_pack.graph.canonical import rebuild
+
+        return "# out = forward(in0, ..., inK): the fused region, one kernel\n" + rebuild(sig.param("form")).code.strip()
     args, extra = [], []
     for i, (name, spec) in enumerate(sig.inputs):
         args.append(name if i == 0 else f"{name}={name if spec is not None else 'None'}")

@@ -166,22 +166,23 @@ def _op_function(t: TargetCode, package: str) -> str:
     present = [(n, s) for n, s in sig.inputs if s is not None]
     inputs = {n for n, _ in present}
     params = ", ".join(f"const at::Tensor& {n}_arg" for n, _ in present)
+    x = present[0][0]  # the first input sets the device and options: "x" for an op, "in0" for a region
     out = sig.output
     assert out is not None
     body = [f"// {sig.pretty()}", f"at::Tensor {t.tid}_impl({params}) {{"]
     for n, s in present:  # the checked input, in the verified layout, under the input's own name
         body.append(f"  const at::Tensor {n} = fp_expect({n}_arg, \"{t.tid}\", \"{n}\", {CPP_DTYPES[s.dtype]}, "
-                    f"{_cpp_list(s.shape)}, {_cpp_list(s.strides)}, {dev}, x_arg.device());")
+                    f"{_cpp_list(s.shape)}, {_cpp_list(s.strides)}, {dev}, {x}_arg.device());")
     if cuda:
-        body.append("  const c10::cuda::CUDAGuard device_guard(x.device());")
+        body.append(f"  const c10::cuda::CUDAGuard device_guard({x}.device());")
     body.append(f"  at::Tensor out = at::empty_strided({_cpp_list(out.shape)}, {_cpp_list(out.strides)}, "
-                f"x.options().dtype({CPP_DTYPES[out.dtype]}));")
+                f"{x}.options().dtype({CPP_DTYPES[out.dtype]}));")
     for w in t.launch["workspaces"]:
         fn = "at::zeros" if w["zero"] else "at::empty"
         nbytes = max(int(w["bytes"]), 1)  # as the evaluator allocates it: never a null pointer
-        body.append(f"  at::Tensor ws_{w['name']} = {fn}({{{nbytes}}}, x.options().dtype(at::kByte));")
+        body.append(f"  at::Tensor ws_{w['name']} = {fn}({{{nbytes}}}, {x}.options().dtype(at::kByte));")
     if cuda:
-        body.append("  void* stream = (void*)c10::cuda::getCurrentCUDAStream(x.device().index()).stream();")
+        body.append(f"  void* stream = (void*)c10::cuda::getCurrentCUDAStream({x}.device().index()).stream();")
     for i, k in enumerate(t.launch["kernels"]):
         body.append(f"  {{  // launch {i}: {k['name']}")
         refs = []

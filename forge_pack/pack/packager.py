@@ -430,7 +430,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
             shutil.copy2(src, pkg / dest)
             fixtures.append(dest)
             fixture_total += size
-        tol = tolerance.tolerance(sig.op, sig.output.dtype)
+        tol = tolerance.tolerance(sig, sig.output.dtype)
         kernel_t, eager_t, comp_t = ev.timing, base.eager, base.compiled
         targets.append({
             "id": tid, "hotspot_id": w.hotspot.id, "op": sig.op, "signature": sig.to_json(),
@@ -451,7 +451,7 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
                         "vs_compile": comp_t.median_us / kernel_t.median_us if comp_t else None},
             "time_share": min(max(w.hotspot.time_share, 0.0), 1.0), "calls_per_forward": w.hotspot.calls_per_forward,
             "search": {**w.stats, "best_node_id": w.node_id}, "fixtures": fixtures,
-            "confirmed": source == "confirm"})
+            "confirmed": source == "confirm", **_region_entry(sig, f"{namespace}::{tid}")})
     (csrc / "binding.cpp").write_text(binding.binding_source(codes, name, namespace, version))
     flags = build_flags(backend, cpu_isa)
     doc = {
@@ -473,6 +473,20 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     manifest_mod.write(pkg / "manifest.json", doc)
     shutil.copy2(manifest_mod.SCHEMA_PATH, pkg / "manifest.schema.json")
     return doc
+
+
+def _region_entry(sig, torch_op: str) -> dict:
+    """What compile mode needs to swap a region's subgraph for the package's op ({} for an op kind):
+    the canonical form and its JSON text (``Region.key``: the match), the op to call, and its ABI
+    (the inputs in form order, one output of the given dtype, shape and strides)."""
+    if sig.op != "region":
+        return {}
+    import json
+
+    form = sig.param("form")
+    return {"region": {"name": sig.param("name"), "kind": sig.param("kind"), "pattern": sig.param("pattern"),
+                       "key": json.dumps(form, sort_keys=True, separators=(",", ":")), "form": form,
+                       "entry": torch_op, "inputs": [n for n, _ in sig.inputs], "output": sig.output.to_json()}}
 
 
 def _file_sha256(path: Path) -> str:

@@ -38,6 +38,7 @@ class RunConfig:
     gpus: str | None = None  # --gpus: "all" or "0,1,..."; one worker per GPU (search/devices.py)
     ray: str | None = None  # --ray: the Ray cluster's address ("auto"); one actor per GPU
     parallel_auto: bool = False  # --parallel not given with --gpus/--ray: one evaluation per device
+    regions: bool = False  # search the graph's regions (fused chains) instead of single ops
 
     def search_config(self) -> SearchConfig:
         return SearchConfig(budget=self.budget, time_limit_s=self.time_limit_s, parallel=self.parallel,

@@ -35,7 +35,7 @@ from forge_pack.search.report import HotspotOutcome, RunSummary, amdahl, write_s
 from forge_pack.search.run_lock import RunLock
 from forge_pack.search.run_plan import Plan, choose_hotspots, plan_fresh, plan_resumed, resume_state
 from forge_pack.search.store_hooks import StoreHooks, kept_result, restore_nodes, search_hotspot
-from forge_pack.search.toolkit import LazyEvaluator, Toolkit, _default_proposers, gpu_info
+from forge_pack.search.toolkit import LazyEvaluator, Toolkit, _default_proposers, gpu_info, region_profile
 from forge_pack.store.run_store import STORE_FILE, Store, check_store
 from forge_pack.store.vocabulary import EventKind, HotspotStatus, MetaKey, RunStatus, StopReason
 
@@ -85,7 +85,7 @@ class _Run:
 
 def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | None, say: Callable[[str], None],
          on_progress: OnProgress | None, on_hotspot: OnHotspot | None, quiet: bool, ui: dict | None) -> RunSummary:
-    tk = toolkit or Toolkit()
+    tk = toolkit or (Toolkit(profile=region_profile) if config.regions else Toolkit())
     t0, started_at = time.monotonic(), time.time()
     run_dir = Path(config.run_dir)
     run_row = _stored_run(run_dir, lock) if resume else _refuse_taken(run_dir)

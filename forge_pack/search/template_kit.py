@@ -21,8 +21,11 @@ from forge_pack.core.candidate import Candidate, KernelLaunch, LaunchSpec, Works
 from forge_pack.evaluate.compile import templates_dir
 from forge_pack.core.signature import ELEMENT_BYTES, Signature
 
-CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
-CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16"}
+# bool and integer tensors are read by region kernels only (masks, indices); op kinds reject them earlier
+CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half", "bool": "bool",
+              "int64": "long long", "int32": "int"}
+CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16", "bool": "bool",
+             "int64": "long long", "int32": "int"}
 GRID_MAX = (2**31 - 1, 65535, 65535)
 MAX_THREADS = 1024  # threads per block on every CUDA GPU
 # Static __shared__ memory a template kernel may add to its dynamic shared memory: the families
@@ -87,6 +90,7 @@ class Built:
     params: dict
     defines: dict
     spec: LaunchSpec
+    code: str = ""  # generated source for the template's //{{CODE}} marker (region kernels)
 
 
 @dataclass(frozen=True)
@@ -306,9 +310,12 @@ def _inline(backend: str, text: str, depth: int = 0) -> str:
                   text, flags=re.M)
 
 
-def render(backend: str, template: str, title: str, defines: Mapping[str, Any]) -> str:
-    """The stand-alone source: the template with its parameter block and includes filled in."""
+def render(backend: str, template: str, title: str, defines: Mapping[str, Any], code: str = "") -> str:
+    """The stand-alone source: the template with its parameter block, includes and generated code
+    (``//{{CODE}}``, where the template has the marker) filled in."""
     text = _read(backend, template)
+    if "//{{CODE}}" in text:
+        text = text.replace("//{{CODE}}", code.rstrip("\n"), 1)
     block = "\n".join([f"// forge-pack template {title}: compile-time parameters"] +
                       [f"#define {k} {_c_value(v)}" for k, v in defines.items()])
     if "//{{PARAMS}}" not in text:

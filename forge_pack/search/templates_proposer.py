@@ -79,7 +79,7 @@ def _build(fam: Family, sig: Signature, params: dict, gpu: Gpu = H200) -> Built 
 def _candidate(fam: Family, sig: Signature, built: Built) -> Candidate:
     defines = {**dtype_defines(sig, fam.backend), **built.defines}  # type: ignore[arg-type]
     title = f"{sig.op} / {fam.name} ({fam.backend}), templates/kernels/{fam.backend}/{fam.template}"
-    source = render(fam.backend, fam.template, title, defines)
+    source = render(fam.backend, fam.template, title, defines, built.code)
     return Candidate(op=sig.op, backend=fam.backend, source=source, spec=built.spec, family=fam.name,
                      params=dict(built.params), origin="template")
 

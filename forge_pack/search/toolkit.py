@@ -32,6 +32,12 @@ def _default_profile(target, run_dir: Path, quiet: bool):
     return profile(target, run_dir, quiet=quiet)
 
 
+def region_profile(target, run_dir: Path, quiet: bool):
+    from forge_pack.graph.region_hotspots import profile_regions
+
+    return profile_regions(target, run_dir, quiet)
+
+
 def _default_evaluator(config: RunConfig, run_dir: Path, backend: str):
     from forge_pack.search.devices import make_evaluator
 

@@ -33,8 +33,16 @@ def abi(op: str) -> OpABI:
     return ABIS[op]
 
 
+def tensor_inputs(sig: Signature) -> tuple[str, ...]:
+    """The ABI tensor names of this signature's kind (a region's: in0..inK)."""
+    return ABIS[sig.op].tensor_inputs if sig.op in ABIS else registry.spec_for(sig).tensors
+
+
 def supports(sig: Signature) -> str | None:
     """None if forge-pack's kernels can target this exact signature, else why not."""
+    spec = registry.spec_for(sig)
+    if getattr(spec, "region", False):  # a region's inputs may be masks or indices: its spec decides
+        return spec.supports(sig)
     x = sig.x
     if x.dtype not in KERNEL_DTYPES:
         return f"dtype {x.dtype} is not targeted"
@@ -45,8 +53,8 @@ def supports(sig: Signature) -> str | None:
 
 def env(sig: Signature) -> dict[str, int]:
     """Integer size variables usable in launch expressions and as kernel arguments."""
-    e: dict[str, int] = {"numel": sig.x.numel}
-    e.update(registry.get(sig.op).size_vars(sig))
+    e: dict[str, int] = {"numel": sig.output.numel if sig.op == "region" and sig.output else sig.x.numel}
+    e.update(registry.spec_for(sig).size_vars(sig))
     for name, spec in sig.inputs:
         e[f"has_{name}"] = int(spec is not None)
     return e
@@ -54,7 +62,7 @@ def env(sig: Signature) -> dict[str, int]:
 
 def scalars(sig: Signature) -> dict[str, float]:
     out: dict[str, float] = {}
-    for name in registry.get(sig.op).scalars:
+    for name in registry.spec_for(sig).scalars:
         value = sig.param(name)
         out[name] = float(value if value is not None else 0.0)
     return out

@@ -93,12 +93,12 @@ def is_target(tensors: dict[str, Any]) -> bool:
 
 def eager(sig: Signature) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """The exact PyTorch call the model makes, as a function of the named tensors."""
-    return registry.get(sig.op).eager(dict(sig.params), sig.output.dtype if sig.output else None)
+    return registry.spec_for(sig).eager(dict(sig.params), sig.output.dtype if sig.output else None)
 
 
 def reference64(sig: Signature, t: dict[str, torch.Tensor]) -> torch.Tensor:
     """The op in float64 on the same device: the yardstick for every error measurement."""
-    return registry.get(sig.op).reference64(dict(sig.params), t)
+    return registry.spec_for(sig).reference64(dict(sig.params), t)
 
 
 def empty_like_spec(spec: TensorSpec, device: str | torch.device) -> torch.Tensor:
@@ -112,11 +112,11 @@ def plain_inputs(sig: Signature) -> list:
 
 def make_inputs(sig: Signature, kind: str, gen: torch.Generator, device: str | torch.device) -> dict:
     """Inputs for one verification run: kind 'fresh' or one of adversarial_kinds(sig)."""
-    return registry.get(sig.op).make_inputs(plain_inputs(sig), kind, gen, device)
+    return registry.spec_for(sig).make_inputs(plain_inputs(sig), kind, gen, device)
 
 
 def adversarial_kinds(sig: Signature) -> list[str]:
-    return list(registry.get(sig.op).adversarial)
+    return list(registry.spec_for(sig).adversarial)
 
 
 # Derived verification sets: random transforms of captured or fresh inputs, drawn anew for every
@@ -126,13 +126,16 @@ DERIVED_KINDS = verdict_rules.DERIVED_KINDS
 
 def derive_inputs(sig: Signature, kind: str, source: dict, gen: torch.Generator) -> dict:
     """New inputs from ``source`` (left untouched) by one random transform of DERIVED_KINDS."""
-    return verdict_rules.derive_inputs(registry.get(sig.op), dict(sig.params), kind, source, gen)
+    spec = registry.spec_for(sig)
+    if hasattr(spec, "derive"):  # a region: the transforms act on its main input, not on "x"
+        return spec.derive(dict(sig.params), kind, source, gen)
+    return verdict_rules.derive_inputs(spec, dict(sig.params), kind, source, gen)
 
 
 def odd_signatures(sig: Signature) -> list[Signature]:
     """Same op and parameters on odd sizes: catches hard-coded sizes, missing tails, races at edges."""
     out: list[Signature] = []
-    for shape, channels_last in registry.get(sig.op).odd_shapes(sig):
+    for shape, channels_last in registry.spec_for(sig).odd_shapes(sig):
         strides = channels_last_strides(shape) if channels_last else contiguous_strides(shape)
         new_inputs = []
         for n, s in sig.inputs:
@@ -191,6 +194,6 @@ class OpSpec:
 
 
 def get_op(name: str) -> OpSpec:
-    if name not in registry.SPECS:
+    if name not in registry.SPECS and name != "region":  # a region's spec comes from its signature
         raise KeyError(f"unknown op {name!r}; known: {', '.join(TARGET_OPS)}")
     return OpSpec(name)

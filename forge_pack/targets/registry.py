@@ -28,6 +28,18 @@ def get(name: str) -> TargetSpec:
         raise KeyError(f"unknown target kind {name!r}; known: {', '.join(NAMES)}") from None
 
 
+def spec_for(target) -> TargetSpec:
+    """The spec of a target: an op kind's by name (a ``Signature`` or its op), or, for a region
+    signature (op "region"), one built from the region's canonical form. The region half lives
+    in the build only (forge_pack.targets.region_target); a package never looks a region up here."""
+    op = target if isinstance(target, str) else target.op
+    if op == "region" and not isinstance(target, str):
+        from forge_pack.targets.region_target import spec_for as region_spec
+
+        return region_spec(target)
+    return get(op)
+
+
 def function_call_paths() -> list[tuple[TargetSpec, CallPath]]:
     """Every patchable function path (not module classes) of every kind."""
     return [(s, p) for s in SPECS.values() for p in s.call_paths if p.style != "module"]

@@ -165,6 +165,8 @@ def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:
             "best_node_id": b["node_id"] if b else None, "best_us": _num(b["median_us"]) if b else None,
             "speedup_vs_eager": s_eager, "speedup_vs_compile": _num(b["speedup_vs_compile"]) if b else None,
             "projected_model_speedup": projected_speedup([(h["time_share"] or 0.0, s_eager)]),
+            # a region: its ops, kind, instances and the subgraph's code (profile_regions writes them)
+            "region": (hs.get("extra") or {}).get("region"),
         })
     return {
         "cursor": seq, "server_time": now, "run": header,

@@ -12,12 +12,13 @@ from types import ModuleType
 
 from forge_pack.core.candidate import Candidate
 from forge_pack.core.signature import Signature
-from forge_pack.search.families import attention, avg_pool, batch_norm, group_norm, layer_norm, rms_norm, softmax
+from forge_pack.search.families import attention, avg_pool, batch_norm, group_norm, layer_norm, region, rms_norm, softmax
 from forge_pack.search.template_kit import Family
 
 KINDS: dict[str, ModuleType] = {"softmax": softmax, "group_norm": group_norm, "batch_norm": batch_norm,
                                 "avg_pool": avg_pool, "layer_norm": layer_norm, "rms_norm": rms_norm,
-                                "attention": attention}
+                                "attention": attention,
+                                "region": region}  # region: a fused chain, its code generated per signature
 BACKENDS = ("cuda", "cpu")
 
 

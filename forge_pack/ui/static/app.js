@@ -164,7 +164,7 @@ function renderHotspots() {
   const head = el("tr", {}, ["#", "signature", "share of model", "eager", "torch.compile", "best", "vs eager", "vs compile", "projected model", "evaluations", "status", ""].map((h, i) => el("th", { class: i >= 3 && i <= 9 ? "num" : null, text: h })));
   const rows = s.hotspots.map((h) => el("tr", { class: "click", "data-hotspot": h.id, onclick: (ev) => { if (ev.target.tagName !== "A") go({ view: "tree", hotspot: h.id }); } },
     el("td", { text: h.rank }),
-    el("td", { class: "sig", title: (h.call_paths || []).join(", ") }, h.pretty),
+    el("td", { class: "sig", title: (h.call_paths || []).join(", ") }, h.pretty, h.region ? regionCell(h.region) : ""),
     el("td", {}, el("span", { class: "share" }, shareBar(h.time_share)), fmtPct(h.time_share)),
     el("td", { class: "num", text: fmtUs(h.eager_us) }),
     el("td", { class: "num", text: fmtUs(h.compile_us) }),
@@ -182,6 +182,12 @@ function renderHotspots() {
     el("td", { class: "num", text: fmtX(s.projected_model_speedup) }), el("td", { class: "num", text: `${s.evaluations} / ${s.budget}` }), el("td"), el("td"));
   root.replaceChildren(el("div", { class: "card" }, el("h2", { text: "Hotspot leaderboard" }),
     s.hotspots.length ? el("table", { id: "hotspot-table" }, el("thead", {}, head), el("tbody", {}, rows, total)) : el("p", { class: "muted", text: "No hotspots recorded yet." })));
+}
+// a region hotspot: the ops it fuses and, folded, the subgraph's code (clicks stay in the row)
+function regionCell(r) {
+  const ops = (r.ops || []).map((o) => o.split(".").length === 3 ? o.split(".")[1] : o).join(" ");
+  return el("div", { class: "muted" }, `${r.kind} region ×${r.instances}: ${ops}`,
+    el("details", { onclick: (e) => e.stopPropagation() }, el("summary", { text: "code" }), el("pre", { text: r.code || "" })));
 }
 function shareBar(f) { const b = el("span"); b.style.width = Math.round(100 * Math.min(1, f || 0)) + "%"; return b; }
 

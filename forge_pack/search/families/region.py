@@ -1,0 +1,182 @@
+"""Regions (fused chains of a model's memory-bound ops): skeleton families with generated code.
+
+A region signature (op ``region``, see forge_pack/targets/region_target.py) carries the region's
+canonical form. ``region_lower`` turns the form into an iteration space, reductions and
+expressions; ``region_emit`` writes them as C; the skeletons in templates/kernels/{cpu,cuda}/
+region_{pointwise,row}.* hold the loops. Every size and stride is a compile-time constant (the
+form fixes them). A form the lowering does not cover gets no family: ``coverage`` says why.
+Pure Python, no torch import.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from forge_pack.core.signature import Signature
+from forge_pack.search.region_emit import emit
+from forge_pack.search.region_lower import Program, Uncovered, lower
+from forge_pack.search.template_kit import (GRAIN, THREADS, Built, Family, Gpu, Knob, cdiv, clamp, first,
+                                            grain_default, launch, pow2_ceil, spec)
+
+OPS = ("region",)
+REGION_OP = "region"
+
+CHUNK = Knob("chunk", (1024, 4096, 16384, 65536), "elements per OpenMP chunk")
+VEC = Knob("vec", (1, 2, 4, 8), "elements in flight per thread and loop trip")
+ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32), "rows one block reduces at once (threads/rows per row)")
+FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
+ROW_THREADS = Knob("threads", (32, 64, 128, 256, 512, 1024), "threads per block")
+MAX_GRID = 1 << 20  # blocks at most: the kernels stride over the rest (grid-stride loops)
+
+
+@lru_cache(maxsize=256)
+def _lowered(key: str, out_key: str) -> Program | str:
+    import json
+
+    try:
+        return lower(json.loads(key), json.loads(out_key))
+    except Uncovered as e:
+        return str(e)
+
+
+def program(sig: Signature) -> Program | str:
+    """The lowered region of this signature, or why it is not covered."""
+    import json
+
+    form = sig.param("form")
+    if sig.op != REGION_OP or form is None or sig.output is None:
+        return "not a region signature with an output"
+    return _lowered(json.dumps(form, sort_keys=True), json.dumps(sig.output.to_json(), sort_keys=True))
+
+
+def coverage(sig: Signature) -> str:
+    """"" when a skeleton computes this region, else "not covered: <why>"."""
+    prog = program(sig)
+    if isinstance(prog, str):
+        return prog if prog.startswith("not covered") else f"not covered: {prog}"
+    for backend in ("cpu", "cuda"):
+        try:
+            emit(prog, backend)
+        except Uncovered as e:
+            return f"not covered: {e}"
+    return ""
+
+
+def _applicable(kind: str):
+    def check(sig: Signature, gpu: Gpu) -> str | None:
+        prog = program(sig)
+        if isinstance(prog, str):
+            return prog
+        if prog.kind != kind:
+            return f"a {prog.kind} region"
+        return None
+
+    return check
+
+
+def _code(sig: Signature, backend: str) -> tuple[str, dict] | str:
+    prog = program(sig)
+    if isinstance(prog, str):
+        return prog
+    try:
+        return emit(prog, backend)
+    except Uncovered as e:
+        return str(e)
+
+
+def _args(sig: Signature) -> list[str]:
+    return [n for n, s in sig.inputs if s is not None] + ["out"]
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def _cpu_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
+    return {"chunk": 4096}
+
+
+def _cpu_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    made = _code(sig, "cpu")
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    return Built(dict(p), {**defines, "CHUNK": f"{p['chunk']}LL"},
+                 spec([launch("region_pointwise", _args(sig), [1], [1])]), code)
+
+
+def _cpu_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    prog = program(sig)
+    rows = 1 if isinstance(prog, str) else max(prog.rows, 1)
+    return {"grain": grain_default(rows)}
+
+
+def _cpu_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    made = _code(sig, "cpu")
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    return Built(dict(p), {**defines, "GRAIN": p["grain"]}, spec([launch("region_row", _args(sig), [1], [1])]), code)
+
+
+CPU = (
+    Family(OPS, "cpu", "pointwise", "region_pointwise.cpp", (CHUNK,),
+           "generated elementwise chain over the region's iteration space, chunks in parallel",
+           _applicable("pointwise"), _cpu_pw_defaults, _cpu_pw_build, first),
+    Family(OPS, "cpu", "row", "region_row.cpp", (GRAIN,),
+           "rows in parallel; one pass per reduction with the generated prologue, then the epilogue",
+           _applicable("row"), _cpu_row_defaults, _cpu_row_build, first),
+)
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+def _cuda_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
+    return {"threads": 256, "vec": 4, "fast_math": 0}
+
+
+def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    made = _code(sig, "cuda")
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    prog = program(sig)
+    assert not isinstance(prog, str)
+    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"]), 1, MAX_GRID)
+    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "FAST_MATH": p["fast_math"]}
+    return Built(dict(p), defines, spec([launch("region_pointwise", _args(sig), [grid], [p["threads"]])]), code)
+
+
+def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
+    prog = program(sig)
+    cols = 1024 if isinstance(prog, str) else prog.cols
+    group = clamp(pow2_ceil(cdiv(cols, 8)), 1, 1024)  # ~8 elements per thread and pass
+    threads = max(group, 128)
+    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": 4, "fast_math": 0}
+
+
+def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    if p["threads"] % p["rows_per_block"] or p["threads"] // p["rows_per_block"] < 1:
+        return "threads must split evenly into rows"
+    made = _code(sig, "cuda")
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    prog = program(sig)
+    assert not isinstance(prog, str)
+    grid = clamp(cdiv(prog.rows, p["rows_per_block"]), 1, MAX_GRID)
+    defines = {**defines, "THREADS": p["threads"], "ROWS_PER_BLOCK": p["rows_per_block"], "VEC": p["vec"],
+               "FAST_MATH": p["fast_math"]}
+    return Built(dict(p), defines, spec([launch("region_row", _args(sig), [grid], [p["threads"]])]), code)
+
+
+CUDA = (
+    Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, VEC, FAST_MATH),
+           "generated elementwise chain, coalesced tiles of threads x vec elements, grid-stride",
+           _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
+    Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH),
+           "rows_per_block rows per block; per pass a group reduction (shuffles, shared memory); epilogue",
+           _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
+)
+
+REFERENCES = ()

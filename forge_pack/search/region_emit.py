@@ -1,0 +1,157 @@
+"""C code for a lowered region (``region_lower.Program``): what fills a skeleton's ``//{{CODE}}``.
+
+The skeletons (templates/kernels/{cpu,cuda}/region_{pointwise,row}.*) hold the loops, the
+parallel split and the reductions; the code here gives them, for one region:
+
+- ``REGION_PARAMS`` / ``REGION_ARGS``: the kernel's arguments, the inputs in form order then ``out``
+  (the ABI a region's package op is called with);
+- ``fp_elem<j>(args, r, c, red)``: the element value reduction j accumulates at row r, column c;
+- ``fp_out_value(args, r, c, red)`` and ``fp_out_offset(r, c)``: the output element and where it goes;
+- ``FP_INIT<j>``, ``FP_COMBINE<j>``, ``FP_FINAL<j>``, ``FP_SUM<j>``: how reduction j accumulates;
+- the sizes (``NUMEL``, ``ROWS``, ``COLS``, ``NRED``, ``PER_ROW``), all compile-time constants: a
+  region's key fixes every shape and stride, so the kernel is specialised to them.
+
+Inputs are read at the strides the lowering found, split into a row part (hoisted out of the
+column loop by the compiler) and a column part; dims that are contiguous with each other are
+merged first, so a plain row costs one multiply. Pure Python, no torch import.
+"""
+
+from __future__ import annotations
+
+from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, contiguous
+
+MAX_REDUCTIONS = 8  # passes the skeletons unroll (layer/group norm: 2, softmax: 2; 4 log_softmax of one row: 8)
+CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16", "bool": "bool",
+             "int64": "long long", "int32": "int", "uint8": "unsigned char", "int8": "signed char",
+             "float64": "double"}
+CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half", "bool": "bool",
+              "int64": "long long", "int32": "int", "uint8": "unsigned char", "int8": "signed char",
+              "float64": "double"}
+FLOATS16 = ("bfloat16", "float16")
+INIT = {"sum": "0.0f", "max": "(-FP_INF)", "min": "FP_INF"}
+COMBINE = {"sum": "((a) + (b))", "max": "fp_maxnan((a), (b))", "min": "fp_minnan((a), (b))"}
+
+
+def _groups(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """(size, stride, divisor) per run of dims that merge (stride[d] == stride[d+1] * size[d+1]);
+    size-1 and stride-0 dims drop out. ``divisor``: the product of the sizes after the run."""
+    out: list[tuple[int, int, int]] = []
+    after = 1
+    run: list[int] | None = None  # [size, stride, divisor]
+    for s, st in zip(reversed(sizes), reversed(strides)):
+        if s != 1:
+            if run is not None and st != 0 and st == run[1] * run[0]:
+                run[0] *= s
+            else:
+                if run is not None and run[1] != 0:
+                    out.append((run[0], run[1], run[2]))
+                run = [s, st, after]
+        after *= s
+    if run is not None and run[1] != 0:
+        out.append((run[0], run[1], run[2]))
+    return out
+
+
+def _offset(var: str, total: int, groups: list[tuple[int, int, int]]) -> str:
+    terms = []
+    for size, stride, div in groups:
+        idx = var if div == 1 else f"({var} / {div}LL)"
+        if size * div < total:
+            idx = f"({idx} % {size}LL)"
+        terms.append(idx if stride == 1 else f"{idx} * {stride}LL")
+    return " + ".join(terms) if terms else "0LL"
+
+
+class Emitter:
+    def __init__(self, prog: Program, backend: str):
+        self.p, self.backend = prog, backend
+        self.types = CUDA_TYPES if backend == "cuda" else CPU_TYPES
+        # dims before ``split`` index the row, the rest the column; a pointwise region is one row
+        self.split = len(prog.space) - prog.nred if prog.nred else 0
+
+    def type_of(self, dtype: str) -> str:
+        t = self.types.get(dtype)
+        if t is None:
+            raise Uncovered(f"an input of dtype {dtype}")
+        return t
+
+    def params(self) -> tuple[str, str]:
+        ins = [f"const {self.type_of(d)}* FP_RESTRICT in{k}" for k, d in enumerate(self.p.input_dtypes)]
+        out_t = self.type_of(self.p.out_dtype) if self.p.out_dtype != "float64" else None
+        if out_t is None or self.p.out_dtype not in ("float32", "bfloat16", "float16"):
+            raise Uncovered(f"an output of dtype {self.p.out_dtype}")
+        params = ", ".join(ins + [f"{out_t}* FP_RESTRICT out"])
+        args = ", ".join([f"in{k}" for k in range(len(self.p.input_dtypes))] + ["out"])
+        return params, args
+
+    def leaf(self, leaf: Leaf, space: tuple[int, ...], split: int) -> str:
+        """The C read of one leaf over ``space`` (dims before ``split`` are the row's)."""
+        kind, k = leaf.source
+        row_sizes, col_sizes = space[:split], space[split:]
+        row_st, col_st = leaf.strides[:split], leaf.strides[split:]
+        if kind == "red":
+            if any(st != 0 for s, st in zip(col_sizes, col_st) if s != 1) or \
+                    _groups(row_sizes, row_st) != _groups(row_sizes, contiguous(row_sizes)):
+                raise Uncovered("a reduction result read other than once per row")
+            return f"red[{k}]"
+        rows_total, cols_total = _prod(row_sizes), _prod(col_sizes)
+        row_off = _offset("r", rows_total, _groups(row_sizes, row_st))
+        col_off = _offset("c", cols_total, _groups(col_sizes, col_st))
+        off = col_off if row_off == "0LL" else (row_off if col_off == "0LL" else f"{row_off} + {col_off}")
+        dtype = self.p.input_dtypes[k]
+        if dtype in ("float32", "bfloat16", "float16"):
+            return f"fp_ld(in{k} + ({off}))"
+        return f"(float)(in{k}[{off}])"
+
+    def value(self, v: Val, space: tuple[int, ...], split: int) -> str:
+        return v.expr.format(*[self.leaf(leaf, space, split) for leaf in v.leaves])
+
+    def code(self) -> tuple[str, dict]:
+        p = self.p
+        if len(p.reductions) > MAX_REDUCTIONS:
+            raise Uncovered(f"{len(p.reductions)} reductions (the skeletons run {MAX_REDUCTIONS} passes at most)")
+        params, args = self.params()
+        lines = [f"// generated for ops: {' '.join(p.ops)}",
+                 f"#define REGION_PARAMS {params}", f"#define REGION_ARGS {args}"]
+        sig = "(REGION_PARAMS, long long r, long long c, const float* red)"
+        unused = "(void)r; (void)c; (void)red;"
+        for j, red in enumerate(p.reductions):
+            expr = self.value(red.val, p.space, self.split)
+            lines.append(f"FP_FN float fp_elem{j}{sig} {{ {unused} return {expr}; }}")
+            final = red.post.format(f"((acc) * (float){red.scale!r})" if red.scale != 1.0 else "(acc)")
+            lines += [f"#define FP_INIT{j} {INIT[red.combine]}",
+                      f"#define FP_COMBINE{j}(a, b) {COMBINE[red.combine]}",
+                      f"#define FP_FINAL{j}(acc) ({final})",
+                      f"#define FP_SUM{j} {1 if red.combine == 'sum' else 0}",
+                      f"#define FP_OP{j} {('sum', 'max', 'min').index(red.combine)}"]
+        if p.per_row:
+            rows_space = p.space[:self.split]
+            out_expr = self.value(p.out, rows_space, len(rows_space))
+            out_off = _offset("r", p.rows, _groups(rows_space, p.out_strides))
+        else:
+            out_expr = self.value(p.out, p.space, self.split)
+            out_off = self.offset_rc(p.out_strides)
+        lines.append(f"FP_FN float fp_out_value{sig} {{ {unused} return {out_expr}; }}")
+        lines.append(f"FP_FN long long fp_out_offset(long long r, long long c) {{ (void)r; (void)c; return {out_off}; }}")
+        rows, cols = _prod(p.space[:self.split]), _prod(p.space[self.split:])
+        defines = {"NUMEL": f"{p.numel}LL", "ROWS": f"{rows}LL", "COLS": f"{cols}LL",
+                   "NRED": len(p.reductions), "PER_ROW": int(p.per_row)}
+        return "\n".join(lines) + "\n", defines
+
+    def offset_rc(self, strides: tuple[int, ...]) -> str:
+        space, split = self.p.space, self.split
+        row = _offset("r", _prod(space[:split]), _groups(space[:split], strides[:split]))
+        col = _offset("c", _prod(space[split:]), _groups(space[split:], strides[split:]))
+        return col if row == "0LL" else (row if col == "0LL" else f"{row} + {col}")
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def emit(prog: Program, backend: str) -> tuple[str, dict]:
+    """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be."""
+    return Emitter(prog, backend).code()

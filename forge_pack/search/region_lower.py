@@ -1,0 +1,687 @@
+"""A region's canonical form lowered to what a kernel skeleton needs. Pure Python, no torch import.
+
+The result (``Program``) is an iteration space, the reductions over its trailing dims in the order
+they must run, and one expression per reduction element and for the output, each over *leaves*:
+an input read at strides over the iteration space, or an earlier reduction's per-row result.
+The C text of every expression comes from a small table of ATen ops (``_POINTWISE``); the
+composites (softmax, log_softmax, layer_norm, group_norm, inference batch_norm) expand into
+reductions and pointwise ops here. An op outside the table makes ``lower`` raise ``Uncovered``,
+whose message is the "not covered: <op>" text the report shows.
+
+How indexing is found: every value carries, per leaf, the strides at which that leaf is read
+over the value's own shape, exactly as torch computes a view's strides (broadcasting gives stride
+0; ``view``/``reshape`` use ``view_strides``, torch's rule). A group_norm reads its input as
+[N, G, C/G, HW], which is not a view of [N, C, H, W] for every leaf (the per-group statistics), so
+a value may be indexed in another *space* than its shape: one with the same elements in the same
+order. At the end, every leaf is read over the iteration space.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+HALF = ("float16", "bfloat16")
+
+
+class Uncovered(Exception):
+    """The region holds something the generated kernels do not compute; str() says what."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    source: tuple  # ("in", k) | ("red", j)
+    strides: tuple[int, ...]  # over the space of the value that holds it
+
+
+@dataclass
+class Val:
+    shape: tuple[int, ...]
+    space: tuple[int, ...]  # the shape its leaves are indexed over (== shape unless re-spaced)
+    expr: str  # C float expression; {i} is the i-th leaf
+    leaves: list[Leaf]
+    dtype: str
+
+
+@dataclass
+class Reduction:
+    combine: str  # "sum" | "max" | "min"
+    val: Val  # the element value, over the iteration space
+    scale: float = 1.0  # applied to the accumulated value (mean: 1 / count)
+    post: str = "{0}"  # C expression of the scaled result (e.g. var -> var / (n - correction))
+
+
+@dataclass
+class Program:
+    kind: str  # "pointwise" | "row"
+    space: tuple[int, ...]  # the iteration space
+    nred: int  # trailing dims of ``space`` reduced (0 for pointwise)
+    reductions: list[Reduction]
+    out: Val  # over ``space`` (per element) or, ``per_row``, over the rows
+    out_strides: tuple[int, ...]  # the output's strides over ``space`` (0 on reduced dims when per_row)
+    input_dtypes: tuple[str, ...]
+    out_dtype: str
+    per_row: bool = False  # the output has one element per row (a reduction result with its epilogue)
+    ops: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def rows(self) -> int:
+        return _prod(self.space[:len(self.space) - self.nred])
+
+    @property
+    def cols(self) -> int:
+        return _prod(self.space[len(self.space) - self.nred:])
+
+    @property
+    def numel(self) -> int:
+        return _prod(self.space)
+
+
+def _prod(xs) -> int:
+    p = 1
+    for x in xs:
+        p *= int(x)
+    return p
+
+
+def contiguous(shape) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(out))
+
+
+# ------------------------------------------------------------------ strides of views
+
+
+def view_strides(shape, strides, new_shape) -> tuple[int, ...] | None:
+    """Strides of ``new_shape`` viewing a tensor of (shape, strides) without a copy; None when no
+    view exists (torch's ``computeStride``: dims are matched in chunks of equal element count)."""
+    shape, strides, new_shape = list(shape), list(strides), list(new_shape)
+    if _prod(shape) != _prod(new_shape):
+        return None
+    if _prod(shape) == 0:
+        return contiguous(new_shape)
+    out = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = strides[-1] if strides else 1
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                out[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = strides[d - 1]
+                tensor_numel, view_numel = 1, 1
+    if view_d != -1:
+        return None
+    return tuple(out)
+
+
+def expand_strides(shape, strides, new_shape) -> tuple[int, ...] | None:
+    """Strides of (shape, strides) broadcast to ``new_shape``; None when it does not broadcast."""
+    lead = len(new_shape) - len(shape)
+    if lead < 0:
+        return None
+    out = [0] * lead
+    for s, st, n in zip(shape, strides, new_shape[lead:]):
+        if s == n:
+            out.append(st if n != 1 else 0)
+        elif s == 1:
+            out.append(0)
+        else:
+            return None
+    return tuple(out)
+
+
+def broadcast_shape(*shapes) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    out = []
+    for i in range(nd):
+        sizes = {s[i - nd + len(s)] for s in shapes if i - nd + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise Uncovered(f"shapes {shapes} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+# ------------------------------------------------------------------ values
+
+
+def _shift(expr: str, off: int, n: int) -> str:
+    return expr.format(*["{%d}" % (i + off) for i in range(n)]) if off else expr
+
+
+def _const(v: Any) -> str:
+    if isinstance(v, dict) and "float" in v:
+        v = float(v["float"])
+    if isinstance(v, bool):
+        return "1.0f" if v else "0.0f"
+    if isinstance(v, (int, float)):
+        f = float(v)
+        if f != f:
+            return "FP_NAN"
+        if math.isinf(f):
+            return "FP_INF" if f > 0 else "(-FP_INF)"
+        return f"((float){f!r})"
+    raise Uncovered(f"a constant argument {v!r}")
+
+
+def _is_ref(a) -> bool:
+    return isinstance(a, dict) and ("in" in a or "n" in a)
+
+
+def _promote(*dtypes: str) -> str:
+    floats = [d for d in dtypes if d in FLOAT_DTYPES]
+    if not floats:
+        return "float32"  # integer / bool arithmetic is done in float here: the result is float
+    for d in ("float64", "float32"):
+        if d in floats:
+            return d
+    return floats[0] if len(set(floats)) == 1 else "float32"
+
+
+def _rounded(expr: str, dtype: str) -> str:
+    """A value of a 16-bit dtype is rounded to it, as eager rounds after every op."""
+    if dtype == "bfloat16":
+        return f"fp_round_bf16({expr})"
+    if dtype == "float16":
+        return f"fp_round_f16({expr})"
+    return expr
+
+
+def _combine(template: str, vals: list[Val], dtype: str, shape: tuple[int, ...] | None = None) -> Val:
+    """A pointwise op over ``vals`` (broadcast to one shape): ``template`` uses {a0}, {a1} ..."""
+    out_shape = shape if shape is not None else broadcast_shape(*[v.shape for v in vals])
+    spaces = {v.space for v in vals if v.space != v.shape}
+    if len(spaces) > 1:
+        raise Uncovered("values indexed in two different spaces")
+    space = spaces.pop() if spaces else out_shape
+    if space != out_shape and _prod(space) != _prod(out_shape):
+        raise Uncovered("a re-spaced value broadcast")
+    leaves: list[Leaf] = []
+    parts = []
+    for v in vals:
+        moved = []
+        for leaf in v.leaves:
+            if v.space != v.shape:  # already in ``space`` with shape == out shape (checked above)
+                if v.shape != out_shape:
+                    raise Uncovered("a re-spaced value broadcast")
+                moved.append(leaf)
+                continue
+            st = expand_strides(v.shape, leaf.strides, out_shape)
+            if st is None:
+                raise Uncovered(f"shape {v.shape} does not broadcast to {out_shape}")
+            if space != out_shape:
+                st = view_strides(out_shape, st, space)
+                if st is None:
+                    raise Uncovered("an operand cannot be indexed in its partner's space")
+            moved.append(Leaf(leaf.source, st))
+        parts.append("(" + _shift(v.expr, len(leaves), len(v.leaves)) + ")")
+        leaves.extend(moved)
+    expr = template.format(**{f"a{i}": p for i, p in enumerate(parts)})
+    return Val(out_shape, space, _rounded(expr, dtype), leaves, dtype)
+
+
+def _constant_val(x: Any, dtype: str) -> Val:
+    return Val((), (), _const(x), [], dtype)
+
+
+def _view(v: Val, new_shape) -> Val:
+    new_shape = tuple(int(s) for s in new_shape)
+    if -1 in new_shape:
+        known = _prod(s for s in new_shape if s != -1)
+        new_shape = tuple(_prod(v.shape) // max(known, 1) if s == -1 else s for s in new_shape)
+    if v.space != v.shape:
+        if _prod(new_shape) != _prod(v.shape):
+            raise Uncovered("a view of a re-spaced value")
+        return Val(new_shape, v.space, v.expr, v.leaves, v.dtype)
+    leaves = []
+    for leaf in v.leaves:
+        st = view_strides(v.shape, leaf.strides, new_shape)
+        if st is None:
+            raise Uncovered(f"a view {v.shape} -> {new_shape} that needs a copy")
+        leaves.append(Leaf(leaf.source, st))
+    return Val(new_shape, new_shape, v.expr, leaves, v.dtype)
+
+
+def _expand(v: Val, sizes) -> Val:
+    sizes = list(sizes)
+    lead = len(sizes) - len(v.shape)
+    new_shape = tuple(v.shape[i - lead] if s == -1 else int(s) for i, s in enumerate(sizes))
+    if v.space != v.shape:
+        if new_shape != v.shape:
+            raise Uncovered("an expand of a re-spaced value")
+        return v
+    return _combine("{a0}", [v], v.dtype, new_shape) if v.leaves or new_shape != v.shape else v
+
+
+def _respace(v: Val, space: tuple[int, ...]) -> Val:
+    """``v`` indexed over ``space`` (same elements in the same order)."""
+    if v.space == space:
+        return v
+    if v.space != v.shape:
+        raise Uncovered("a value re-spaced twice")
+    leaves = []
+    for leaf in v.leaves:
+        st = view_strides(v.shape, leaf.strides, space)
+        if st is None:
+            raise Uncovered(f"shape {v.shape} cannot be read as {space}")
+        leaves.append(Leaf(leaf.source, st))
+    return Val(v.shape, space, v.expr, leaves, v.dtype)
+
+
+# ------------------------------------------------------------------ the op table
+
+# ATen overload (namespace dropped) -> C template over {a0}, {a1} ...; tensor or scalar operands
+# in argument order, dtype follows promotion. Every function used is in both preludes
+# (templates/kernels/cpu/_region.h, templates/kernels/cuda/_region.cuh).
+_POINTWISE = {
+    "add": "{a0} + {a1}", "sub": "{a0} - {a1}", "mul": "{a0} * {a1}", "div": "{a0} / {a1}",
+    "neg": "-{a0}", "exp": "fp_exp({a0})", "log": "fp_log({a0})", "rsqrt": "fp_rsqrt({a0})",
+    "sqrt": "fp_sqrt({a0})", "tanh": "fp_tanh({a0})", "sigmoid": "fp_sigmoid({a0})", "silu": "fp_silu({a0})",
+    "relu": "fp_relu({a0})", "abs": "fp_abs({a0})", "reciprocal": "1.0f / {a0}", "erf": "fp_erf({a0})",
+    "square": "{a0} * {a0}", "maximum": "fp_maxnan({a0}, {a1})", "minimum": "fp_minnan({a0}, {a1})",
+    "eq": "({a0} == {a1} ? 1.0f : 0.0f)", "ne": "({a0} != {a1} ? 1.0f : 0.0f)",
+    "gt": "({a0} > {a1} ? 1.0f : 0.0f)", "ge": "({a0} >= {a1} ? 1.0f : 0.0f)",
+    "lt": "({a0} < {a1} ? 1.0f : 0.0f)", "le": "({a0} <= {a1} ? 1.0f : 0.0f)",
+    "where": "({a0} != 0.0f ? {a1} : {a2})", "masked_fill": "({a1} != 0.0f ? {a2} : {a0})",
+    "logical_not": "({a0} == 0.0f ? 1.0f : 0.0f)", "hardtanh": "fp_clamp({a0}, {a1}, {a2})",
+}
+_COMPARE = ("eq", "ne", "gt", "ge", "lt", "le", "logical_not")
+_IDENTITY = ("clone", "contiguous", "alias", "lift_fresh_copy", "detach", "dropout")
+_VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "flatten")
+
+
+def base(op: str) -> str:
+    parts = op.split(".")
+    return parts[1] if len(parts) == 3 else parts[0]
+
+
+class Lowering:
+    def __init__(self, form: dict):
+        self.form = form
+        self.inputs = form["inputs"]
+        self.made: list[Any] = []
+        self.reductions: list[Reduction] = []
+        self.space: tuple[int, ...] | None = None  # the iteration space, fixed by the first reduction
+        self.nred = 0
+
+    # -- arguments
+    def arg(self, a: Any) -> Any:
+        if isinstance(a, dict) and "in" in a:
+            spec = self.inputs[a["in"]]
+            shape = tuple(spec["shape"])
+            return Val(shape, shape, "{0}", [Leaf(("in", a["in"]), tuple(spec["strides"]))], spec["dtype"])
+        if isinstance(a, dict) and "n" in a:
+            return self.made[a["n"]]
+        return a
+
+    def operand(self, a: Any, dtype: str) -> Val:
+        v = self.arg(a)
+        if isinstance(v, Val):
+            return v
+        if v is None:
+            raise Uncovered("an absent operand")
+        return _constant_val(v, dtype)
+
+    # -- reductions
+    def domain(self, v: Val, dims: list[int]) -> None:
+        if v.space != v.shape:
+            raise Uncovered("a reduction of a re-spaced value")
+        nd = len(v.shape)
+        dims = sorted(d % nd for d in dims) if dims else list(range(nd))
+        if dims != list(range(nd - len(dims), nd)):
+            raise Uncovered(f"a reduction over dims {dims} of {nd} that are not the trailing ones (strided)")
+        self.set_space(tuple(v.shape), len(dims))
+
+    def set_space(self, space: tuple[int, ...], nred: int) -> None:
+        if self.space is None:
+            self.space, self.nred = space, nred
+        elif (self.space, self.nred) != (space, nred):
+            raise Uncovered("two reductions over different domains")
+
+    def reduce(self, v: Val, combine: str, scale: float = 1.0, post: str = "{0}", keep_shape=None) -> Val:
+        """Reduce ``v`` (over the iteration space) to a per-row leaf of shape ``keep_shape``."""
+        assert self.space is not None
+        v = _respace(v, self.space) if v.shape == self.space or v.space == self.space else v
+        if v.space != self.space:
+            raise Uncovered("a reduction input outside the region's domain")
+        j = len(self.reductions)
+        self.reductions.append(Reduction(combine, v, scale, post))
+        rows_shape = tuple(self.space[:len(self.space) - self.nred])
+        kept = tuple(keep_shape) if keep_shape is not None else rows_shape
+        st = view_strides(rows_shape, contiguous(rows_shape), kept)
+        if st is None:
+            raise Uncovered("a reduction result of an unexpected shape")
+        return Val(kept, kept, "{0}", [Leaf(("red", j), st)], "float32")
+
+    def keep_shape(self, shape, dims, keepdim: bool) -> tuple[int, ...]:
+        nd = len(shape)
+        dims = {d % nd for d in dims} if dims else set(range(nd))
+        return tuple(1 if d in dims else s for d, s in enumerate(shape) if keepdim or d not in dims)
+
+    def row_stats(self, x: Val, correction: float = 0.0, keep=None) -> tuple[Val, Val]:
+        """(mean, var) over the reduced dims, two passes (the mean first: no cancellation)."""
+        cols = _prod(self.space[len(self.space) - self.nred:])
+        if keep is None:  # the rows with the reduced dims kept as 1s, so that they broadcast back
+            keep = tuple(self.space[:len(self.space) - self.nred]) + (1,) * self.nred
+        xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+        mean = self.reduce(xf, "sum", 1.0 / cols, keep_shape=keep)
+        dev = _combine("{a0} - {a1}", [xf, _expand(mean, x.shape)], "float32")
+        var = self.reduce(_combine("{a0} * {a0}", [dev], "float32"), "sum", 1.0, f"{{0}} / (float){max(cols - correction, 0)!r}",
+                          keep_shape=keep)
+        return mean, var
+
+    # -- the ops
+    def lower(self) -> Program:
+        for entry in self.form["ops"]:
+            try:
+                self.made.append(self.op(entry["op"], entry["args"], entry["kwargs"]))
+            except Uncovered:
+                raise
+            except (TypeError, IndexError, KeyError, ValueError, AttributeError, ZeroDivisionError) as e:
+                # arguments spelled unlike the table expects: reported as data, never a crash
+                raise Uncovered(f"not covered: {entry['op']} with these arguments ({type(e).__name__}: {e})") from e
+        out = self.made[-1]
+        if not isinstance(out, Val):
+            raise Uncovered("the region's output is not one tensor")
+        return self.program(out)
+
+    def op(self, op: str, args: list, kwargs: dict) -> Any:
+        name = base(op)
+        if name == "getitem":
+            seq = self.arg(args[0])
+            if not isinstance(seq, tuple):
+                raise Uncovered("not covered: an element of a tuple made outside the region")
+            if seq[args[1]] is None:
+                raise Uncovered(f"not covered: output {args[1]} of {name}'s producer")
+            return seq[args[1]]
+        if name.endswith("_") and not name.startswith("_"):
+            name = name[:-1]  # an in-place op inside a region computes what its functional form does
+            op = op.replace(f".{name}_.", f".{name}.")
+        if name in _IDENTITY or (name == "_to_copy" and "dtype" not in kwargs) or name == "to" and len(args) == 1:
+            return self.arg(args[0])
+        if name in ("_to_copy", "to", "type_as", "_convert_element_type", "convert_element_type"):
+            dt = kwargs.get("dtype") or (args[1] if len(args) > 1 else None)
+            if not (isinstance(dt, dict) and "dtype" in dt):
+                raise Uncovered(f"not covered: {name} without a dtype")
+            v = self.arg(args[0])
+            d = dt["dtype"]
+            expr = _rounded(v.expr, d)
+            if d in ("bool",):
+                expr = f"({v.expr} != 0.0f ? 1.0f : 0.0f)"
+            elif d not in FLOAT_DTYPES:
+                expr = f"fp_trunc({v.expr})"
+            return Val(v.shape, v.space, expr, v.leaves, d)
+        if name in _VIEWS:
+            return self.view_op(name, args)
+        if name in ("sum", "mean", "amax", "amin", "max", "min") and len(args) > 1:
+            return self.reduction_op(name, args, kwargs)
+        if name in ("var", "var_mean", "std"):
+            return self.var_op(name, args, kwargs)
+        if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax"):
+            return self.softmax_op(name, args, kwargs)
+        if name in ("layer_norm", "native_layer_norm"):
+            return self.layer_norm_op(name, args)
+        if name in ("zeros_like", "ones_like", "full_like", "full", "zeros", "ones", "scalar_tensor"):
+            return self.constant_op(name, args, kwargs)
+        if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d") and list(args[1]) == [1, 1]:
+            return self.reduction_op("mean", [args[0], [-2, -1], True], {})
+        if name in ("group_norm", "native_group_norm"):
+            return self.group_norm_op(name, args)
+        if name in ("_native_batch_norm_legit_no_training", "batch_norm", "native_batch_norm",
+                    "_native_batch_norm_legit"):
+            return self.batch_norm_op(name, args)
+        return self.pointwise_op(op, name, args, kwargs)
+
+    def pointwise_op(self, op: str, name: str, args: list, kwargs: dict) -> Val:
+        tensors = [self.arg(a) for a in args if _is_ref(a)]
+        dtype = _promote(*[t.dtype for t in tensors]) if tensors else "float32"
+        if name in _COMPARE:
+            dtype = "bool"
+        if name in ("pow",):
+            if len(args) >= 2 and _is_ref(args[0]) and not _is_ref(args[1]):
+                return _combine(_pow_template(args[1]), [self.arg(args[0])], dtype)
+            if len(args) >= 2 and not _is_ref(args[0]) and _is_ref(args[1]):
+                return _combine(f"fp_pow({_const(args[0])}, {{a0}})", [self.arg(args[1])], dtype)
+            raise Uncovered("not covered: pow of two tensors")
+        if name == "gelu":
+            approx = kwargs.get("approximate", args[1] if len(args) > 1 else "none")
+            return _combine("fp_gelu_tanh({a0})" if approx == "tanh" else "fp_gelu({a0})", [self.arg(args[0])], dtype)
+        if name in ("clamp", "clamp_min", "clamp_max"):
+            lo = args[1] if name != "clamp_max" and len(args) > 1 else kwargs.get("min")
+            hi = args[2] if name == "clamp" and len(args) > 2 else (args[1] if name == "clamp_max" else kwargs.get("max"))
+            if _is_ref(lo) or _is_ref(hi):
+                raise Uncovered("not covered: clamp with tensor bounds")
+            expr = "{a0}"
+            if lo is not None:
+                expr = f"fp_clamp_lo({expr}, {_const(lo)})"
+            if hi is not None:
+                expr = f"fp_clamp_hi({expr}, {_const(hi)})"
+            return _combine(expr, [self.arg(args[0])], dtype)
+        if name in ("leaky_relu",):
+            slope = args[1] if len(args) > 1 else 0.01
+            return _combine(f"({{a0}} > 0.0f ? {{a0}} : {{a0}} * {_const(slope)})", [self.arg(args[0])], dtype)
+        if name in ("hardtanh",):
+            lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
+            return _combine(f"fp_clamp_hi(fp_clamp_lo({{a0}}, {_const(lo)}), {_const(hi)})", [self.arg(args[0])], dtype)
+        template = _POINTWISE.get(name)
+        if template is None:
+            raise Uncovered(f"not covered: {op}")
+        if name == "div" and kwargs.get("rounding_mode") is not None:
+            raise Uncovered(f"not covered: div with rounding_mode={kwargs['rounding_mode']}")
+        if name in ("where", "masked_fill"):
+            dtype = _promote(*[t.dtype for t in tensors if t is not tensors[0] or name == "masked_fill"])
+        vals = [self.operand(a, dtype) for a in args[:_arity(template)]]
+        alpha = kwargs.get("alpha")
+        if name in ("add", "sub") and alpha not in (None, 1):
+            template = template.replace("{a1}", f"({_const(alpha)} * {{a1}})")
+        return _combine(template, vals, dtype)
+
+    def constant_op(self, name: str, args: list, kwargs: dict) -> Val:
+        """A tensor of one value (zeros_like, full ...): a constant broadcast to its shape."""
+        dt = kwargs.get("dtype")
+        dtype = dt["dtype"] if isinstance(dt, dict) and "dtype" in dt else "float32"
+        if name in ("zeros_like", "ones_like", "full_like"):
+            like = self.arg(args[0])
+            shape, dtype = like.shape, (dtype if isinstance(dt, dict) else like.dtype)
+            value = {"zeros_like": 0.0, "ones_like": 1.0}.get(name, args[1] if len(args) > 1 else 0.0)
+        elif name == "scalar_tensor":
+            shape, value = (), args[0]
+        else:
+            shape = tuple(args[0])
+            value = {"zeros": 0.0, "ones": 1.0}.get(name, args[1] if len(args) > 1 else 0.0)
+        if _is_ref(value):
+            raise Uncovered(f"not covered: {name} of a tensor value")
+        return Val(tuple(int(x) for x in shape), tuple(int(x) for x in shape), _const(value), [], dtype)
+
+    def view_op(self, name: str, args: list) -> Val:
+        v = self.arg(args[0])
+        if name in ("view", "_unsafe_view", "reshape"):
+            return _view(v, args[1])
+        if name == "unsqueeze":
+            d = args[1] % (len(v.shape) + 1)
+            return _view(v, v.shape[:d] + (1,) + v.shape[d:])
+        if name == "squeeze":
+            dims = args[1] if len(args) > 1 else list(range(len(v.shape)))
+            dims = {d % max(len(v.shape), 1) for d in (dims if isinstance(dims, list) else [dims])}
+            return _view(v, tuple(s for d, s in enumerate(v.shape) if not (d in dims and s == 1)))
+        if name == "flatten":
+            start = args[1] % len(v.shape) if len(args) > 1 else 0
+            end = args[2] % len(v.shape) if len(args) > 2 else len(v.shape) - 1
+            return _view(v, v.shape[:start] + (_prod(v.shape[start:end + 1]),) + v.shape[end + 1:])
+        return _expand(v, args[1])
+
+    def reduction_op(self, name: str, args: list, kwargs: dict) -> Val:
+        v = self.arg(args[0])
+        dims = args[1] if isinstance(args[1], list) else [args[1]]
+        keepdim = bool(args[2]) if len(args) > 2 else bool(kwargs.get("keepdim", False))
+        if name in ("max", "min"):
+            raise Uncovered(f"not covered: {name} with indices")
+        self.domain(v, dims)
+        combine = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}[name]
+        scale = 1.0 / max(_prod(self.space[len(self.space) - self.nred:]), 1) if name == "mean" else 1.0
+        return self.reduce(v, combine, scale, keep_shape=self.keep_shape(v.shape, dims, keepdim))
+
+    def var_op(self, name: str, args: list, kwargs: dict) -> Any:
+        v = self.arg(args[0])
+        dims = args[1] if len(args) > 1 and args[1] is not None else list(range(len(v.shape)))
+        dims = dims if isinstance(dims, list) else [dims]
+        correction = kwargs.get("correction", 1)
+        if correction is None:
+            correction = 1
+        keepdim = bool(kwargs.get("keepdim", False))
+        self.domain(v, dims)
+        keep = self.keep_shape(v.shape, dims, keepdim)
+        mean, var = self.row_stats(v, float(correction), keep)
+        if name == "std":
+            return _combine("fp_sqrt({a0})", [var], "float32")
+        return (var, mean) if name == "var_mean" else var
+
+    def softmax_op(self, name: str, args: list, kwargs: dict) -> Val:
+        x = self.arg(args[0])
+        dim = args[1]
+        out_dtype = x.dtype
+        if name in ("_softmax", "_log_softmax") and len(args) > 2 and args[2]:
+            out_dtype = "float32"  # half_to_float
+        dt = kwargs.get("dtype") or (args[2] if name in ("softmax", "log_softmax") and len(args) > 2 else None)
+        if isinstance(dt, dict) and "dtype" in dt:
+            out_dtype = dt["dtype"]
+        self.domain(x, [dim])
+        keep = self.keep_shape(x.shape, [dim], True)
+        xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+        m = _expand(self.reduce(xf, "max", keep_shape=keep), x.shape)
+        e = _combine("fp_exp({a0} - {a1})", [xf, m], "float32")
+        s = _expand(self.reduce(e, "sum", keep_shape=keep), x.shape)
+        if name in ("log_softmax", "_log_softmax"):
+            return _combine("{a0} - {a1} - fp_log({a2})", [xf, m, s], out_dtype)
+        if name == "_safe_softmax":  # a row of -inf gives 0, not NaN
+            return _combine("({a1} == -FP_INF ? 0.0f : fp_exp({a0} - {a1}) / {a2})", [xf, m, s], out_dtype)
+        return _combine("fp_exp({a0} - {a1}) / {a2}", [xf, m, s], out_dtype)
+
+    def layer_norm_op(self, name: str, args: list) -> Any:
+        x = self.arg(args[0])
+        ns = list(args[1])
+        w, b = (self.arg(args[2]) if len(args) > 2 else None), (self.arg(args[3]) if len(args) > 3 else None)
+        eps = args[4] if len(args) > 4 else 1e-5
+        nd = len(x.shape)
+        dims = list(range(nd - len(ns), nd))
+        self.domain(x, dims)
+        keep = self.keep_shape(x.shape, dims, True)
+        mean, var = self.row_stats(x, 0.0, keep)
+        rstd = _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32")
+        out = self.affine(x, mean, rstd, w, b, x.dtype)
+        return (out, mean, rstd) if name == "native_layer_norm" else out
+
+    def affine(self, x: Val, mean: Val, rstd: Val, w: Val | None, b: Val | None, dtype: str) -> Val:
+        xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+        y = _combine("({a0} - {a1}) * {a2}", [xf, _expand(mean, x.shape), _expand(rstd, x.shape)], "float32")
+        if w is not None:
+            y = _combine("{a0} * {a1}", [y, w], "float32")
+        if b is not None:
+            y = _combine("{a0} + {a1}", [y, b], "float32")
+        return Val(y.shape, y.space, _rounded(y.expr, dtype), y.leaves, dtype)
+
+    def group_norm_op(self, name: str, args: list) -> Any:
+        x = self.arg(args[0])
+        if name == "group_norm":  # group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn)
+            groups = args[1]
+            w = self.arg(args[2]) if len(args) > 2 else None
+            b = self.arg(args[3]) if len(args) > 3 else None
+            eps = args[4] if len(args) > 4 else 1e-5
+        else:  # native_group_norm(input, weight, bias, N, C, HxW, group, eps)
+            w, b, groups, eps = self.arg(args[1]), self.arg(args[2]), args[6], args[7]
+        n, c = x.shape[0], x.shape[1]
+        hw = _prod(x.shape[2:])
+        cpg = c // groups
+        space = (n, groups, cpg, hw)
+        x2 = _respace(x, space)
+        self.set_space(space, 2)
+        xs = Val(space, space, x2.expr, x2.leaves, "float32")
+        mean4, var = self.row_stats(xs, 0.0, None)
+        rstd4 = _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32")
+        mean, rstd = _view(mean4, (n, groups)), _view(rstd4, (n, groups))
+        per_channel = [(_view(t, (groups, cpg, 1)) if isinstance(t, Val) else None) for t in (w, b)]
+        y = self.affine(xs, mean4, rstd4, per_channel[0], per_channel[1], x.dtype)
+        out = Val(x.shape, space, y.expr, y.leaves, x.dtype)
+        return (out, mean, rstd) if name == "native_group_norm" else out
+
+    def batch_norm_op(self, name: str, args: list) -> Any:
+        x = self.arg(args[0])
+        if name == "_native_batch_norm_legit_no_training":
+            w, b, rm, rv, eps = args[1], args[2], args[3], args[4], args[6]
+        else:  # batch_norm(x, w, b, rm, rv, training, momentum, eps, ...) / native_batch_norm(x, w, b, rm, rv, training, momentum, eps)
+            w, b, rm, rv, training, eps = args[1], args[2], args[3], args[4], args[5], args[7]
+            if training or name == "_native_batch_norm_legit":
+                raise Uncovered(f"not covered: {name} in training")
+        if rm is None or rv is None:
+            raise Uncovered(f"not covered: {name} without running statistics")
+        tail = (1,) * (len(x.shape) - 2)
+
+        def chan(a):
+            v = self.arg(a)
+            return _view(v, (v.shape[0],) + tail) if isinstance(v, Val) else None
+
+        xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+        y = _combine(f"({{a0}} - {{a1}}) * fp_rsqrt({{a2}} + {_const(eps)})", [xf, chan(rm), chan(rv)], "float32")
+        if chan(w) is not None:
+            y = _combine("{a0} * {a1}", [y, chan(w)], "float32")
+        if chan(b) is not None:
+            y = _combine("{a0} + {a1}", [y, chan(b)], "float32")
+        out = Val(y.shape, y.space, _rounded(y.expr, x.dtype), y.leaves, x.dtype)
+        return (out, None, None)
+
+    # -- the result
+    def program(self, out: Val) -> Program:
+        if self.space is None:
+            space, nred = out.shape, 0
+        else:
+            space, nred = self.space, self.nred
+        rows_shape = space[:len(space) - nred]
+        per_row = nred > 0 and _prod(out.shape) == _prod(rows_shape) and _prod(space) != _prod(rows_shape)
+        target = rows_shape if per_row else space
+        if _prod(out.shape) != _prod(target):
+            raise Uncovered("an output smaller than the region's domain and not one value per row")
+        out_t = _respace(out, target) if out.space != target else out
+        spec = self.form.get("output")
+        out_strides = contiguous(target)
+        return Program("row" if nred else "pointwise", tuple(space), nred, self.reductions, out_t,
+                       out_strides, tuple(i["dtype"] for i in self.inputs), out.dtype, per_row,
+                       tuple(base(o["op"]) for o in self.form["ops"]))
+
+
+def _arity(template: str) -> int:
+    n = 0
+    while "{a%d}" % n in template:
+        n += 1
+    return n
+
+
+def _pow_template(e: Any) -> str:
+    if isinstance(e, dict):
+        return f"fp_pow({{a0}}, {_const(e)})"
+    f = float(e)
+    return {2.0: "{a0} * {a0}", 1.0: "{a0}", 0.5: "fp_sqrt({a0})", -1.0: "1.0f / {a0}", 3.0: "{a0} * {a0} * {a0}",
+            -0.5: "fp_rsqrt({a0})", 0.0: "1.0f"}.get(f, f"fp_pow({{a0}}, {_const(f)})")
+
+
+def lower(form: dict, out_spec: dict | None = None) -> Program:
+    """The region's program; raises ``Uncovered`` (its text is the reason) for what no skeleton computes."""
+    prog = Lowering(form).lower()
+    if out_spec is not None:
+        out_shape = tuple(out_spec["shape"])
+        target = prog.space[:len(prog.space) - prog.nred] if prog.per_row else prog.space
+        st = view_strides(out_shape, tuple(out_spec["strides"]), target)
+        if st is None:
+            raise Uncovered("the output's layout cannot be written in the region's order")
+        prog.out_strides = st
+    return prog

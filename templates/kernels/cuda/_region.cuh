@@ -1,0 +1,61 @@
+// forge-pack region kernels (CUDA): element access and the math the generated expressions call
+// (region_lower's op table), fp32 throughout, NaN propagated as PyTorch does. Stand-alone: only
+// <cuda_fp16.h> and <cuda_bf16.h> are included.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define FP_FN __device__ __forceinline__
+#define FP_RESTRICT __restrict__
+#define FP_INF __int_as_float(0x7f800000)
+#define FP_NAN __int_as_float(0x7fc00000)
+
+FP_FN float fp_ld(const float* p) { return __ldg(p); }
+FP_FN float fp_ld(const __nv_bfloat16* p) { return __bfloat162float(__ldg(p)); }
+FP_FN float fp_ld(const __half* p) { return __half2float(__ldg(p)); }
+FP_FN void forge_store(float* p, float v) { *p = v; }
+FP_FN void forge_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+FP_FN void forge_store(__half* p, float v) { *p = __float2half_rn(v); }
+FP_FN float fp_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+FP_FN float fp_round_f16(float v) { return __half2float(__float2half_rn(v)); }
+#if defined(FAST_MATH) && FAST_MATH
+FP_FN float fp_exp(float v) { return __expf(v); }
+#else
+FP_FN float fp_exp(float v) { return expf(v); }
+#endif
+FP_FN float fp_log(float v) { return logf(v); }
+FP_FN float fp_sqrt(float v) { return sqrtf(v); }
+FP_FN float fp_rsqrt(float v) { return rsqrtf(v); }
+FP_FN float fp_tanh(float v) { return tanhf(v); }
+FP_FN float fp_erf(float v) { return erff(v); }
+FP_FN float fp_abs(float v) { return fabsf(v); }
+FP_FN float fp_pow(float a, float b) { return powf(a, b); }
+FP_FN float fp_trunc(float v) { return truncf(v); }
+FP_FN float fp_sigmoid(float v) { return 1.0f / (1.0f + fp_exp(-v)); }
+FP_FN float fp_silu(float v) { return v / (1.0f + fp_exp(-v)); }
+FP_FN float fp_relu(float v) { return v < 0.0f ? 0.0f : v; }
+FP_FN float fp_gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+FP_FN float fp_gelu_tanh(float v) { return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v))); }
+FP_FN float fp_clamp_lo(float v, float lo) { return v < lo ? lo : v; }
+FP_FN float fp_clamp_hi(float v, float hi) { return v > hi ? hi : v; }
+FP_FN float fp_maxnan(float a, float b) { return (a != a || a > b) ? a : b; }
+FP_FN float fp_minnan(float a, float b) { return (a != a || a < b) ? a : b; }
+
+// op 0 sum, 1 max, 2 min
+template <int OP> FP_FN float fp_comb(float a, float b) {
+  return OP == 0 ? a + b : (OP == 1 ? fp_maxnan(a, b) : fp_minnan(a, b));
+}
+
+// Reduce over the GROUP threads of one row (GROUP = THREADS / ROWS_PER_BLOCK, a power of two):
+// shuffles inside a warp, then the group's warps through shared memory. Every thread gets the result.
+
+template <int OP, int GROUP> FP_FN float fp_group_reduce(float v, float* sh) {
+#pragma unroll
+  for (int o = (GROUP < 32 ? GROUP : 32) / 2; o > 0; o >>= 1) v = fp_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (GROUP <= 32) return v;
+  const int warp = threadIdx.x >> 5, per = GROUP / 32, first = (warp / per) * per;
+  __syncthreads();  // the scratch of the previous reduction has been read by every thread
+  if ((threadIdx.x & 31) == 0) sh[warp] = v;
+  __syncthreads();
+  float t = sh[first];
+  for (int k = 1; k < per; ++k) t = fp_comb<OP>(t, sh[first + k]);
+  return t;
+}

@@ -1,0 +1,63 @@
+// Region skeleton (CUDA), row: ROWS_PER_BLOCK rows per block, GROUP = THREADS / ROWS_PER_BLOCK
+// threads per row; one pass over the row per reduction (fp32 accumulation, VEC elements in
+// flight per thread, a shuffle + shared-memory reduction over the group), a later pass using the
+// earlier results; then the epilogue writes the row (or, PER_ROW, its one value).
+//{{PARAMS}}
+//{{INCLUDE _region.cuh}}
+//{{CODE}}
+
+#define GROUP (THREADS / ROWS_PER_BLOCK)
+
+#define FP_PASS(j)                                                                          \
+  {                                                                                         \
+    float acc = FP_INIT##j;                                                                 \
+    if (live) {                                                                             \
+      for (long long c0 = lane; c0 < COLS; c0 += (long long)GROUP * VEC) {                  \
+        _Pragma("unroll") for (int k = 0; k < VEC; ++k) {                                   \
+          const long long c = c0 + (long long)k * GROUP;                                    \
+          if (c < COLS) acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));      \
+        }                                                                                   \
+      }                                                                                     \
+    }                                                                                       \
+    red[j] = FP_FINAL##j((fp_group_reduce<FP_OP##j, GROUP>(acc, scratch)));                 \
+  }
+
+extern "C" __global__ void __launch_bounds__(THREADS) region_row(REGION_PARAMS) {
+  __shared__ float scratch[32];
+  const int lane = threadIdx.x % GROUP;
+  for (long long r0 = (long long)blockIdx.x * ROWS_PER_BLOCK; r0 < ROWS; r0 += (long long)gridDim.x * ROWS_PER_BLOCK) {
+    const long long r = r0 + threadIdx.x / GROUP;
+    const bool live = r < ROWS;
+    float red[NRED + 1];
+#if NRED > 0
+    FP_PASS(0)
+#endif
+#if NRED > 1
+    FP_PASS(1)
+#endif
+#if NRED > 2
+    FP_PASS(2)
+#endif
+#if NRED > 3
+    FP_PASS(3)
+#endif
+#if NRED > 4
+    FP_PASS(4)
+#endif
+#if NRED > 5
+    FP_PASS(5)
+#endif
+#if NRED > 6
+    FP_PASS(6)
+#endif
+#if NRED > 7
+    FP_PASS(7)
+#endif
+    if (!live) continue;
+#if PER_ROW
+    if (lane == 0) forge_store(out + fp_out_offset(r, 0), fp_out_value(REGION_ARGS, r, 0, red));
+#else
+    for (long long c = lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+#endif
+  }
+}

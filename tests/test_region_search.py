@@ -1,0 +1,174 @@
+"""Regions as search targets: generated kernels for the test models' regions verify on the CPU,
+a wrong generated expression is rejected, and an op outside the table is reported, not raised."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.evaluate.timing import TimingConfig
+from forge_pack.graph.capture import capture
+from forge_pack.graph.regions import find_regions
+from forge_pack.search.families.region import coverage, program
+from forge_pack.search.region_lower import view_strides
+from forge_pack.search.templates_proposer import applicable_families, instantiate
+from forge_pack.targets import registry
+from forge_pack.targets.region_target import roles, signature
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
+import conv_bn_block  # noqa: E402
+import llama_regions  # noqa: E402
+import vae_resblock  # noqa: E402
+
+FAST = TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    old = os.environ.get("FORGE_PACK_CPU_THREADS")
+    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
+    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=FAST, log_dir=tmp_path_factory.mktemp("workers"))
+    yield ev
+    ev.close()
+    if old is None:
+        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
+    else:
+        os.environ["FORGE_PACK_CPU_THREADS"] = old
+
+
+def _regions(mod):
+    return {r.pattern: r for r in find_regions(capture(mod.get_model(), mod.get_inputs(), profile=False))}
+
+
+def _hotspot(region):
+    return Hotspot(signature(region), ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu")
+
+
+CASES = [(llama_regions, "rms_norm", "row"), (llama_regions, "silu+mul", "pointwise"),
+         (llama_regions, "div+add+softmax+cast", "row"), (vae_resblock, "group_norm+silu", "row"),
+         (conv_bn_block, "batch_norm+add+relu", "pointwise")]
+
+
+@pytest.mark.parametrize("mod,pattern,family", CASES, ids=[c[1] for c in CASES])
+def test_generated_region_kernel_verifies_on_every_input_set(evaluator, mod, pattern, family):
+    region = _regions(mod)[pattern]
+    sig = signature(region)
+    assert coverage(sig) == ""
+    assert [f.name for f in applicable_families(sig, "cpu")] == [family]
+    e = evaluator.evaluate(instantiate("region", "cpu", family, None, sig), _hotspot(region))
+    assert e.verdict.ok, e.verdict.detail
+    kinds = {c.input_kind for c in e.verdict.checks}
+    assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
+
+
+def test_a_mutated_generated_expression_is_rejected_as_mismatch(evaluator):
+    region = _regions(llama_regions)["rms_norm"]
+    cand = instantiate("region", "cpu", "row", None, signature(region))
+    head, generated = cand.source.split("// generated for ops:")
+    assert "fp_rsqrt(" in generated  # the norm's rsqrt, written by the op table
+    source = head + "// generated for ops:" + generated.replace("fp_rsqrt(", "fp_sqrt(")
+    bad = type(cand)(cand.op, cand.backend, source, cand.spec,
+                     cand.family, dict(cand.params), "user")
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+def test_an_op_outside_the_table_is_reported_not_covered():
+    region = _regions(llama_regions)["silu+mul"]
+    form = dict(region.form)
+    form["ops"] = [{"op": "aten.cumsum.default", "args": [{"in": 0}, 2], "kwargs": {}}] + [
+        {**o, "args": [{"n": a["n"] + 1} if isinstance(a, dict) and "n" in a else a for a in o["args"]]}
+        for o in form["ops"]]
+    sig = signature(region)
+    params = tuple((k, form if k == "form" else v) for k, v in sig.params)
+    sig = type(sig)(sig.op, sig.inputs, params, sig.output)
+    assert coverage(sig) == "not covered: aten.cumsum.default"
+    assert applicable_families(sig, "cpu") == []
+
+
+def test_region_spec_is_looked_up_by_signature_and_draws_masks_by_meaning():
+    region = _regions(llama_regions)["div+add+softmax+cast"]
+    sig = signature(region)
+    assert sig.slug() == region.name
+    spec = registry.spec_for(sig)
+    assert spec.tensors == ("in0", "in1") and spec.main == "in0"
+    assert roles(region.form) == ["data", "mask"]
+    import torch
+
+    t = spec.make_inputs([(n, (s.dtype, s.shape, s.strides)) for n, s in sig.inputs], "fresh",
+                         torch.Generator().manual_seed(0), "cpu")
+    assert set(t["in1"].unique().tolist()) == {0.0, torch.finfo(torch.bfloat16).min}
+    ref = spec.reference64({}, t)
+    assert ref.dtype == torch.float64 and torch.allclose(ref.sum(-1), torch.ones(2, 4, 16, dtype=torch.float64))
+
+
+def test_group_norm_reads_its_input_as_groups_and_weights_per_channel():
+    region = _regions(vae_resblock)["group_norm+silu"]
+    prog = program(signature(region))
+    assert (prog.kind, prog.space, prog.nred, len(prog.reductions)) == ("row", (2, 32, 2, 64), 2, 2)
+    weights = {leaf.strides for leaf in prog.out.leaves if leaf.source == ("in", 1)}
+    assert weights == {(0, 2, 1, 0)}  # channel = group * 2 + channel-in-group, nothing else
+
+
+def test_view_strides_follow_torch():
+    assert view_strides((2, 6), (6, 1), (2, 2, 3)) == (6, 3, 1)
+    assert view_strides((4, 3), (1, 4), (12,)) is None  # a transposed tensor flattens only by copy
+    assert view_strides((8, 4), (0, 1), (2, 4, 4)) == (0, 0, 1)
+
+
+def test_search_regions_end_to_end_stores_resumes_and_packs_the_region(tmp_path, monkeypatch):
+    """`search --regions` on a model: the region is a hotspot named by its signature, its winner is
+    stored, a resumed run re-searches nothing, and pack writes its form, entry op and ABI."""
+    import json
+
+    from forge_pack.pack.packager import pack
+    from forge_pack.search.pipeline import RunConfig, run
+    from forge_pack.store.run_store import Store
+
+    monkeypatch.setenv("FORGE_PACK_CPU_THREADS", "1")
+    model = str(Path(__file__).resolve().parent / "models" / "regions" / "conv_bn_block.py")
+    run_dir = tmp_path / "run"
+    config = RunConfig(model=model, device="cpu", budget=2, top=1, run_dir=str(run_dir), regions=True,
+                       )
+    summary = run(config, quiet=True, say=lambda s: None)
+    searched = [o for o in summary.outcomes if not o.skipped]
+    assert [o.hotspot.op for o in searched] == ["region"]
+    region = searched[0].hotspot.extra["region"]
+    assert searched[0].hotspot.id == region["name"] and region["name"].startswith("batch_norm_")
+    assert searched[0].hotspot.captures  # the real inputs, saved from the graph's own run
+    with Store(run_dir) as store:
+        ids = {r["id"] for r in store.hotspots()}
+    assert region["name"] in ids
+    again = run(config, resume=True, quiet=True, say=lambda s: None)
+    assert [o.hotspot.id for o in again.outcomes if not o.skipped] == [region["name"]]
+    if not summary.winners:
+        pytest.skip("no kernel beat eager on this machine: nothing to pack")
+    res = pack(run_dir, tmp_path / "pkg", confirm=False, say=lambda s: None)
+    assert res.written, res.message
+    entry = res.targets[0]["region"]
+    assert entry["inputs"] == [f"in{k}" for k in range(len(entry["form"]["inputs"]))]
+    assert entry["entry"].endswith("::t0") and entry["name"] == region["name"]
+    assert json.loads(entry["key"]) == entry["form"]
+
+
+def test_derived_sets_keep_a_non_dense_input_layout():
+    """A region input that is a slice of a larger buffer keeps its strides in every derived set
+    (the kernel is specialised to them; a dense copy would be read at the wrong places)."""
+    import torch
+
+    from forge_pack.targets import ops
+
+    region = _regions(llama_regions)["silu+mul"]
+    sig = signature(region)
+    spec = sig.inputs[0][1]
+    wide = type(spec)(spec.dtype, spec.shape, (spec.strides[0] * 3, spec.strides[1] * 3, 1))
+    sig = type(sig)(sig.op, ((sig.inputs[0][0], wide), sig.inputs[1]), sig.params, sig.output)
+    src = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(0), "cpu")
+    for kind in ops.DERIVED_KINDS:
+        out = ops.derive_inputs(sig, kind, src, torch.Generator().manual_seed(1))
+        assert out["in0"].stride() == wide.strides and out["in1"].stride() == src["in1"].stride()

@@ -154,6 +154,12 @@ def test_search_regions_end_to_end_stores_resumes_and_packs_the_region(tmp_path,
     assert entry["inputs"] == [f"in{k}" for k in range(len(entry["form"]["inputs"]))]
     assert entry["entry"].endswith("::t0") and entry["name"] == region["name"]
     assert json.loads(entry["key"]) == entry["form"]
+    # compile mode's graph pass reads the manifest's `regions`: the region under the target's id, its
+    # op the target's torch op, and the compile gate's record for that id on both entries
+    doc = json.loads((Path(res.out_dir) / res.package / "manifest.json").read_text())
+    (reg,) = doc["regions"]
+    assert (reg["id"], reg["op"], reg["form"], reg["output"]) == ("t0", entry["entry"], entry["form"], entry["output"])
+    assert reg.get("compile") == doc["targets"][0].get("compile")  # one record per id (None: gate not run)
 
 
 def test_derived_sets_keep_a_non_dense_input_layout():

@@ -78,7 +78,9 @@ def _raise_recompile_limit(n: int) -> None:
 
 def candidates(patcher: Any) -> list[str]:
     """What compile mode may swap in: the op targets that are one traced call, then the manifest's regions."""
-    return [t.id for t in patcher.targets if not t.composite] + [r["id"] for r in patcher.manifest.get("regions") or []]
+    # a region target is swapped as a subgraph (its entry in ``regions``, same id), never as a traced call
+    ops = [t.id for t in patcher.targets if not t.composite and t.op != "region"]
+    return ops + [r["id"] for r in patcher.manifest.get("regions") or []]
 
 
 def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: float = BUDGET_S, max_n: int = MAX_N,

@@ -466,6 +466,9 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
                   "sources": ["csrc/binding.cpp"] + [c.launcher_file for c in codes]},
         "targets": targets, "dropped": dropped, "model_result": None,
     }
+    regions = _compile_regions(targets)
+    if regions:
+        doc["regions"] = regions
     _copy_static(stage, name, doc)
     doc["verify_rules"] = vendor_verify_rules(pkg, version)
     doc["targets_runtime"] = vendor_targets(pkg)
@@ -473,6 +476,13 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
     manifest_mod.write(pkg / "manifest.json", doc)
     shutil.copy2(manifest_mod.SCHEMA_PATH, pkg / "manifest.schema.json")
     return doc
+
+
+def _compile_regions(targets: list[dict]) -> list[dict]:
+    """The manifest's ``regions`` (what compile mode's graph pass swaps, docs/package.md): one per region
+    target, under the target's id, so the compile gate's record for that id decides both."""
+    return [{"id": t["id"], "name": t["region"]["name"], "form": t["region"]["form"], "op": t["region"]["entry"],
+             "output": t["region"]["output"]} for t in targets if t.get("region")]
 
 
 def _region_entry(sig, torch_op: str) -> dict:

@@ -223,14 +223,14 @@ def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_
     """forge-pack build on the GPU, pip install, apply, compare, revert bitwise, `python -m <pkg> verify`."""
     name = f"{model.stem}_gpu"
     out = tmp_path / name
+    # --allow-no-gain: this test is the package's round trip on the GPU, which must run whatever the
+    # whole-model gain of a tiny model (the gain gate has its own tests, test_build_gain_and_from_run.py)
     r = subprocess.run([*forge_cmd, "build", str(model), "--device", "cuda", "--budget", "12", "--out", str(out),
-                        "--name", name, "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
-                       env=cli_env, timeout=3600)
+                        "--name", name, "--run-dir", str(tmp_path / "run"), "--allow-no-gain"],
+                       capture_output=True, text=True, env=cli_env, timeout=3600)
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-6000:]
-    if not out.exists():
-        assert "No faster kernel" in r.stdout
-        pytest.skip(f"no kernel beat eager on {model.stem}")
+    assert (out / name / "manifest.json").is_file(), r.stdout[-3000:]
     doc = json.loads((out / name / "manifest.json").read_text())
     assert doc["model_result"] is not None and doc["model_result"]["kernel_calls"], doc["model_result"]
     site = tmp_path / "site"

@@ -214,6 +214,9 @@ def test_cuda_package_verify_passes_on_the_gpu(gpu_site):
 
 
 MODELS = sorted((Path(__file__).resolve().parent / "models").glob("*.py"))
+# Build flags an example model needs on CUDA: the CUDA attention family computes in bf16/fp16 (mma.sync),
+# so the float32 attention model is built in bfloat16 (a float32 build searches nothing and writes nothing).
+CUDA_BUILD_FLAGS = {"attention_block": ["--dtype", "bfloat16"]}
 
 
 @pytest.mark.gpu
@@ -226,7 +229,8 @@ def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_
     # --allow-no-gain: this test is the package's round trip on the GPU, which must run whatever the
     # whole-model gain of a tiny model (the gain gate has its own tests, test_build_gain_and_from_run.py)
     r = subprocess.run([*forge_cmd, "build", str(model), "--device", "cuda", "--budget", "12", "--out", str(out),
-                        "--name", name, "--run-dir", str(tmp_path / "run"), "--allow-no-gain"],
+                        "--name", name, "--run-dir", str(tmp_path / "run"), "--allow-no-gain",
+                        *CUDA_BUILD_FLAGS.get(model.stem, [])],
                        capture_output=True, text=True, env=cli_env, timeout=3600)
     print(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-6000:]

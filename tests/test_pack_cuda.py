@@ -245,7 +245,8 @@ def test_build_example_model_on_cuda_round_trip(model, tmp_path, cli_env, forge_
     print(r.stdout)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     r = subprocess.run([sys.executable, "-m", "forge_pack.cli.demo", "show", name, str(model), "--device", "cuda",
-                        "--json"], capture_output=True, text=True, env=env, timeout=900)
+                        *CUDA_BUILD_FLAGS.get(model.stem, []), "--json"], capture_output=True, text=True, env=env,
+                       timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     print(res)

@@ -30,7 +30,7 @@ declare -A SELECT=(
   [timing]="tests/test_timing_protocol.py"
   # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
   [package_verify]="tests/test_package_verify_checks.py"
-  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py"
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py tests/targets"
   # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
   #  the unit tests reach the same code)
   [object_check]="tests/test_object_check_decisions.py tests/test_object_check.py

@@ -99,6 +99,8 @@ def test_odd_shapes_keep_the_row_length_then_shorten_it_by_one_when_rows_are_lon
     assert odd((4, 6, 10)) == [((37, 10), False), ((3, 9), False)]
     assert odd((5, 3)) == [((37, 3), False), ((3, 2), False)]
     assert odd((5, 2)) == [((37, 2), False)]
+    assert odd((4, 6, 2)) == [((37, 2), False)]  # the row length decides, not another dim
+    assert odd((4, 2, 10)) == [((37, 10), False), ((3, 9), False)]
 
 
 @pytest.mark.parametrize("shape, dim, problem", [

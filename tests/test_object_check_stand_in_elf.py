@@ -18,10 +18,14 @@ SVC = (0xD4000001).to_bytes(4, "little")
 class _Elf(oc.Elf):
     """A parsed object whose symbol tables and dynamic entries are given rather than read."""
 
-    def __init__(self, data, machine, segments=(), sections=(), symbols=None, dynamic=()):
+    def __init__(self, data, machine, segments=(), sections=(), symbols=None, dynamic=(), relocations=()):
         super().__init__(data, machine, list(segments), list(sections))
         self._symbols = symbols or {}
         self._dynamic = list(dynamic)
+        self._relocations = list(relocations)
+
+    def relocations(self):
+        return self._relocations
 
     def symbols(self, sh_type):
         return list(self._symbols.get(sh_type, []))
@@ -42,16 +46,18 @@ def _base():
     return oc.Baseline(init_array=0, fini_array=0, init_size=0, fini_size=0, weak=frozenset())
 
 
-def _problems(monkeypatch, code: bytes, machine=oc.EM_X86_64, symtab=(), text_size=None):
+def _problems(monkeypatch, code: bytes, machine=oc.EM_X86_64, symtab=(), text_size=None, dynamic=(),
+              relocations=(), sections=(), base=None):
     """problems() of a shared object whose one executable segment (at 0x1000) holds ``code``; a
     .text section covers its first ``text_size`` bytes (all of it by default)."""
     sections = [_sec(".dynsym", oc.SHT_DYNSYM), _sec(".text", flags=oc.SHF_EXECINSTR, addr=0x1000,
-                                                     size=len(code) if text_size is None else text_size)]
+                                                     size=len(code) if text_size is None else text_size),
+                *sections]
     segments = [oc.Segment(oc.PT_LOAD, oc.PF_X, 0, 0x1000, len(code), len(code)),
                 oc.Segment(oc.PT_GNU_STACK, 0, 0, 0, 0, 0)]
-    elf = _Elf(code, machine, segments, sections, {oc.SHT_SYMTAB: list(symtab)})
+    elf = _Elf(code, machine, segments, sections, {oc.SHT_SYMTAB: list(symtab)}, dynamic, relocations)
     monkeypatch.setattr(oc.Elf, "parse", staticmethod(lambda data: elf))
-    return oc.problems(b"", _base())
+    return oc.problems(b"", base or _base())
 
 
 def _syscall_finding(places: str) -> list[str]:
@@ -139,3 +145,76 @@ def test_a_host_object_of_a_machine_without_system_call_patterns_has_no_hits(mon
     elf = _Elf(SYSCALL, oc.EM_AARCH64, sections=sections)
     elf.bytes_of = lambda sec: SYSCALL
     assert _host(monkeypatch, elf).syscalls == ()
+
+
+LOAD_TIME = ("it runs code when loaded or unloaded, outside any call: extra init/fini entries "
+             "(`__attribute__((constructor/destructor))`, a global object with a constructor or destructor, "
+             "__builtin_cpu_supports); compute tables inside the call or make them constexpr")
+
+
+def test_load_time_findings_are_read_from_the_dynamic_entries(monkeypatch):
+    nop = b"\x90" * 4
+    assert _problems(monkeypatch, nop, dynamic=[(oc.DT_FLAGS, oc.DF_TEXTREL)]) == [
+        "it has text relocations (code patched at load time)"]
+    assert _problems(monkeypatch, nop, dynamic=[(oc.DT_FLAGS, oc.DF_STATIC_TLS)]) == [
+        "it has thread-local storage (`thread_local`, `__thread`, `threadprivate`): per-thread state outlives "
+        "the call and its destructors run after return; keep per-thread scratch on the stack"]
+    assert _problems(monkeypatch, nop, dynamic=[(oc.DT_PREINIT_ARRAYSZ, 8)]) == [LOAD_TIME]
+    one_each = oc.Baseline(init_array=1, fini_array=1, init_size=0, fini_size=0, weak=frozenset())
+    # 12 bytes are one whole 8-byte entry and a part: no entry beyond the toolchain's own
+    assert _problems(monkeypatch, nop, dynamic=[(oc.DT_INIT_ARRAYSZ, 12), (oc.DT_FINI_ARRAYSZ, 12)],
+                     base=one_each) == []
+    assert _problems(monkeypatch, nop, dynamic=[(oc.DT_FINI_ARRAYSZ, 16)], base=one_each) == [LOAD_TIME]
+
+
+def test_code_added_to_init_or_fini_names_the_section_and_both_sizes(monkeypatch):
+    sections = [_sec(".init", addr=0x2000, size=27), _sec(".fini", addr=0x3000, size=13)]
+    got = _problems(monkeypatch, b"\x90", dynamic=[(oc.DT_INIT, 0x2000), (oc.DT_FINI, 0x3000)], sections=sections)
+    assert got == ["code was added to _init (.init is 27 bytes, the toolchain's own is 0)",
+                   "code was added to _fini (.fini is 13 bytes, the toolchain's own is 0)"]
+
+
+def test_ifunc_resolvers_are_named_or_counted_by_their_relocations(monkeypatch):
+    tail = "; target_clones / ifunc attributes), which run while the object loads"
+    irel = [(0x4000, 37, 0, 0x1000)]
+    assert _problems(monkeypatch, b"\x90", relocations=irel) == [f"it has IFUNC resolvers (1 IRELATIVE relocations{tail}"]
+    assert _problems(monkeypatch, b"\x90", relocations=[(0x4000, 0, 37, 0x1000)]) == []
+    syms = [_sym("pick_b", 0x1000, 1, type_=oc.STT_GNU_IFUNC), _sym("pick_a", 0x1000, 1, type_=oc.STT_GNU_IFUNC)]
+    assert _problems(monkeypatch, b"\x90", symtab=syms) == [f"it has IFUNC resolvers (pick_a, pick_b{tail}"]
+
+
+def test_constructor_sections_are_named(monkeypatch):
+    sections = [_sec(".preinit_array"), _sec(".dtors"), _sec(".ctors"), _sec(".ctors.1")]
+    assert _problems(monkeypatch, b"\x90", sections=sections) == [
+        "it has constructor sections .ctors, .dtors, .preinit_array"]
+
+
+def test_the_svc_list_names_six_places(monkeypatch):
+    got = _problems(monkeypatch, SVC * 7, machine=oc.EM_AARCH64)
+    places = ", ".join(f".text@{0x1000 + 4 * i:#x}" for i in range(6))
+    assert got == [f"`svc` (system call) at {places}: a kernel makes no system calls"]
+
+
+def _baseline(monkeypatch, elf):
+    def run(cmd, **kwargs):
+        assert open(cmd[-1]).read().startswith("// an empty translation unit")  # the source it wrote
+        with open(cmd[cmd.index("-o") + 1], "wb") as f:
+            f.write(b"object")
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(oc, "_baselines", {})
+    monkeypatch.setattr(oc.subprocess, "run", run)
+    monkeypatch.setattr(oc.Elf, "parse", staticmethod(lambda data: elf))
+    return oc.baseline(("-shared",))
+
+
+def test_the_toolchain_baseline_reads_its_arrays_init_fini_and_weak_imports(monkeypatch):
+    at_zero = [_sec(".note", addr=0, size=64)]
+    dynsyms = [oc.Symbol("__gmon_start__", 0, 0, oc.STB_WEAK, 0, 0), oc.Symbol("memcpy", 0, 0, 1, oc.STT_FUNC, 0),
+               oc.Symbol("defined_weak", 0x10, 4, oc.STB_WEAK, oc.STT_FUNC, 5), oc.Symbol("", 0, 0, oc.STB_WEAK, 0, 0)]
+    bare = _baseline(monkeypatch, _Elf(b"", oc.EM_X86_64, sections=at_zero, symbols={oc.SHT_DYNSYM: dynsyms}))
+    assert bare == oc.Baseline(0, 0, 0, 0, frozenset({"__gmon_start__"}))
+    sections = at_zero + [_sec(".init", addr=0x2000, size=27), _sec(".fini", addr=0x3000, size=13)]
+    dyn = [(oc.DT_INIT, 0x2000), (oc.DT_FINI, 0x3000), (oc.DT_INIT_ARRAYSZ, 8), (oc.DT_FINI_ARRAYSZ, 16)]
+    full = _baseline(monkeypatch, _Elf(b"", oc.EM_X86_64, sections=sections, dynamic=dyn))
+    assert full == oc.Baseline(1, 2, 27, 13, frozenset())

@@ -198,6 +198,9 @@ def test_sections_are_nameless_when_the_name_table_index_is_not_a_section(tmp_pa
     data[62:64] = (0).to_bytes(2, "little")  # e_shstrndx: SHN_UNDEF
     nameless = oc.Elf.parse(bytes(data)).sections
     assert len(nameless) == len(named) and {s.name for s in nameless} == {""}
+    data[62:64] = len(named).to_bytes(2, "little")  # one past the last section
+    past = oc.Elf.parse(bytes(data)).sections
+    assert len(past) == len(named) and {s.name for s in past} == {""}
 
 
 from test_object_check import build  # noqa: E402

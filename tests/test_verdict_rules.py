@@ -722,3 +722,18 @@ def test_compare_names_no_input_kind_unless_given_one():
     ref = torch.ones(2, dtype=torch.float64)
     assert vr.compare(torch.ones(2), ref).input_kind == ""
     assert vr.compare(torch.ones(2), ref, input_kind="offset").input_kind == "offset"
+
+
+def test_allowance_is_bucketed_by_the_kinds_magnitude_where_it_gives_one():
+    # element 0: a tiny result (2^-10) of large terms (magnitude 100); element 1: 96 of the same terms
+    ref = torch.tensor([2.0 ** -10, 96.0], dtype=torch.float64)
+    eager = torch.tensor([2.0 ** -10 + 2.0 ** -20, 96.0 + 2.0 ** -6])
+    mag = torch.tensor([100.0, 100.0], dtype=torch.float64)
+    by_mag = allowance(eager, ref, "float32", registry.get("adaptive_avg_pool2d"), magnitude=mag)
+    small, large = 1023 - 10, 1023 + 6  # the buckets of 2^-10 and of 64..128
+    assert float(by_mag[small]) == 0.0  # nothing is keyed by |ref| = 2^-10 any more
+    assert float(by_mag[large]) == 2.0 * 2.0 ** -6  # both errors in the bucket of 100: the larger, x2
+    by_ref = allowance(eager, ref, "float32", registry.get("adaptive_avg_pool2d"))
+    assert float(by_ref[small]) == 2.0 * 2.0 ** -20 and float(by_ref[large]) == 2.0 * 2.0 ** -6
+    # a magnitude in another float dtype is bucketed by its float64 value
+    assert torch.equal(allowance(eager, ref, "float32", None, magnitude=mag.float()), by_mag)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from .call_args import bind, implicit_dim, is_tensor
 from .dtypes import name_of, torch_dtype
 from .inputs import dim_rows, permute_rows_and_columns
@@ -64,29 +66,33 @@ def _complete(kwargs: dict):
     return None
 
 
-def _make(name: str, module: str, doc: str, tolerances: dict) -> TargetSpec:
-    def reference(params, t, lookup):
-        return lookup("torch", name)(t["x"], params["dim"])
-
-    def eager(params, out_dtype, lookup):
-        fn = lookup("torch", name)
-        dim, dt = params["dim"], torch_dtype(params["dtype"]) if params.get("dtype") else None
-        return lambda t: fn(t["x"], dim, dtype=dt)
-
-    return TargetSpec(
-        name=name, tensors=("x",), scalars=(), params=("dim", "dtype"), own_params=(), doc=doc,
-        size_vars=_size_vars, supports=_supports, float64_reference=reference, eager_call=eager,
-        tolerances=tolerances, draws={}, adversarial=("large", "neg_inf_rows", "constant"),
-        rows=_rows, permute=_permute, odd_shapes=_odd_shapes,
-        call_paths=function_paths(name, name, True, (module,)), bind=_binder, complete=_complete)
+# The two kinds differ only in the PyTorch function they name: the reference and eager call take
+# that name as their first argument (bound with partial below), so they are ordinary module
+# functions that run when called, not closures made once while the module is imported.
+def _reference(name: str, params, t, lookup):
+    return lookup("torch", name)(t["x"], params["dim"])
 
 
-SOFTMAX = _make(
-    "softmax", "Softmax",
-    "out[r, c] = exp(x[r, c] - max_c x[r, :]) / sum_c exp(x[r, :] - max), over the last dim; "
+def _eager(name: str, params, out_dtype, lookup):
+    fn = lookup("torch", name)
+    dim, dt = params["dim"], torch_dtype(params["dtype"]) if params.get("dtype") else None
+    return lambda t: fn(t["x"], dim, dtype=dt)
+
+
+# What both kinds share. Built at module level like every kind's spec (no factory function run
+# once at import): the functions it names are the code, and they run when called.
+_COMMON = dict(
+    tensors=("x",), scalars=(), params=("dim", "dtype"), own_params=(), size_vars=_size_vars, supports=_supports,
+    draws={}, adversarial=("large", "neg_inf_rows", "constant"), rows=_rows, permute=_permute,
+    odd_shapes=_odd_shapes, bind=_binder, complete=_complete)
+
+SOFTMAX = TargetSpec(
+    name="softmax", float64_reference=partial(_reference, "softmax"), eager_call=partial(_eager, "softmax"),
+    call_paths=function_paths("softmax", "softmax", True, ("Softmax",)), **_COMMON,
+    doc="out[r, c] = exp(x[r, c] - max_c x[r, :]) / sum_c exp(x[r, :] - max), over the last dim; "
     "x is contiguous [rows, cols]; out has the output dtype (it may differ from x's, e.g. bf16 in, "
     "fp32 out); the math is done in fp32.",
-    {
+    tolerances={
         # Probabilities are in [0, 1] and often ~1/cols (tiny for long rows): a generic atol would
         # let an all-zero output pass, so atol only forgives values below 1e-8.
         "float32": Tolerance(1e-8, 1e-4, "probabilities ~1/cols can be tiny: only values below "
@@ -97,11 +103,13 @@ SOFTMAX = _make(
                                          "6e-8 apart: one step absolute, else two ulps relative"),
     })
 
-LOG_SOFTMAX = _make(
-    "log_softmax", "LogSoftmax",
-    "out[r, c] = x[r, c] - max - log(sum_c exp(x[r, :] - max)) over the last dim; x contiguous "
+LOG_SOFTMAX = TargetSpec(
+    name="log_softmax", float64_reference=partial(_reference, "log_softmax"),
+    eager_call=partial(_eager, "log_softmax"),
+    call_paths=function_paths("log_softmax", "log_softmax", True, ("LogSoftmax",)), **_COMMON,
+    doc="out[r, c] = x[r, c] - max - log(sum_c exp(x[r, :] - max)) over the last dim; x contiguous "
     "[rows, cols]; fp32 math.",
-    {
+    tolerances={
         # log-probabilities are large negative numbers: relative error rules, atol for values near 0.
         "float32": Tolerance(1e-5, 1e-5, "x - max - log(sum): one fp32 rounding of the "
                                          "log-sum-exp, relative to |out|"),

@@ -64,3 +64,45 @@ def test_abi_and_applicability():
     assert abi.supports(sig) is None
     wide = kc.signature("adaptive_avg_pool2d", {"x": torch.empty(2, 8, 5, 7)}, {"output_size": [2, 2]})
     assert abi.supports(wide) == "only output size (1, 1) is targeted"
+
+
+def test_the_binder_reads_a_none_size_as_the_inputs_own_and_takes_any_input_of_two_dims_or_more():
+    spec = registry.get("adaptive_avg_pool2d")
+    x3 = torch.randn(3, 5, 7)
+    assert spec.bind("F", (x3, (None, 2)), {}) == ({"x": x3}, {"output_size": [5, 2]})
+    assert spec.bind("F", (x3, (2, None)), {}) == ({"x": x3}, {"output_size": [2, 7]})
+    x2 = torch.randn(5, 7)
+    assert spec.bind("F", (x2, 1), {}) == ({"x": x2}, {"output_size": [1, 1]})
+    assert spec.bind("F", (x, 1, 2), {}) is None  # too many arguments: refused, never raised
+
+
+def test_applicability_names_the_kind_for_other_ranks_and_refuses_other_layouts():
+    three_d = kc.signature("adaptive_avg_pool2d", {"x": torch.empty(3, 5, 7)}, {"output_size": [1, 1]})
+    assert abi.supports(three_d) == "adaptive_avg_pool2d is targeted on 4-d inputs only"
+    strided = kc.signature("adaptive_avg_pool2d", {"x": torch.empty(2, 8, 5, 14)[..., ::2]}, {"output_size": [1, 1]})
+    assert abi.supports(strided) == "input is neither contiguous nor channels_last"
+
+
+def test_a_parsed_signature_defaults_to_the_global_pool():
+    spec = registry.get("adaptive_avg_pool2d")
+    kwargs = {"input": torch.empty(2, 8, 5, 7, device="meta")}
+    assert spec.complete(kwargs) is None and kwargs["output_size"] == [1, 1]
+    given = {"input": kwargs["input"], "output_size": [2, 3]}
+    assert spec.complete(given) is None and given["output_size"] == [2, 3]
+
+
+def test_the_float64_reference_and_eager_call_are_the_plane_means():
+    spec = registry.get("adaptive_avg_pool2d")
+    t = {"x": torch.tensor([[[[1.0, 2.0], [3.0, 6.0]], [[-1.0, -1.0], [-1.0, 7.0]]]])}
+    ref = spec.reference64({"output_size": [1, 1]}, t)
+    assert ref.dtype == torch.float64 and ref.flatten().tolist() == [3.0, 1.0] and tuple(ref.shape) == (1, 2, 1, 1)
+    out = spec.eager({"output_size": [1, 1]}, "float32")(t)
+    assert out.dtype == torch.float32 and out.flatten().tolist() == [3.0, 1.0]
+    rows = spec.reference64({"output_size": [2, 1]}, t)
+    assert rows.flatten().tolist() == [1.5, 4.5, -1.0, 3.0]  # the output size is the call's
+
+
+def test_the_spec_carries_the_pools_contract():
+    spec = registry.get("adaptive_avg_pool2d")
+    assert (spec.tensors, spec.scalars, spec.params, spec.adversarial) == (("x",), (), ("output_size",), ("large",))
+    assert [p.label for p in spec.call_paths] == ["F.adaptive_avg_pool2d", "nn.AdaptiveAvgPool2d"]

@@ -84,3 +84,49 @@ def test_abi_and_applicability():
     three_d = kc.signature("batch_norm", {"x": torch.empty(2, 8, 5), "running_mean": c, "running_var": c,
                                           "weight": None, "bias": None}, {"eps": 1e-5, "training": False})
     assert abi.supports(three_d) == "batch_norm is targeted on 4-d inputs only"
+
+
+def test_the_binders_defaults_are_pytorchs_and_keywords_bind_on_both_paths():
+    spec = registry.get("batch_norm")
+    tensors, params = spec.bind("F", (x, rm, rv), {})
+    assert params == {"eps": 1e-5, "training": False} and tensors["weight"] is None and tensors["bias"] is None
+    kw = {"training": False, "momentum": 0.1, "eps": 1e-4, "cudnn_enabled": True}
+    tensors, params = spec.bind("torch", (x, w, b, rm, rv), kw)
+    assert params == {"eps": 1e-4, "training": False}
+    assert tensors["running_mean"] is rm and tensors["running_var"] is rv and tensors["weight"] is w
+    assert spec.bind("F", (x, rm, rv), {"momentum": 0.2}) is not None
+
+
+@pytest.mark.parametrize("args", [(x, None, rv), (x, rm, None)])
+def test_a_missing_running_statistic_is_refused(args):
+    assert registry.get("batch_norm").bind("F", args, {}) is None
+
+
+def test_training_mode_is_refused_by_applicability_after_the_layout():
+    c = torch.empty(8)
+    t = {"running_mean": c, "running_var": c, "weight": None, "bias": None}
+    train = kc.signature("batch_norm", {"x": torch.empty(2, 8, 5, 7), **t}, {"eps": 1e-5, "training": True})
+    assert abi.supports(train) == "batch_norm in training mode is not targeted"
+    train_3d = kc.signature("batch_norm", {"x": torch.empty(2, 8, 5), **t}, {"eps": 1e-5, "training": True})
+    assert abi.supports(train_3d) == "batch_norm is targeted on 4-d inputs only"
+
+
+def test_a_parsed_signature_needs_both_running_statistics():
+    spec = registry.get("batch_norm")
+    c = torch.empty(8, device="meta")
+    want = ("batch_norm needs running_mean and running_var tensors",
+            "e.g. 'x: f32[32,64,56,56], running_mean: f32[64], running_var: f32[64]'")
+    assert spec.complete({"input": c, "running_mean": c}) == want
+    assert spec.complete({"input": c, "running_var": c}) == want
+    assert spec.complete({"input": c, "running_mean": c, "running_var": c}) is None
+
+
+def test_the_float64_reference_and_eager_call_use_the_running_statistics_exactly():
+    spec = registry.get("batch_norm")
+    t = {"x": torch.tensor([3.0, 5.0]).view(1, 2, 1, 1), "running_mean": torch.tensor([1.0, 1.0]),
+         "running_var": torch.tensor([4.0, 16.0]), "weight": torch.tensor([2.0, 3.0]), "bias": torch.tensor([0.0, 1.0])}
+    ref = spec.reference64({"eps": 0.0, "training": False}, t)
+    assert ref.dtype == torch.float64 and ref.flatten().tolist() == [2.0, 4.0]
+    assert spec.eager({"eps": 0.0, "training": False}, "float32")(t).flatten().tolist() == [2.0, 4.0]
+    bare = {**t, "running_var": torch.tensor([4.0, 52.0]), "weight": None, "bias": None}
+    assert spec.reference64({"eps": 12.0, "training": False}, bare).flatten().tolist() == [0.5, 0.5]  # eps is added

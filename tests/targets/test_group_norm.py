@@ -65,3 +65,69 @@ def test_abi_and_applicability():
     cl = kc.signature("group_norm", {"x": torch.empty(2, 8, 5, 7).to(memory_format=torch.channels_last),
                                      "weight": None, "bias": None}, {"num_groups": 4, "eps": 1e-5})
     assert abi.supports(cl) == "non-contiguous input"
+
+
+def test_the_binders_defaults_are_pytorchs_on_both_paths():
+    from forge_pack.targets import registry
+
+    spec = registry.get("group_norm")
+    for style in ("F", "torch"):
+        tensors, params = spec.bind(style, (x, 2), {})
+        assert params == {"num_groups": 2, "eps": 1e-5} and tensors == {"x": x, "weight": None, "bias": None}
+    assert spec.bind("torch", (x, 2), {"cudnn_enabled": False})[1] == {"num_groups": 2, "eps": 1e-5}
+
+
+def _sig(shape, groups):
+    return kc.signature("group_norm", {"x": torch.empty(shape), "weight": None, "bias": None},
+                        {"num_groups": groups, "eps": 1e-5})
+
+
+def test_size_vars_are_integers_even_for_one_channel_of_one_sample():
+    from forge_pack.targets import registry
+
+    got = registry.get("group_norm").size_vars(_sig((2, 8, 5, 7), 4))
+    assert got == {"N": 2, "C": 8, "G": 4, "HW": 35, "CPG": 2, "GROUP_SIZE": 70}
+    assert all(type(v) is int for v in got.values())
+    assert registry.get("group_norm").size_vars(_sig((1, 1, 3, 3), 1)) == {
+        "N": 1, "C": 1, "G": 1, "HW": 9, "CPG": 1, "GROUP_SIZE": 9}
+
+
+def test_applicability_needs_samples_and_channels():
+    from forge_pack.targets import registry
+
+    from forge_pack.targets import ops
+
+    flat = ops.make_signature("group_norm", {"x": torch.empty(8), "weight": None, "bias": None},
+                              {"num_groups": 1, "eps": 1e-5})
+    assert registry.get("group_norm").supports(flat) == "group_norm needs [N, C, ...]"
+    assert abi.supports(_sig((2, 8), 4)) is None  # [N, C] with no spatial dims is still a group norm
+
+
+def test_odd_shapes_take_at_most_three_samples_and_keep_the_channels():
+    from forge_pack.targets import registry
+
+    odd = registry.get("group_norm").odd_shapes
+    assert odd(_sig((4, 8, 5, 7), 4)) == [((3, 8, 5, 7), False)]
+    assert odd(_sig((1, 8, 10), 2)) == [((2, 8, 5), False)]
+    assert odd(_sig((2, 8), 4)) == [((3, 8), False)]
+
+
+def test_a_parsed_signature_needs_num_groups():
+    from forge_pack.targets import registry
+
+    spec = registry.get("group_norm")
+    t = torch.empty(1, 8, 4, device="meta")
+    assert spec.complete({"input": t}) == ("group_norm needs num_groups=G", "e.g. 'x: f32[1,512,128,128], num_groups=32'")
+    assert spec.complete({"input": t, "num_groups": 2}) is None
+
+
+def test_the_float64_reference_and_eager_call_normalize_each_group():
+    from forge_pack.targets import registry
+
+    spec = registry.get("group_norm")
+    t = {"x": torch.tensor([[[1.0, 3.0], [5.0, 7.0]]]), "weight": torch.tensor([2.0, 1.0]), "bias": torch.tensor([0.0, 1.0])}
+    ref = spec.reference64({"num_groups": 2, "eps": 0.0}, t)
+    assert ref.dtype == torch.float64 and ref.tolist() == [[[-2.0, 2.0], [0.0, 2.0]]]
+    assert spec.eager({"num_groups": 2, "eps": 0.0}, "float32")(t).tolist() == [[[-2.0, 2.0], [0.0, 2.0]]]
+    one = spec.reference64({"num_groups": 1, "eps": 0.0}, {**t, "weight": None, "bias": None})
+    assert torch.allclose(one, torch.tensor([[[-3.0, -1.0], [1.0, 3.0]]], dtype=torch.float64) / 5 ** 0.5, rtol=1e-15)

@@ -64,3 +64,26 @@ def test_abi_and_applicability():
     strided_w = kc.signature("layer_norm", {"x": torch.empty(4, 10), "weight": torch.empty(20)[::2], "bias": None},
                              {"normalized_shape": [10], "eps": 1e-5})
     assert abi.supports(strided_w) == "non-contiguous weight"
+
+
+def test_the_binders_defaults_are_pytorchs_on_both_paths():
+    from forge_pack.targets import registry
+
+    spec = registry.get("layer_norm")
+    for style in ("F", "torch"):
+        tensors, params = spec.bind(style, (x, [8]), {})
+        assert params == {"normalized_shape": [8], "eps": 1e-5} and tensors == {"x": x, "weight": None, "bias": None}
+    assert spec.bind("torch", (x, 8), {"cudnn_enable": False})[1] == {"normalized_shape": [8], "eps": 1e-5}
+
+
+def test_the_float64_reference_and_eager_call_normalize_the_trailing_shape():
+    from forge_pack.targets import registry
+
+    spec = registry.get("layer_norm")
+    t = {"x": torch.tensor([[1.0, 3.0], [0.0, 4.0]]), "weight": torch.tensor([2.0, 3.0]), "bias": torch.tensor([1.0, 1.0])}
+    ref = spec.reference64({"normalized_shape": [2], "eps": 0.0}, t)
+    assert ref.dtype == torch.float64 and ref.tolist() == [[-1.0, 4.0], [-1.0, 4.0]]
+    assert spec.eager({"normalized_shape": [2], "eps": 0.0}, "float32")(t).tolist() == [[-1.0, 4.0], [-1.0, 4.0]]
+    whole = spec.reference64({"normalized_shape": [2, 2], "eps": 0.0}, {"x": t["x"], "weight": None, "bias": None})
+    # mean 2, variance (1 + 1 + 4 + 4) / 4 = 2.5 over all four
+    assert torch.allclose(whole, torch.tensor([[-1.0, 1.0], [-2.0, 2.0]], dtype=torch.float64) / 2.5 ** 0.5, rtol=1e-15)

@@ -100,3 +100,65 @@ def test_a_composite_module_call_binds_its_input_weight_and_eps(tmp_path_factory
     assert spec.bind_module(m, (x,), {}) is None
     patch_mod = kc.package_runtime(tmp_path_factory.getbasetemp())
     assert patch_mod.TARGETS.get("rms_norm").bind_module(_LlamaStyleNorm(), (x,), {})[1] == {"eps": 1e-6}
+
+
+def test_the_default_eps_is_float32s_for_every_dtype_but_float64():
+    from forge_pack.targets.rms_norm import default_eps
+
+    assert default_eps(torch.float64) == 2.220446049250313e-16
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert default_eps(dtype) == 1.1920928955078125e-07
+
+
+def test_a_modules_eps_is_read_from_the_first_numeric_attribute_of_the_usual_names():
+    from forge_pack.targets.rms_norm import module_eps
+
+    class M:
+        pass
+
+    m = M()
+    assert module_eps(m) is None
+    m.epsilon = 3
+    assert module_eps(m) == 3.0 and type(module_eps(m)) is float
+    m.variance_epsilon = 1e-6
+    assert module_eps(m) == 1e-6
+    m.eps = 1e-5
+    assert module_eps(m) == 1e-5
+    m.eps = False  # a flag, not a number: the next name counts
+    assert module_eps(m) == 1e-6
+
+
+def test_a_composite_module_without_a_weight_binds_none():
+    class NoWeight(torch.nn.Module):
+        eps = 1e-6
+
+    spec = registry.get("rms_norm")
+    assert spec.bind_module(NoWeight(), (x,), {}) == ({"x": x, "weight": None}, {"eps": 1e-6})
+    assert spec.bind_module(NoWeight(), ([1.0],), {}) is None  # not a tensor
+    assert spec.bind_module(torch.nn.Identity(), (x,), {}) is None  # no eps attribute
+
+
+def test_calls_with_too_many_arguments_are_refused_not_raised():
+    assert registry.get("rms_norm").bind("F", (x, [8], w, 1e-6, 1), {}) is None
+
+
+def test_the_float64_reference_is_exact_on_a_small_row():
+    spec = registry.get("rms_norm")
+    t = {"x": torch.tensor([[3.0, 4.0]]), "weight": torch.tensor([1.0, 2.0])}
+    rms = 12.5 ** 0.5
+    plain = spec.reference64({**_params(0.0, (2,))}, t)
+    assert plain.dtype == torch.float64 and torch.allclose(plain, torch.tensor([[3 / rms, 8 / rms]], dtype=torch.float64),
+                                                           rtol=1e-15, atol=0)
+    gemma = spec.reference64({**_params(0.0, (2,)), "weight_offset": 1.0}, t)
+    assert torch.allclose(gemma, torch.tensor([[6 / rms, 12 / rms]], dtype=torch.float64), rtol=1e-15, atol=0)
+    bare = spec.reference64({**_params(0.0, (2,))}, {"x": t["x"], "weight": None})
+    assert torch.allclose(bare, torch.tensor([[3 / rms, 4 / rms]], dtype=torch.float64), rtol=1e-15, atol=0)
+    both = spec.reference64({**_params(0.0, (1, 2))}, {"x": t["x"].view(1, 1, 2), "weight": None})
+    assert torch.allclose(both.flatten(), bare.flatten(), rtol=1e-15, atol=0)
+
+
+def test_the_composite_eager_call_without_an_offset_param_is_llama_style():
+    t = {"x": torch.randn(3, 16).bfloat16(), "weight": torch.randn(16).bfloat16()}
+    params = {"normalized_shape": [16], "eps": 1e-6, "composite": True}  # no weight_offset: none
+    got = registry.get("rms_norm").eager(params, "bfloat16")(t)
+    assert torch.equal(got, composite_rms_norm(t["x"], t["weight"], 1e-6, 0.0, torch.bfloat16))

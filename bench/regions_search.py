@@ -57,8 +57,19 @@ def search(model: str, args) -> dict:
             "ours_family": best.candidate.label if best else None,
             "vs_eager": ev.speedup_vs_eager if ev else None, "vs_compile": ev.speedup_vs_compile if ev else None,
             "copy_bw_fraction": ev.bandwidth_fraction if ev else None, "bytes_moved": reg.get("bytes_moved")})
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import environment
+
     return {"model": model, "device": summary.device, "run_dir": str(run_dir), "regions": rows,
+            "environment": environment(), "commit": _commit(),
             "command": "python " + " ".join(shlex.quote(a) for a in sys.argv)}
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    return r.stdout.strip() or None if r.returncode == 0 else None
 
 
 def _fmt(v, unit=""):
@@ -72,7 +83,10 @@ def write(results: list[dict], base: Path) -> None:
     base.with_suffix(".json").write_text(json.dumps(results, indent=2))
     lines = ["# Regions: generated kernels vs Inductor's fused kernel", ""]
     for r in results:
+        env = r.get("environment") or {}
+        where = ", ".join(f"{k} {env[k]}" for k in ("gpu", "torch", "cuda", "python") if env.get(k))
         lines += [f"## {r['model']} ({r['device']})", "", f"`{r['command']}`", "",
+                  *([f"{where}; commit {r.get('commit') or 'unknown'}", ""] if where else []),
                   "| region | ops | share | eager | compile | ours | vs compile | % copy BW |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for x in r["regions"]:

@@ -65,14 +65,21 @@ def test_the_package_ships_the_target_registry_byte_for_byte_with_its_digest_in_
 def test_the_shipped_registry_imports_only_torch_the_standard_library_and_itself():
     from forge_pack.targets.registry import RUNTIME_MODULES
 
-    allowed = {"__future__", "dataclasses", "typing", "importlib"}
+    allowed = {"__future__", "dataclasses", "typing", "importlib", "json", "functools", "inspect", "math"}
+    # region_target reaches the canonical form code beside it (forge_pack/graph, in a package <pkg>/_graph,
+    # shipped verbatim too); forge_pack itself only in a build-only function (signature) and as the last
+    # fallback when templates/package runs from forge-pack's source tree under a private name
+    outside = {("region_target", 2, "graph"), ("region_target", 2, "_graph"),
+               ("region_target", 0, "forge_pack.graph"), ("region_target", 0, "forge_pack.core.signature")}
     for m in RUNTIME_MODULES:
         tree = ast.parse((RULES_SOURCE.parents[1] / "targets" / f"{m}.py").read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 assert {a.name for a in node.names} <= allowed, m
             elif isinstance(node, ast.ImportFrom):
-                assert node.level == 1 or node.module in allowed, (m, node.module)
+                what = node.module or node.names[0].name
+                assert (node.level == 1 or node.module in allowed or (m, node.level, what) in outside), \
+                    (m, node.level, what)
 
 
 def test_manifest_tolerance_is_the_rules_tolerance_with_the_eager_slack(packed):

@@ -905,3 +905,41 @@ def test_check_set_of_a_pool_hands_the_kinds_magnitude_to_the_allowance_and_the_
     assert r["reason"] is None
     assert [(w, s) for w, s, _ in seen] == [("allowance", spec), ("judge", spec)]
     assert all(m is not None and torch.equal(m, want) for _, _, m in seen)
+
+
+# ---------------------------------------------------------------- region targets
+
+
+def _region_target():
+    """A region of a tiny graph (x * 2 + y, then ReLU) as a package's manifest lists it."""
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets import region_target
+
+    class Tiny(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.relu(x * 2.0 + y)
+
+    g = capture(Tiny(), (torch.randn(4, 16), torch.randn(4, 16)), profile=False)
+    (region,) = find_regions(g)
+    sig = region_target.signature(region)
+    tol = verdict_rules.tolerance(registry.spec_for(sig), sig.output.dtype)
+    return {"id": "t0", "op": "region", "signature": sig.to_json(), "fixtures": [],
+            "tolerance": {"atol": tol.atol, "rtol": tol.rtol, "eager_slack": verdict_rules.EAGER_SLACK}}
+
+
+def test_run_verifies_a_region_target_against_its_rebuilt_subgraph(pv, tmp_path, monkeypatch):
+    """The package's verify draws a region's inputs and references from the form in its manifest entry
+    (the shipped _targets/region_target.py and _graph/): an honest kernel passes, a wrong one fails."""
+    monkeypatch.setattr(pv, "_cpu_junk_fill", lambda: False)
+    t = _region_target()
+    spec = registry.spec_for_entry("region", dict((k, v) for k, v in t["signature"]["params"]))
+    _manifest(pv, tmp_path, [t], fn=lambda a, b: torch.relu(a * 2.0 + b))
+    lines = []
+    assert pv.run("cpu", fresh=1, seed=5, say=lines.append) == 0, "\n".join(lines)
+    n = 1 + len(verdict_rules.DERIVED_KINDS) + len(spec.adversarial)
+    assert lines[-1] == f"PASS: 1 kernel, 0 failing checks on cpu ({n} input sets, seed 5)"
+    _manifest(pv, tmp_path, [t], fn=lambda a, b: torch.relu(a * 2.0 - b))
+    lines = []
+    assert pv.run("cpu", fresh=1, seed=5, say=lines.append) == 1
+    assert "FAIL mismatch: fresh[0]: " in next(ln for ln in lines if ln.startswith("t0      fresh[0]"))

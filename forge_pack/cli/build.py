@@ -146,7 +146,7 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                   llm_budget_tokens: Optional[int] = None, time_limit: Optional[float] = None,
                   allow_no_gain: bool = False, as_json: bool = False, toolkit=None, ui: dict | None = None,
                   cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo,
-                  gpus: Optional[str] = None, ray: Optional[str] = None) -> PackResult:
+                  gpus: Optional[str] = None, ray: Optional[str] = None, regions: bool = False) -> PackResult:
     from forge_pack.cli.search import ProgressBar, device_overrides, format_summary
     from forge_pack.search.pipeline import RunConfig, load_config, run, with_overrides
     from forge_pack.store.vocabulary import RunStatus
@@ -163,8 +163,8 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
         if run_dir is not None:
             raise ForgeError("--from-run reuses the run in its own directory; --run-dir names a new one",
                              f"drop --run-dir, e.g. forge-pack build {model} --from-run {from_run} --out {out}")
-        if device is not None or dtype is not None or top is not None or min_share is not None:
-            raise ForgeError("--device, --dtype, --top and --min-share cannot change with --from-run",
+        if device is not None or dtype is not None or top is not None or min_share is not None or regions:
+            raise ForgeError("--device, --dtype, --top, --min-share and --regions cannot change with --from-run",
                              "the hotspots were chosen when the run started; build without --from-run to change them")
         run_dir = Path(from_run)
         config = with_overrides(with_overrides(load_config(run_dir), **overrides), run_dir=str(run_dir))
@@ -175,7 +175,7 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
     else:
         run_dir = run_dir or default_run_dir(model)
         config = with_overrides(RunConfig(model=model, device=device, dtype=dtype, budget=DEFAULT_BUDGET,
-                                          run_dir=str(run_dir)),
+                                          run_dir=str(run_dir), regions=regions),
                                 top=top, min_share=min_share, **overrides)
     check_out_dir(Path(out).resolve(), force, run_dir)
     bar = ProgressBar()
@@ -265,13 +265,17 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
         gpus: Optional[str] = GPUS_OPTION,
         ray: Optional[str] = RAY_OPTION,
+        regions: bool = typer.Option(False, "--regions", help="Search the model's regions (fused chains of "
+                                                              "memory-bound ops) instead of single ops; their "
+                                                              "kernels are used by compile mode."),
     ) -> None:
         """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
         build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
                       run_dir=run_dir, from_run=from_run, top=top, min_share=min_share, seed=seed, workers=workers,
                       timeout=timeout, llm=llm, llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
                       time_limit=time_limit, allow_no_gain=allow_no_gain, as_json=as_json,
-                      ui=ui_options(with_ui, ui_port, allow_control), cpu_isa=cpu_isa, gpus=gpus, ray=ray)
+                      ui=ui_options(with_ui, ui_port, allow_control), cpu_isa=cpu_isa, gpus=gpus, ray=ray,
+                      regions=regions)
 
     @app.command("pack")
     def pack_cmd(

@@ -331,14 +331,19 @@ def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.G
     transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
     permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
     the input dtype's range; the reference is computed from the result, as for any set. The
-    result keeps each tensor's dtype, shape, strides and device."""
-    t = {n: (v.clone() if v is not None else None) for n, v in source.items()}
-    x = t["x"]
+    result keeps each tensor's dtype, shape, strides and device. The transformed tensor is the spec's
+    main input: ``x`` for an op kind, a region's largest plain floating input (``spec.main``)."""
+    main = getattr(spec, "main", "x")
+    # a copy with the source's own strides (clone() would make a non-dense view, a slice of a fused
+    # qkv, dense: a kernel specialised to the verified strides must see them in every set)
+    t = {n: (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).copy_(v)
+             if v is not None else None) for n, v in source.items()}
+    x = t[main]
     assert x is not None
     xf = x.to(torch.float64)
     limit = torch.finfo(x.dtype).max / 64  # headroom: sums of squares and exps stay finite in fp32 math
     peak = max(_finite_absmax(xf), 1e-30)
-    others = {n: v for n, v in t.items() if n != "x"}
+    others = {n: v for n, v in t.items() if n != main}
     if kind == "scale":
         decades = _uniform(gen, 0.5, 2.5) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
         xf = xf * min(10.0 ** decades, limit / peak)

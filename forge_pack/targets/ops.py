@@ -126,10 +126,7 @@ DERIVED_KINDS = verdict_rules.DERIVED_KINDS
 
 def derive_inputs(sig: Signature, kind: str, source: dict, gen: torch.Generator) -> dict:
     """New inputs from ``source`` (left untouched) by one random transform of DERIVED_KINDS."""
-    spec = registry.spec_for(sig)
-    if hasattr(spec, "derive"):  # a region: the transforms act on its main input, not on "x"
-        return spec.derive(dict(sig.params), kind, source, gen)
-    return verdict_rules.derive_inputs(spec, dict(sig.params), kind, source, gen)
+    return verdict_rules.derive_inputs(registry.spec_for(sig), dict(sig.params), kind, source, gen)
 
 
 def odd_signatures(sig: Signature) -> list[Signature]:

@@ -24,8 +24,6 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from forge_pack.core.signature import Signature
-
 from . import inputs as _inputs
 from .dtypes import torch_dtype
 from .lazy_torch import torch
@@ -36,8 +34,11 @@ MASK_FRACTION = 0.2  # masked positions in a drawn mask: several per row, never 
 POSITIVE_OPS = ("rsqrt", "sqrt", "log", "reciprocal")
 
 
-def signature(region) -> Signature:
-    """The search target of a ``forge_pack.graph.regions.Region``."""
+def signature(region) -> "Signature":
+    """The search target of a ``forge_pack.graph.regions.Region`` (build side only: a package never
+    makes signatures, so this file stays importable inside one, vendored as ``<pkg>/_targets/``)."""
+    from forge_pack.core.signature import Signature
+
     inputs = tuple((f"in{k}", s) for k, s in enumerate(region.input_specs))
     params = {"form": region.form, "kind": region.kind, "pattern": region.pattern, "name": region.name,
               "domain": region.domain}
@@ -140,7 +141,7 @@ class RegionSpec(TargetSpec):
 
     # -- the references
     def graph(self, device, upcast: bool):
-        from forge_pack.graph import canonical
+        canonical = _canonical()
 
         key = (str(device), upcast)
         if key not in self._graphs:
@@ -178,21 +179,6 @@ class RegionSpec(TargetSpec):
             return xf.reshape(-1, cols), lambda r: r.reshape(shape)
         shape = tuple(xf.shape)
         return xf.reshape(1, -1), lambda r: r.reshape(shape)
-
-    def derive(self, params: dict, kind: str, source: dict, gen) -> dict:
-        """verdict_rules.derive_inputs on the main input (it transforms the tensor named "x")."""
-        from forge_pack.evaluate import verdict_rules
-
-        renamed = {("x" if k == self.main else k): v for k, v in source.items()}
-        out = verdict_rules.derive_inputs(self, params, kind, renamed, gen)
-        back = {(self.main if k == "x" else k): v for k, v in out.items()}
-        # derive_inputs clones, and a clone of a non-dense view (a slice of a fused qkv) is dense:
-        # the set keeps the source's exact strides, which the region's kernel is specialised to
-        for k, v in back.items():
-            src = source.get(k)
-            if v is not None and src is not None and v.stride() != src.stride():
-                back[k] = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device=src.device).copy_(v)
-        return back
 
 
 def _cols(params: dict) -> int:
@@ -252,11 +238,29 @@ def _supports(sig) -> str | None:
     return None
 
 
+def _canonical():
+    """forge_pack.graph.canonical, or in a package its verbatim copy <pkg>/_graph/canonical.py (both are
+    this package's sibling: forge_pack.targets / forge_pack.graph, <pkg>._targets / <pkg>._graph)."""
+    try:
+        from ..graph import canonical
+    except ImportError:
+        try:
+            from .._graph import canonical
+        except ImportError:  # loaded as a top-level package under a private name (templates/package run
+            from forge_pack.graph import canonical  # from forge-pack's source tree, in its own tests)
+    return canonical
+
+
 @lru_cache(maxsize=64)
 def _spec(key: str, kind: str) -> RegionSpec:
     return RegionSpec(json.loads(key), kind)
 
 
-def spec_for(sig: Signature) -> RegionSpec:
+def spec_for(sig) -> RegionSpec:
     form = sig.param("form")
     return _spec(json.dumps(form, sort_keys=True), str(sig.param("kind")))
+
+
+def spec_for_params(params: dict) -> RegionSpec:
+    """The spec of a region from its signature's parameters (a package's manifest entry)."""
+    return _spec(json.dumps(params["form"], sort_keys=True), str(params["kind"]))

@@ -14,7 +14,7 @@ from .spec import CallPath, TargetSpec
 KIND_MODULES = (softmax, layer_norm, rms_norm, group_norm, batch_norm, avg_pool, attention)
 # The shipped runtime: this registry, what it imports, and __init__ (the package's _targets/).
 RUNTIME_MODULES = ("__init__", "registry", "spec", "lazy_torch", "dtypes", "call_args", "inputs", "norm_common",
-                   "layouts") + tuple(m.__name__.rpartition(".")[2] for m in KIND_MODULES)
+                   "layouts", "region_target") + tuple(m.__name__.rpartition(".")[2] for m in KIND_MODULES)
 
 SPECS: dict[str, TargetSpec] = {s.name: s for m in KIND_MODULES for s in m.SPECS}
 NAMES: tuple[str, ...] = tuple(SPECS)
@@ -30,13 +30,23 @@ def get(name: str) -> TargetSpec:
 
 def spec_for(target) -> TargetSpec:
     """The spec of a target: an op kind's by name (a ``Signature`` or its op), or, for a region
-    signature (op "region"), one built from the region's canonical form. The region half lives
-    in the build only (forge_pack.targets.region_target); a package never looks a region up here."""
+    signature (op "region"), one built from the region's canonical form (forge_pack.targets.region_target,
+    shipped in packages too, where ``spec_for_entry`` reaches it)."""
     op = target if isinstance(target, str) else target.op
     if op == "region" and not isinstance(target, str):
-        from forge_pack.targets.region_target import spec_for as region_spec
+        from .region_target import spec_for as region_spec
 
         return region_spec(target)
+    return get(op)
+
+
+def spec_for_entry(op: str, params: dict) -> TargetSpec:
+    """The spec of a package's manifest target: its op kind's, or for a region one built from the form
+    in its parameters (the package verifies a region against the subgraph rebuilt from that form)."""
+    if op == "region":
+        from .region_target import spec_for_params
+
+        return spec_for_params(params)
     return get(op)
 
 

@@ -291,7 +291,7 @@ class Patcher:
         self.targets = [_Target(t, self.backend) for t in manifest["targets"]]
         self.by_op: dict[str, tuple[_Target, ...]] = {}
         for t in self.targets:
-            if not t.composite:
+            if not t.composite and t.op != "region":  # a region is a subgraph: only compile mode swaps it
                 self.by_op[t.op] = self.by_op.get(t.op, ()) + (t,)
         self.composites: dict[str, tuple[_Target, ...]] = {}
         for t in self.targets:

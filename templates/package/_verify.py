@@ -73,18 +73,23 @@ def _params(t: dict) -> dict:
     return {k: v for k, v in t["signature"]["params"]}
 
 
+def _spec(t: dict):
+    """The target's spec: its kind's, or a region's built from the canonical form in its parameters."""
+    return TARGETS.spec_for_entry(t["op"], _params(t))
+
+
 def _seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
 def eager(t: dict):
     """The original PyTorch op of target `t`, as a function of the named tensors."""
-    return TARGETS.get(t["op"]).eager(_params(t), t["signature"]["output"]["dtype"], _lookup)
+    return _spec(t).eager(_params(t), t["signature"]["output"]["dtype"], _lookup)
 
 
 def draw(t: dict, kind: str, seed: int, device) -> dict:
     """One input set of kind 'fresh' or an adversarial kind, from the copied generators."""
-    return TARGETS.get(t["op"]).make_inputs(_plain_inputs(t), kind, torch.Generator().manual_seed(seed), device)
+    return _spec(t).make_inputs(_plain_inputs(t), kind, torch.Generator().manual_seed(seed), device)
 
 
 def _fixture(t: dict, rel: str, device) -> dict:
@@ -108,7 +113,7 @@ def derive(t: dict, kind: str, sources: list, seed: int) -> dict:
     does; only the picked source is loaded."""
     gen = torch.Generator().manual_seed(seed)
     source = sources[rules.derived_source(len(sources), gen)]()
-    return rules.derive_inputs(TARGETS.get(t["op"]), _params(t), kind, source, gen)
+    return rules.derive_inputs(_spec(t), _params(t), kind, source, gen)
 
 
 def input_sets(t: dict, device, seed: int, fresh: int):
@@ -123,7 +128,7 @@ def input_sets(t: dict, device, seed: int, fresh: int):
     sets += [(f"derived:{k}", lambda k=k: derive(t, k, sources, _seed(seed, t["id"], "derived", k)))
              for k in rules.DERIVED_KINDS]
     sets += [(f"adversarial:{k}", lambda k=k: draw(t, k, _seed(seed, t["id"], "adversarial", k), device))
-             for k in TARGETS.get(t["op"]).adversarial]
+             for k in _spec(t).adversarial]
     return sets
 
 
@@ -196,7 +201,7 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) 
     """One input set through the kernel, judged by the copied rules. A row: kind, errors, the rule,
     the reason of the first failed check (None when it passed, 'skipped' when eager itself breaks
     NaN/Inf parity there, as the build skips it)."""
-    spec, out_spec = TARGETS.get(t["op"]), t["signature"]["output"]
+    spec, out_spec = _spec(t), t["signature"]["output"]
     row = {"kind": kind, "max_abs": None, "max_rel": None, "atol": None, "rtol": None, "allowance": None,
            "sentinel": False, "reason": None, "detail": "", "binding": None}
     with torch.inference_mode():
@@ -338,7 +343,7 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
     for t in m["targets"]:
         fn = next(p for p in _PATCHER.targets if p.id == t["id"]).fn
         out_dtype = t["signature"]["output"]["dtype"]
-        tol = rules.tolerance(TARGETS.get(t["op"]), out_dtype)
+        tol = rules.tolerance(_spec(t), out_dtype)
         mt = t["tolerance"]
         if (mt["atol"], mt["rtol"], mt.get("eager_slack")) != (tol.atol, tol.rtol, rules.EAGER_SLACK):
             say(f"{t['id']:<7} FAIL tolerance: the manifest records atol {mt['atol']}, rtol {mt['rtol']}, "

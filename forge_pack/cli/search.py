@@ -48,7 +48,8 @@ def fmt_x(v: float | None) -> str:
 
 
 # How a search that ended short of its budget says so on its last progress line.
-ENDED_EARLY = {"exhausted": "the proposers ran dry", "time_limit": "time limit reached"}
+ENDED_EARLY = {"exhausted": "the proposers ran dry", "time_limit": "time limit reached",
+               "out_of_memory": "the input sets do not fit the device's memory"}
 
 
 class ProgressBar:

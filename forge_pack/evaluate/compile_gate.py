@@ -36,7 +36,8 @@ from typing import Any, Callable
 
 from forge_pack.core.errors import ForgeError
 from forge_pack.core.verdict import Timing
-from forge_pack.evaluate.confirm import _time_pair, median_se_us
+from forge_pack.core.winner import clearly_faster
+from forge_pack.evaluate.confirm import _time_pair
 from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
 from forge_pack.evaluate.model_gate import failure_words, passes
 
@@ -56,12 +57,13 @@ def ms(t: Timing | None) -> float | None:
 def judge(plain: Timing, with_: Timing) -> tuple[bool, str]:
     """Use the replacement only if the compiled model is faster with it: slower beyond the noise of
     the two medians, or not faster within it, is a reason not to."""
-    noise = 2.0 * (median_se_us(plain) ** 2 + median_se_us(with_) ** 2) ** 0.5
     ratio = plain.median_us / max(with_.median_us, 1e-9)
     line = (f"{ratio:.2f}x the plain compiled model ({with_.median_us / 1e3:.3f} ms, IQR {with_.iqr_us / 1e3:.3f}, "
             f"n={with_.n}; without it {plain.median_us / 1e3:.3f} ms, IQR {plain.iqr_us / 1e3:.3f}, n={plain.n})")
-    if with_.median_us - plain.median_us > noise:
+    if clearly_faster(plain, with_):
         return False, f"makes the compiled model slower: {line}"
+    # Within the noise, the bar is "strictly faster": Inductor's own fusion is the default, so a
+    # replacement that cannot show any gain over it is left out.
     if with_.median_us >= plain.median_us:
         return False, f"not faster compiled (within measurement noise), so Inductor keeps it: {line}"
     return True, f"faster compiled: {line}"

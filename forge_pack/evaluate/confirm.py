@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from forge_pack.core.errors import ForgeError
+from forge_pack.core.winner import clearly_faster
 from forge_pack.evaluate.device_pool import confirm_pool, first_gpu
 from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
 from forge_pack.core.verdict import Baseline, Evaluation, Timing
@@ -59,11 +60,6 @@ class KernelConfirmation:
                                   Baseline.from_json(d["baseline"]) if d.get("baseline") else None)
 
 
-def median_se_us(t: Timing) -> float:
-    """Standard error of a median from its IQR: 1.253 * sigma / sqrt(n), sigma ~ IQR / 1.349 (normal noise)."""
-    return 0.93 * t.iqr_us / max(t.n, 1) ** 0.5
-
-
 def judge(evaluation: Evaluation, baseline: Baseline) -> tuple[bool, str]:
     """Keep, or drop with the reason. Dropped: wrong on unseen inputs, or measured slower than eager
     at all (by more than the noise of the two medians, two standard errors of their difference
@@ -76,13 +72,13 @@ def judge(evaluation: Evaluation, baseline: Baseline) -> tuple[bool, str]:
     if k is None or k.median_us <= 0:
         return False, "no timing came back from the fresh process"
     speedup = e.median_us / k.median_us
-    noise = 2.0 * (median_se_us(k) ** 2 + median_se_us(e) ** 2) ** 0.5
     line = (f"{speedup:.2f}x eager in a fresh process (kernel {k.median_us:.1f} µs, IQR {k.iqr_us:.1f}, n={k.n}; "
             f"eager {e.median_us:.1f} µs, IQR {e.iqr_us:.1f}, n={e.n})")
-    if k.median_us - e.median_us > noise:
+    if clearly_faster(e, k):
         return False, f"the speedup did not hold: {line}"
     if speedup < 1.0:
-        # within the noise, but measured slower: a package that may slow the op down is no package
+        # Within the noise, the bar is "not slower" (as fast as eager is kept): the search already
+        # demanded WIN_MARGIN; confirmation only refuses a kernel that may slow the op down.
         return False, f"slower than eager (within measurement noise, but not faster), so not shipped: {line}"
     return True, line
 

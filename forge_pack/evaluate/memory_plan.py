@@ -140,16 +140,32 @@ def estimate_peak(sig: Signature, workspace_bytes: int = 0) -> int:
     return inputs + (inputs + ref) + inputs + 2 * out + workspace_bytes + temporaries
 
 
+# Said in an out_of_memory verdict when the signature's own sets, without any candidate's workspace,
+# exceed the free memory: every candidate of the hotspot would be refused the same way (the search stops).
+SETS_DO_NOT_FIT = "the signature's own sets do not fit, whatever the kernel"
+
+
 def fits(sig: Signature, free_bytes: int | None, workspace_bytes: int = 0) -> str | None:
-    """Why the evaluation cannot fit ``free_bytes`` of device memory (None: it fits, or unknown)."""
+    """Why the evaluation cannot fit ``free_bytes`` of device memory (None: it fits, or unknown). The
+    reason says whether the signature's own sets are the cause (SETS_DO_NOT_FIT) or this
+    candidate's workspace (without it, the evaluation would fit)."""
     if free_bytes is None:
         return None
     need = estimate_peak(sig, workspace_bytes)
     if need * OOM_MARGIN <= free_bytes:
         return None
-    return (f"evaluating {sig.pretty()} needs about {need / 2**30:.2f} GiB of device memory "
-            f"({need / max(data_bytes(sig), 1):.1f}x its {data_bytes(sig) / 2**30:.2f} GiB of inputs and "
-            f"outputs), {free_bytes / 2**30:.2f} GiB are free")
+    why = (f"evaluating {sig.pretty()} needs about {need / 2**30:.2f} GiB of device memory "
+           f"({need / max(data_bytes(sig), 1):.1f}x its {data_bytes(sig) / 2**30:.2f} GiB of inputs and "
+           f"outputs), {free_bytes / 2**30:.2f} GiB are free")
+    if estimate_peak(sig) * OOM_MARGIN > free_bytes:
+        return f"{why}: {SETS_DO_NOT_FIT}"
+    return f"{why}: this candidate's {workspace_bytes / 2**30:.2f} GiB of workspace is what does not fit"
+
+
+def sets_do_not_fit(verdict) -> bool:
+    """Whether an evaluation's verdict says no candidate of its hotspot can fit this device's memory
+    (an allocation that failed despite the estimate may be the candidate's own doing: not this)."""
+    return verdict.reason == "out_of_memory" and SETS_DO_NOT_FIT in (verdict.detail or "")
 
 
 def free_bytes(device: str) -> int | None:

@@ -5,7 +5,7 @@ reads the same check's interleaved end-to-end timing (``confirm.compare_patched`
 medians, IQRs and call counts) and says whether the patched model is faster by more than the
 noise. ``build`` and ``pack`` write no package when it is not, unless told ``--allow-no-gain``.
 
-The rule is the one a single kernel is confirmed with (``confirm.judge``): the two medians must
+The noise is the one every comparison of two timings uses (``core.winner.noise_us``): the two medians must
 differ by more than two standard errors of their difference, each standard error estimated from its
 IQR and n. A patched model measured faster by less than that is "within the noise", and a package
 that may not speed anything up is not worth installing.
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Two standard errors of the difference of two medians: a gain smaller than that appears about one
-# time in twenty on a model that did not get faster at all.
-NOISE_SE = 2.0
+from forge_pack.core.winner import clearly_faster, noise_us
 
 
 @dataclass(frozen=True)
@@ -25,11 +23,6 @@ class GainVerdict:
     gain: bool
     speedup: float | None  # eager median / patched median (None: the check was not timed)
     reason: str  # a sentence with the measured figures
-
-
-def _se_us(t: dict) -> float:
-    """Standard error of a median from its IQR: 1.253 * sigma / sqrt(n), sigma ~ IQR / 1.349."""
-    return 0.93 * float(t.get("iqr_us") or 0.0) / max(int(t.get("n") or 1), 1) ** 0.5
 
 
 def figures(model_result: dict) -> str:
@@ -49,11 +42,12 @@ def judge_gain(model_result: dict | None) -> GainVerdict:
         return GainVerdict(False, None, "the whole model was not timed")
     e, p = model_result["eager"], model_result["patched"]
     speedup = e["median_us"] / max(p["median_us"], 1e-9)
-    noise = NOISE_SE * (_se_us(e) ** 2 + _se_us(p) ** 2) ** 0.5
+    noise = noise_us(e, p)
     line = figures({**model_result, "speedup": speedup})
     if p["median_us"] >= e["median_us"]:
         return GainVerdict(False, speedup, f"the patched model is not faster: {line}")
-    if e["median_us"] - p["median_us"] <= noise:
+    # The bar is "faster beyond the noise": a package that may not speed anything up is not worth installing.
+    if not clearly_faster(p, e):
         return GainVerdict(False, speedup, f"the patched model is faster by less than the measurement noise "
                                            f"({noise / 1e3:.3f} ms): {line}")
     return GainVerdict(True, speedup, f"the patched model is faster by more than the measurement noise "

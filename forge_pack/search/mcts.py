@@ -44,7 +44,8 @@ from forge_pack.core.candidate import Candidate
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.search.propose import Move, NodeView, ProposeRequest, Proposer
 from forge_pack.core.verdict import Baseline, Evaluation, Verdict
-from forge_pack.store.vocabulary import MoveKind, NodeStatus
+from forge_pack.evaluate import memory_plan
+from forge_pack.store.vocabulary import MoveKind, NodeStatus, StopReason
 
 # A failure counts like a kernel 4x slower than eager: bad enough to steer away, finite so that a
 # subtree with a few failures can still win on its successes.
@@ -220,7 +221,7 @@ class SearchResult:
     new_evaluations: int  # evaluated by this call
     budget: int
     elapsed_s: float  # wall time of this call
-    stop_reason: str  # budget | time_limit | exhausted | stopped
+    stop_reason: str  # budget | time_limit | exhausted | stopped | out_of_memory (store.vocabulary.StopReason)
     verdicts: dict[str, int]  # reason -> count
     search_s: float = 0.0  # search time counted against the time limit: pauses excluded, spent_s included
 
@@ -297,6 +298,7 @@ class _Search:
         self.done = 0  # evaluated nodes in the tree
         self.new_done = 0
         self.failures = 0
+        self.unfit = False  # an evaluation said the signature's own sets do not fit the device (memory_plan)
         self.best: Node | None = None
         self.evals_in_flight = 0
         self.jobs: dict[Future, tuple[str, Node, str]] = {}  # future -> (kind, node, proposer)
@@ -507,6 +509,9 @@ class _Search:
             n.virtual -= 1
         evaluation = fut.result()  # _evaluate_job never raises
         self._finish(node, evaluation, reward_of(evaluation, self.cfg.failure_reward))
+        if not self.unfit and evaluation.verdict is not None and memory_plan.sets_do_not_fit(evaluation.verdict):
+            self.unfit = True  # every further candidate would be refused the same way
+            self.hooks.note(f"search ended: {evaluation.verdict.detail}", node)
         self.new_done += 1
         self.hooks.eval_done(node, self.progress())
         self.hooks.stats_changed(node.path()[:-1])
@@ -536,6 +541,8 @@ class _Search:
     # ------------------------------------------------------------------ main loop
 
     def _stop_reason(self) -> str | None:
+        if self.unfit:
+            return StopReason.OUT_OF_MEMORY
         if self.done + self.evals_in_flight >= self.cfg.budget:
             return "budget"
         if self.cfg.time_limit_s is not None and self.search_time() >= self.cfg.time_limit_s \

@@ -60,7 +60,9 @@ class HotspotOutcome:
             return self.note or f"no candidates: no kernel family offers {self.hotspot.op} on this backend"
         ended = {StopReason.EXHAUSTED: f" (the proposers ran dry after {r.evaluations} of {r.budget} evaluations)",
                  StopReason.TIME_LIMIT: f" (the time limit ended it after {r.evaluations} of {r.budget} evaluations)",
-                 StopReason.STOPPED: f" (stopped after {r.evaluations} of {r.budget} evaluations)"
+                 StopReason.STOPPED: f" (stopped after {r.evaluations} of {r.budget} evaluations)",
+                 StopReason.OUT_OF_MEMORY: f" (stopped after {r.evaluations} of {r.budget} evaluations: the "
+                                           f"signature's input sets do not fit the device's memory)",
                  }.get(r.stop_reason, "")
         if self.winner is None:
             best = f"; the best correct kernel ran at {self.best.speedup:.2f}x eager" if self.best else \

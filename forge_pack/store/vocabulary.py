@@ -35,9 +35,10 @@ class StopReason:
     TIME_LIMIT = "time_limit"
     EXHAUSTED = "exhausted"  # the proposers ran dry
     STOPPED = "stopped"  # the dashboard's stop, or Ctrl-C
+    OUT_OF_MEMORY = "out_of_memory"  # the signature's own sets do not fit the device: no candidate can be evaluated
     # Ends that need no more work unless the flags give the search more to do (search.pipeline's resume step).
-    ENDED = (BUDGET, TIME_LIMIT, EXHAUSTED)
-    ALL = (BUDGET, TIME_LIMIT, EXHAUSTED, STOPPED)
+    ENDED = (BUDGET, TIME_LIMIT, EXHAUSTED, OUT_OF_MEMORY)
+    ALL = (BUDGET, TIME_LIMIT, EXHAUSTED, STOPPED, OUT_OF_MEMORY)
 
 
 class NodeStatus:

@@ -115,7 +115,7 @@ def projected_speedup(parts: list[tuple[float, float | None]]) -> float:
     return 1.0 / new_time if new_time > 0 else 1.0
 
 
-ENDED_SHORT = (StopReason.EXHAUSTED, StopReason.TIME_LIMIT)
+ENDED_SHORT = (StopReason.EXHAUSTED, StopReason.TIME_LIMIT, StopReason.OUT_OF_MEMORY)
 
 
 def summary(conn: sqlite3.Connection, now: float | None = None) -> dict:

@@ -173,7 +173,8 @@ function renderHotspots() {
     el("td", { class: "num " + (h.speedup_vs_compile > 1 ? "good" : ""), text: fmtX(h.speedup_vs_compile) }),
     el("td", { class: "num", text: fmtX(h.projected_model_speedup) }),
     el("td", { class: "num", title: h.planned_budget !== h.budget ? `budget ${h.planned_budget}` : "", text: `${h.evaluations} / ${h.budget ?? "—"}` + (h.failures ? ` (${h.failures} failed)` : "")
-      + (h.stop_reason === "exhausted" ? " · proposers ran dry" : h.stop_reason === "time_limit" ? " · time limit" : "") }),
+      + (h.stop_reason === "exhausted" ? " · proposers ran dry" : h.stop_reason === "time_limit" ? " · time limit"
+        : h.stop_reason === "out_of_memory" ? " · inputs do not fit the device's memory" : "") }),
     el("td", {}, h.status + (h.evaluating ? " ⟳" : "")),
     el("td", {}, link("tree", { view: "tree", hotspot: h.id }), " · ", link("candidates", { view: "candidates", hotspot: h.id })),
   ));

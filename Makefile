@@ -28,8 +28,9 @@ demo: $(STAMP)
 	rm -rf runs/demo out/demo_package
 	$(BIN)/python -m forge_pack.cli.demo $(DEMO_MODEL) --device cpu --budget 5 --out out/demo_package --run-dir runs/demo
 
+# `--durations`: the CI log lists the slowest tests (the aim: the whole run under ~20 minutes).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 # The fast path: everything but the tests marked slow (see README, docs/testing.md).
 test-fast: $(STAMP)

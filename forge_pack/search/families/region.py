@@ -25,6 +25,9 @@ CHUNK = Knob("chunk", (1024, 4096, 16384, 65536), "elements per OpenMP chunk")
 VEC = Knob("vec", (1, 2, 4, 8), "elements in flight per thread and loop trip")
 ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32), "rows one block reduces at once (threads/rows per row)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
+PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
+ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
+GRID_STRIDE = Knob("grid_stride", (0, 1), "0: one tile per block; 1: a resident grid striding over the tiles")
 ROW_THREADS = Knob("threads", (32, 64, 128, 256, 512, 1024), "threads per block")
 MAX_GRID = 1 << 20  # blocks at most: the kernels stride over the rest (grid-stride loops)
 
@@ -74,12 +77,12 @@ def _applicable(kind: str):
     return check
 
 
-def _code(sig: Signature, backend: str) -> tuple[str, dict] | str:
+def _code(sig: Signature, backend: str, vec: int = 1) -> tuple[str, dict] | str:
     prog = program(sig)
     if isinstance(prog, str):
         return prog
     try:
-        return emit(prog, backend)
+        return emit(prog, backend, vec)
     except Uncovered as e:
         return str(e)
 
@@ -131,19 +134,30 @@ CPU = (
 # ---------------------------------------------------------------- CUDA
 
 
+def _out_bytes(sig: Signature) -> int:
+    return {"float32": 4}.get(sig.output.dtype if sig.output is not None else "", 2)
+
+
 def _cuda_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
-    return {"threads": 256, "vec": 4, "fast_math": 0}
+    # 16 bytes of output per vector access, two runs in flight per thread: about what a copy
+    # kernel needs to reach the H200's bandwidth
+    return {"threads": 256, "vec": 16 // _out_bytes(sig), "ilp": 2, "grid_stride": 0, "fast_math": 0}
 
 
 def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    made = _code(sig, "cuda")
+    if p["vec"] * _out_bytes(sig) > 16:
+        return f"vec {p['vec']} moves {p['vec'] * _out_bytes(sig)} bytes of output per access (16 at most)"
+    made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
     code, defines = made
     prog = program(sig)
     assert not isinstance(prog, str)
-    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"]), 1, MAX_GRID)
-    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "FAST_MATH": p["fast_math"]}
+    tiles = cdiv(prog.numel, p["threads"] * p["vec"] * p["ilp"])
+    # grid-stride: enough resident blocks to fill every SM (2048 threads per SM), no more
+    cap = gpu.sm_count * max(2048 // p["threads"], 1) if p["grid_stride"] else MAX_GRID
+    grid = clamp(tiles, 1, cap)
+    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "ILP": p["ilp"], "FAST_MATH": p["fast_math"]}
     return Built(dict(p), defines, spec([launch("region_pointwise", _args(sig), [grid], [p["threads"]])]), code)
 
 
@@ -171,8 +185,9 @@ def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 CUDA = (
-    Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, VEC, FAST_MATH),
-           "generated elementwise chain, coalesced tiles of threads x vec elements, grid-stride",
+    Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, PW_VEC, ILP, GRID_STRIDE, FAST_MATH),
+           "generated elementwise chain, vector loads/stores of vec elements per operand where the layout "
+           "allows (broadcasts once per run), ilp runs in flight, scalar tail",
            _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
     Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH),
            "rows_per_block rows per block; per pass a group reduction (shuffles, shared memory); epilogue",

@@ -6,6 +6,7 @@
 #define FP_FN __device__ __forceinline__
 #define FP_RESTRICT __restrict__
 #define FP_INF __int_as_float(0x7f800000)
+#undef FP_NAN  // <math.h>'s classification constant under nvcc; here the NaN value
 #define FP_NAN __int_as_float(0x7fc00000)
 
 FP_FN float fp_ld(const float* p) { return __ldg(p); }

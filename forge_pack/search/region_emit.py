@@ -155,9 +155,9 @@ def _prod(xs) -> int:
 
 def emit(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
     """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be.
-    ``vec``: on CUDA, a pointwise region also gets the code that handles ``vec`` consecutive
-    elements at once (``region_vector``)."""
+    ``vec``: on CUDA, also the code that handles ``vec`` consecutive elements at once
+    (``region_vector``)."""
     code, defines = Emitter(prog, backend).code()
-    if backend == "cuda" and prog.kind == "pointwise":
+    if backend == "cuda":
         code += vector_code(prog, vec)
     return code, defines

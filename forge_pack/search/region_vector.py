@@ -53,81 +53,108 @@ def classify(sizes: tuple[int, ...], strides: tuple[int, ...], vec: int) -> str:
     return "lane"
 
 
-def plan(prog: Program, vec: int) -> dict:
-    """{(source, strides): class} for every distinct leaf, and "out" for the output."""
-    out: dict = {}
-    for leaf in prog.out.leaves:
-        key = (leaf.source, leaf.strides)
-        if key in out:
-            continue
-        cls = classify(prog.space, leaf.strides, vec)
-        if cls == "contig" and prog.input_dtypes[leaf.source[1]] not in VEC_FLOATS:
+def leaf_class(sizes, strides, split: int, vec: int) -> str:
+    """``classify`` over the column dims (those from ``split`` on); a contiguous leaf must also
+    start every row at a multiple of ``vec`` (so that its accesses are as aligned as its base)."""
+    cls = classify(tuple(sizes[split:]), tuple(strides[split:]), vec)
+    if cls == "contig" and any(st % vec for s_, st in zip(sizes[:split], strides[:split]) if s_ != 1):
+        return "lane"
+    return cls
+
+
+class VectorWriter:
+    """The vector functions of one program at one width; collects the operands that need an
+    aligned base pointer (``aligned``)."""
+
+    def __init__(self, prog: Program, vec: int, space: tuple[int, ...], split: int):
+        if vec not in (1, 2, 4, 8):
+            raise Uncovered(f"a vector of {vec} elements")
+        self.p, self.vec, self.space, self.split = prog, vec, tuple(space), split
+        self.aligned: list[str] = []
+
+    def _offsets(self, strides, cvar: str) -> str:
+        from forge_pack.search.region_emit import _groups, _offset
+
+        rs, cs = self.space[:self.split], self.space[self.split:]
+        row = _offset("r", _prod(rs), _groups(rs, strides[:self.split]))
+        col = _offset(cvar, _prod(cs), _groups(cs, strides[self.split:]))
+        return col if row == "0LL" else (row if col == "0LL" else f"{row} + {col}")
+
+    def function(self, name: str, val) -> tuple[list[str], str]:
+        """``name(REGION_PARAMS, r, c0, red, y)``: y[j] = the value at column c0 + j, j < vec."""
+        vec = self.vec
+        names: dict = {}
+        classes: dict = {}
+        loads, tokens = [], []
+        for leaf in val.leaves:
+            kind, k = leaf.source
+            if kind == "red":
+                tokens.append(f"red[{k}]")  # one value per row
+                continue
+            key = (leaf.source, leaf.strides)
+            dtype = self.p.input_dtypes[k]
+            floaty = dtype in VEC_FLOATS
+            cls = leaf_class(self.space, leaf.strides, self.split, vec)
+            if cls == "contig" and not floaty:
+                cls = "lane"
+            if cls == "lane":
+                off = self._offsets(leaf.strides, "c")
+                tokens.append(f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])")
+                continue
+            if key not in names:
+                q = names[key] = f"u{len(names)}"
+                classes[q] = cls
+                off = self._offsets(leaf.strides, "c0")
+                if cls == "uniform":
+                    read = f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])"
+                    loads.append(f"  const float {q} = {read};  // in{k}: one element for the whole run")
+                else:
+                    loads.append(f"  float {q}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), {q});  // in{k}: {vec} consecutive")
+                    if f"fp_aligned<{vec}>(in{k})" not in self.aligned:
+                        self.aligned.append(f"fp_aligned<{vec}>(in{k})")
+            tokens.append(names[key] if classes[names[key]] == "uniform" else f"{names[key]}[j]")
+        expr = val.expr.format(*tokens)
+        lines = [f"FP_FN void {name}(REGION_PARAMS, long long r, long long c0, const float* red, float* y) {{",
+                 "  (void)r; (void)red;", *loads, "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
+                 "    const long long c = c0 + j; (void)c;", f"    y[j] = {expr};", "  }", "}"]
+        summary = ", ".join(f"{q}={c}" for q, c in classes.items()) or "none"
+        return lines, summary
+
+    def store(self) -> tuple[list[str], str]:
+        """``fp_store_vec(REGION_PARAMS, r, c0, y)``: the output's columns c0 .. c0 + vec - 1."""
+        cls = leaf_class(self.space, self.p.out_strides, self.split, self.vec)
+        if cls == "contig":
+            body = f"  fp_stv<{self.vec}>(out + ({self._offsets(self.p.out_strides, 'c0')}), y);"
+            self.aligned.append(f"fp_aligned<{self.vec}>(out)")
+        else:
             cls = "lane"
-        out[key] = cls
-    out["out"] = classify(prog.space, prog.out_strides, vec)
-    return out
+            body = (f"#pragma unroll\n  for (int j = 0; j < {self.vec}; ++j) "
+                    f"forge_store(out + fp_out_offset(r, c0 + j), y[j]);")
+        return ["FP_FN void fp_store_vec(REGION_PARAMS, long long r, long long c0, const float* y) {",
+                "  (void)r; (void)c0;", body, "}"], cls
+
+    def aligned_check(self) -> list[str]:
+        return ["FP_FN bool fp_vec_aligned(REGION_PARAMS) {",
+                f"  return {' && '.join(self.aligned) if self.aligned else 'true'};", "}"]
 
 
 def vector_code(prog: Program, vec: int) -> str:
-    """``fp_out_vec`` (vec values of the output from c0), ``fp_store_vec`` and ``fp_vec_aligned``."""
-    from forge_pack.search.region_emit import _groups, _offset
-
-    if vec not in (1, 2, 4, 8):
-        raise Uncovered(f"a vector of {vec} elements")
-    total = prog.numel
-    classes = plan(prog, vec)
-    names: dict = {}
-    loads, aligned = [], []
-    tokens = []
-    for leaf in prog.out.leaves:
-        kind, k = leaf.source
-        if kind != "in":
-            raise Uncovered("a reduction result in a pointwise region")
-        key = (leaf.source, leaf.strides)
-        cls = classes[key]
-        groups = _groups(prog.space, leaf.strides)
-        dtype = prog.input_dtypes[k]
-        floaty = dtype in VEC_FLOATS
-        if cls == "lane":
-            off = _offset("c", total, groups)
-            tokens.append(f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])")
-            continue
-        if key not in names:
-            q = names[key] = f"u{len(names)}"
-            off = _offset("c0", total, groups)
-            if cls == "uniform":
-                read = f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])"
-                loads.append(f"  const float {q} = {read};  // in{k}: one element for the whole run")
-            else:
-                loads.append(f"  float {q}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), {q});  // in{k}: {vec} consecutive")
-                aligned.append(f"fp_aligned<{vec}>(in{k})")
-        tokens.append(names[key] if cls == "uniform" else f"{names[key]}[j]")
-    expr = prog.out.expr.format(*tokens)
-    out_groups = _groups(prog.space, prog.out_strides)
-    if classes["out"] == "contig":
-        store = f"  fp_stv<{vec}>(out + ({_offset('c0', total, out_groups)}), y);"
-        aligned.append(f"fp_aligned<{vec}>(out)")
-    else:
-        store = (f"#pragma unroll\n  for (int j = 0; j < {vec}; ++j) "
-                 f"forge_store(out + fp_out_offset(0, c0 + j), y[j]);")
-    lines = [
-        f"// vector path: runs of {vec} elements; leaves {', '.join(f'{n}={classes[k]}' for k, n in names.items()) or 'none'}"
-        f"; output {classes['out']}",
-        f"static_assert(VEC == {vec}, \"the vector code is generated for one vector width\");",
-        "FP_FN void fp_out_vec(REGION_PARAMS, long long c0, float* y) {",
-        *loads,
-        "#pragma unroll",
-        f"  for (int j = 0; j < {vec}; ++j) {{",
-        "    const long long c = c0 + j; (void)c;",
-        f"    y[j] = {expr};",
-        "  }",
-        "}",
-        "FP_FN void fp_store_vec(REGION_PARAMS, long long c0, const float* y) {",
-        "  (void)c0;",
-        store,
-        "}",
-        "FP_FN bool fp_vec_aligned(REGION_PARAMS) {",
-        f"  return {' && '.join(aligned) if aligned else 'true'};",
-        "}",
-    ]
-    return "\n".join(lines) + "\n"
+    """The vector path of a region at width ``vec``: pointwise, ``fp_out_vec`` (vec output values
+    from flat index c0); row, ``fp_elem_vec<j>`` per reduction and (unless one value per row)
+    ``fp_out_vec`` over a row's columns; ``fp_store_vec``; ``fp_vec_aligned``."""
+    split = len(prog.space) - prog.nred if prog.nred else 0
+    w = VectorWriter(prog, vec, prog.space, split)
+    head = [f"static_assert(VEC == {vec}, \"the vector code is generated for one vector width\");"]
+    body: list[str] = []
+    notes = []
+    for j, red in enumerate(prog.reductions):
+        lines, summary = w.function(f"fp_elem_vec{j}", red.val)
+        body += lines
+        notes.append(f"reduction {j}: {summary}")
+    if not prog.per_row:
+        lines, summary = w.function("fp_out_vec", prog.out)
+        store, out_cls = w.store()
+        body += lines + store
+        notes.append(f"leaves {summary}; output {out_cls}" if not prog.nred else f"output: {summary}; stored {out_cls}")
+    comment = f"// vector path: runs of {vec} elements; " + "; ".join(notes)
+    return "\n".join([comment, *head, *body, *w.aligned_check()]) + "\n"

@@ -22,7 +22,7 @@ OPS = ("region",)
 REGION_OP = "region"
 
 CHUNK = Knob("chunk", (1024, 4096, 16384, 65536), "elements per OpenMP chunk")
-VEC = Knob("vec", (1, 2, 4, 8), "elements in flight per thread and loop trip")
+VEC = Knob("vec", (1, 2, 4, 8), "consecutive columns per thread and access (16 bytes at most per load)")
 ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32), "rows one block reduces at once (threads/rows per row)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
 PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
@@ -166,13 +166,15 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     cols = 1024 if isinstance(prog, str) else prog.cols
     group = clamp(pow2_ceil(cdiv(cols, 8)), 1, 1024)  # ~8 elements per thread and pass
     threads = max(group, 128)
-    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": 4, "fast_math": 0}
+    # 16 bytes per access of the first input (the row's data, in form order)
+    vec = 8 if sig.inputs and sig.inputs[0][1] is not None and sig.inputs[0][1].dtype in ("bfloat16", "float16") else 4
+    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0}
 
 
 def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     if p["threads"] % p["rows_per_block"] or p["threads"] // p["rows_per_block"] < 1:
         return "threads must split evenly into rows"
-    made = _code(sig, "cuda")
+    made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
     code, defines = made
@@ -190,7 +192,8 @@ CUDA = (
            "allows (broadcasts once per run), ilp runs in flight, scalar tail",
            _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
     Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH),
-           "rows_per_block rows per block; per pass a group reduction (shuffles, shared memory); epilogue",
+           "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
+           "(shuffles, shared memory); epilogue",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
 )
 

@@ -52,7 +52,7 @@ template <int OP, int GROUP> FP_FN float fp_group_reduce(float v, float* sh) {
 #pragma unroll
   for (int o = (GROUP < 32 ? GROUP : 32) / 2; o > 0; o >>= 1) v = fp_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (GROUP <= 32) return v;
-  const int warp = threadIdx.x >> 5, per = GROUP / 32, first = (warp / per) * per;
+  const int warp = threadIdx.x >> 5, per = GROUP >= 32 ? GROUP / 32 : 1, first = (warp / per) * per;  // per: 1 keeps the dead branch of a small GROUP free of a division by zero
   __syncthreads();  // the scratch of the previous reduction has been read by every thread
   if ((threadIdx.x & 31) == 0) sh[warp] = v;
   __syncthreads();

@@ -21,9 +21,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) region_pointwise(REGION_PA
     if (vector_ok && tile + TILE <= NUMEL) {
       float y[ILP][VEC];
 #pragma unroll
-      for (int k = 0; k < ILP; ++k) fp_out_vec(REGION_ARGS, tile + ((long long)k * THREADS + threadIdx.x) * VEC, y[k]);
+      for (int k = 0; k < ILP; ++k) fp_out_vec(REGION_ARGS, r, tile + ((long long)k * THREADS + threadIdx.x) * VEC, red, y[k]);
 #pragma unroll
-      for (int k = 0; k < ILP; ++k) fp_store_vec(REGION_ARGS, tile + ((long long)k * THREADS + threadIdx.x) * VEC, y[k]);
+      for (int k = 0; k < ILP; ++k) fp_store_vec(REGION_ARGS, r, tile + ((long long)k * THREADS + threadIdx.x) * VEC, y[k]);
     } else {
 #pragma unroll 4
       for (int k = 0; k < VEC * ILP; ++k) {

@@ -135,3 +135,40 @@ def test_a_misaligned_input_takes_the_scalar_path_and_verifies(tmp_path):
         assert [c.input_kind for c in v.checks] == [aligned.kind, "misaligned"]
     finally:
         module.close()
+
+
+def _sliced_softmax(vec_cols: int = 1003, width: int = 1008):
+    """softmax over a column slice of a wider bf16 buffer: rows 16-byte aligned (width % 8 == 0),
+    a row length that leaves a tail of vec_cols % 8 columns, an fp32 output stored per element."""
+    import torch
+
+    class SlicedSoftmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x[:, :vec_cols].float() * 0.5, -1)
+
+    x = torch.randn(64, width).to(torch.bfloat16).cuda()
+    (region,) = find_regions(capture(SlicedSoftmax(), (x,), profile=False))
+    sig = signature(region)
+    return sig, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda")
+
+
+@pytest.mark.parametrize("knobs", [{"vec": 8}, {"vec": 4, "threads": 256, "rows_per_block": 2}, {"vec": 2}],
+                         ids=["v8", "v4-rpb2", "v2"])
+def test_vectorised_row_region_with_a_tail_verifies(evaluator, knobs):
+    sig, h = _sliced_softmax()
+    cand = instantiate("region", "cuda", "row", knobs, sig)
+    assert "reduction 0: u0=contig" in cand.source
+    e = evaluator.evaluate(cand, h)
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("vec", [2, 4, 8])
+def test_vectorised_rms_norm_row_verifies(evaluator, vec):
+    model = llama_regions.get_model().cuda()  # bf16: 64 columns, the weight a vector operand too
+    inputs = [x.cuda() if hasattr(x, "cuda") else x for x in llama_regions.get_inputs()]
+    regions = [r for r in find_regions(capture(model, inputs, profile=False)) if r.pattern == "rms_norm"]
+    assert regions
+    sig = signature(regions[0])
+    h = Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda")
+    e = evaluator.evaluate(instantiate("region", "cuda", "row", {"vec": vec}, sig), h)
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)

@@ -15,6 +15,7 @@ from functools import lru_cache
 from forge_pack.core.signature import Signature
 from forge_pack.search.region_emit import emit
 from forge_pack.search.region_lower import Program, Uncovered, lower
+from forge_pack.search.region_vector import leaf_class
 from forge_pack.search.template_kit import (GRAIN, THREADS, Built, Family, Gpu, Knob, cdiv, clamp, first,
                                             grain_default, launch, pow2_ceil, spec)
 
@@ -138,10 +139,20 @@ def _out_bytes(sig: Signature) -> int:
     return {"float32": 4}.get(sig.output.dtype if sig.output is not None else "", 2)
 
 
+def _lane_leaves(prog: Program, vec: int) -> int:
+    """Leaves the vector path would read element by element at this width."""
+    return sum(leaf_class(prog.space, leaf.strides, 0, vec) == "lane" for leaf in prog.out.leaves)
+
+
 def _cuda_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
-    # 16 bytes of output per vector access, two runs in flight per thread: about what a copy
-    # kernel needs to reach the H200's bandwidth
-    return {"threads": 256, "vec": 16 // _out_bytes(sig), "ilp": 2, "grid_stride": 0, "fast_math": 0}
+    # 16 bytes of output per vector access and two runs in flight per thread (about what a copy
+    # kernel needs to reach the H200's bandwidth); a narrower vector, with more runs in flight, when
+    # it turns a per-element read into a per-run one (NCHW at H*W = 196: vec 4 keeps the channel)
+    full = 16 // _out_bytes(sig)
+    vec, prog = full, program(sig)
+    if not isinstance(prog, str) and _lane_leaves(prog, full):
+        vec = next((v for v in (full // 2, full // 4) if v >= 2 and not _lane_leaves(prog, v)), full)
+    return {"threads": 256, "vec": vec, "ilp": min(4, 2 * full // vec), "grid_stride": 0, "fast_math": 0}
 
 
 def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:

@@ -25,7 +25,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) region_pointwise(REGION_PA
 #pragma unroll
       for (int k = 0; k < ILP; ++k) fp_store_vec(REGION_ARGS, r, tile + ((long long)k * THREADS + threadIdx.x) * VEC, y[k]);
     } else {
-#pragma unroll 4
+#pragma unroll 1  // the cold path (one tile, or a misaligned launch): unrolled, it drove ptxas to spill
       for (int k = 0; k < VEC * ILP; ++k) {
         const long long c = tile + (long long)k * THREADS + threadIdx.x;
         if (c < NUMEL) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));

@@ -26,9 +26,9 @@
       }                                                                                     \
       for (long long c = COLS_VEC + lane; c < COLS; c += GROUP)                             \
         acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));                      \
-    } else if (live) {                                                                      \
+    } else if (live) { /* misaligned: not unrolled (cold; unrolled, it drove ptxas to spill) */ \
       for (long long c0 = lane; c0 < COLS; c0 += (long long)GROUP * VEC) {                  \
-        _Pragma("unroll") for (int k = 0; k < VEC; ++k) {                                   \
+        _Pragma("unroll 1") for (int k = 0; k < VEC; ++k) {                                 \
           const long long c = c0 + (long long)k * GROUP;                                    \
           if (c < COLS) acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));      \
         }                                                                                   \

@@ -13,7 +13,8 @@
 
 #define TILE ((long long)THREADS * VEC * ILP)
 
-extern "C" __global__ void __launch_bounds__(THREADS) region_pointwise(REGION_PARAMS) {
+// min blocks 1: without it ptxas capped some kernels at 32 registers and spilled
+extern "C" __global__ void __launch_bounds__(THREADS, 1) region_pointwise(REGION_PARAMS) {
   const float* red = nullptr;
   const long long r = 0;
   const bool vector_ok = fp_vec_aligned(REGION_ARGS);
@@ -25,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) region_pointwise(REGION_PA
 #pragma unroll
       for (int k = 0; k < ILP; ++k) fp_store_vec(REGION_ARGS, r, tile + ((long long)k * THREADS + threadIdx.x) * VEC, y[k]);
     } else {
-#pragma unroll 1  // the cold path (one tile, or a misaligned launch): unrolled, it drove ptxas to spill
+#pragma unroll 1  // the cold path (the last tile, or a misaligned launch): kept small
       for (int k = 0; k < VEC * ILP; ++k) {
         const long long c = tile + (long long)k * THREADS + threadIdx.x;
         if (c < NUMEL) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));

@@ -26,7 +26,7 @@
       }                                                                                     \
       for (long long c = COLS_VEC + lane; c < COLS; c += GROUP)                             \
         acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));                      \
-    } else if (live) { /* misaligned: not unrolled (cold; unrolled, it drove ptxas to spill) */ \
+    } else if (live) { /* misaligned: the cold path, kept small (not unrolled) */            \
       for (long long c0 = lane; c0 < COLS; c0 += (long long)GROUP * VEC) {                  \
         _Pragma("unroll 1") for (int k = 0; k < VEC; ++k) {                                 \
           const long long c = c0 + (long long)k * GROUP;                                    \
@@ -37,7 +37,8 @@
     red[j] = FP_FINAL##j((fp_group_reduce<FP_OP##j, GROUP>(acc, scratch)));                 \
   }
 
-extern "C" __global__ void __launch_bounds__(THREADS) region_row(REGION_PARAMS) {
+// min blocks 1: without it ptxas capped some row kernels at 32 registers and spilled
+extern "C" __global__ void __launch_bounds__(THREADS, 1) region_row(REGION_PARAMS) {
   __shared__ float scratch[32];
   const int lane = threadIdx.x % GROUP;
   const bool vector_ok = fp_vec_aligned(REGION_ARGS);

@@ -19,6 +19,7 @@ merged first, so a plain row costs one multiply. Pure Python, no torch import.
 from __future__ import annotations
 
 from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, contiguous
+from forge_pack.search.region_vector import vector_code
 
 MAX_REDUCTIONS = 8  # passes the skeletons unroll (layer/group norm: 2, softmax: 2; 4 log_softmax of one row: 8)
 CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16", "bool": "bool",
@@ -152,6 +153,11 @@ def _prod(xs) -> int:
     return out
 
 
-def emit(prog: Program, backend: str) -> tuple[str, dict]:
-    """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be."""
-    return Emitter(prog, backend).code()
+def emit(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
+    """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be.
+    ``vec``: on CUDA, also the code that handles ``vec`` consecutive elements at once
+    (``region_vector``)."""
+    code, defines = Emitter(prog, backend).code()
+    if backend == "cuda":
+        code += vector_code(prog, vec)
+    return code, defines

@@ -15,6 +15,7 @@ from functools import lru_cache
 from forge_pack.core.signature import Signature
 from forge_pack.search.region_emit import emit
 from forge_pack.search.region_lower import Program, Uncovered, lower
+from forge_pack.search.region_vector import leaf_class
 from forge_pack.search.template_kit import (GRAIN, THREADS, Built, Family, Gpu, Knob, cdiv, clamp, first,
                                             grain_default, launch, pow2_ceil, spec)
 
@@ -22,9 +23,12 @@ OPS = ("region",)
 REGION_OP = "region"
 
 CHUNK = Knob("chunk", (1024, 4096, 16384, 65536), "elements per OpenMP chunk")
-VEC = Knob("vec", (1, 2, 4, 8), "elements in flight per thread and loop trip")
+VEC = Knob("vec", (1, 2, 4, 8), "consecutive columns per thread and access (16 bytes at most per load)")
 ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32), "rows one block reduces at once (threads/rows per row)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
+PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
+ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
+GRID_STRIDE = Knob("grid_stride", (0, 1), "0: one tile per block; 1: a resident grid striding over the tiles")
 ROW_THREADS = Knob("threads", (32, 64, 128, 256, 512, 1024), "threads per block")
 MAX_GRID = 1 << 20  # blocks at most: the kernels stride over the rest (grid-stride loops)
 
@@ -74,12 +78,12 @@ def _applicable(kind: str):
     return check
 
 
-def _code(sig: Signature, backend: str) -> tuple[str, dict] | str:
+def _code(sig: Signature, backend: str, vec: int = 1) -> tuple[str, dict] | str:
     prog = program(sig)
     if isinstance(prog, str):
         return prog
     try:
-        return emit(prog, backend)
+        return emit(prog, backend, vec)
     except Uncovered as e:
         return str(e)
 
@@ -131,19 +135,40 @@ CPU = (
 # ---------------------------------------------------------------- CUDA
 
 
+def _out_bytes(sig: Signature) -> int:
+    return {"float32": 4}.get(sig.output.dtype if sig.output is not None else "", 2)
+
+
+def _lane_leaves(prog: Program, vec: int) -> int:
+    """Leaves the vector path would read element by element at this width."""
+    return sum(leaf_class(prog.space, leaf.strides, 0, vec) == "lane" for leaf in prog.out.leaves)
+
+
 def _cuda_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
-    return {"threads": 256, "vec": 4, "fast_math": 0}
+    # 16 bytes of output per vector access and two runs in flight per thread (about what a copy
+    # kernel needs to reach the H200's bandwidth); a narrower vector, with more runs in flight, when
+    # it turns a per-element read into a per-run one (NCHW at H*W = 196: vec 4 keeps the channel)
+    full = 16 // _out_bytes(sig)
+    vec, prog = full, program(sig)
+    if not isinstance(prog, str) and _lane_leaves(prog, full):
+        vec = next((v for v in (full // 2, full // 4) if v >= 2 and not _lane_leaves(prog, v)), full)
+    return {"threads": 256, "vec": vec, "ilp": min(4, 2 * full // vec), "grid_stride": 0, "fast_math": 0}
 
 
 def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    made = _code(sig, "cuda")
+    if p["vec"] * _out_bytes(sig) > 16:
+        return f"vec {p['vec']} moves {p['vec'] * _out_bytes(sig)} bytes of output per access (16 at most)"
+    made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
     code, defines = made
     prog = program(sig)
     assert not isinstance(prog, str)
-    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"]), 1, MAX_GRID)
-    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "FAST_MATH": p["fast_math"]}
+    tiles = cdiv(prog.numel, p["threads"] * p["vec"] * p["ilp"])
+    # grid-stride: enough resident blocks to fill every SM (2048 threads per SM), no more
+    cap = gpu.sm_count * max(2048 // p["threads"], 1) if p["grid_stride"] else MAX_GRID
+    grid = clamp(tiles, 1, cap)
+    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "ILP": p["ilp"], "FAST_MATH": p["fast_math"]}
     return Built(dict(p), defines, spec([launch("region_pointwise", _args(sig), [grid], [p["threads"]])]), code)
 
 
@@ -152,13 +177,15 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     cols = 1024 if isinstance(prog, str) else prog.cols
     group = clamp(pow2_ceil(cdiv(cols, 8)), 1, 1024)  # ~8 elements per thread and pass
     threads = max(group, 128)
-    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": 4, "fast_math": 0}
+    # 16 bytes per access of the first input (the row's data, in form order)
+    vec = 8 if sig.inputs and sig.inputs[0][1] is not None and sig.inputs[0][1].dtype in ("bfloat16", "float16") else 4
+    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0}
 
 
 def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     if p["threads"] % p["rows_per_block"] or p["threads"] // p["rows_per_block"] < 1:
         return "threads must split evenly into rows"
-    made = _code(sig, "cuda")
+    made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
     code, defines = made
@@ -171,11 +198,13 @@ def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 CUDA = (
-    Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, VEC, FAST_MATH),
-           "generated elementwise chain, coalesced tiles of threads x vec elements, grid-stride",
+    Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, PW_VEC, ILP, GRID_STRIDE, FAST_MATH),
+           "generated elementwise chain, vector loads/stores of vec elements per operand where the layout "
+           "allows (broadcasts once per run), ilp runs in flight, scalar tail",
            _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
     Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH),
-           "rows_per_block rows per block; per pass a group reduction (shuffles, shared memory); epilogue",
+           "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
+           "(shuffles, shared memory); epilogue",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
 )
 

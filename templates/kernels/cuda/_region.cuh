@@ -6,6 +6,7 @@
 #define FP_FN __device__ __forceinline__
 #define FP_RESTRICT __restrict__
 #define FP_INF __int_as_float(0x7f800000)
+#undef FP_NAN  // <math.h>'s classification constant under nvcc; here the NaN value
 #define FP_NAN __int_as_float(0x7fc00000)
 
 FP_FN float fp_ld(const float* p) { return __ldg(p); }
@@ -51,11 +52,61 @@ template <int OP, int GROUP> FP_FN float fp_group_reduce(float v, float* sh) {
 #pragma unroll
   for (int o = (GROUP < 32 ? GROUP : 32) / 2; o > 0; o >>= 1) v = fp_comb<OP>(v, __shfl_xor_sync(0xffffffffu, v, o));
   if (GROUP <= 32) return v;
-  const int warp = threadIdx.x >> 5, per = GROUP / 32, first = (warp / per) * per;
+  const int warp = threadIdx.x >> 5, per = GROUP >= 32 ? GROUP / 32 : 1, first = (warp / per) * per;  // per: 1 keeps the dead branch of a small GROUP free of a division by zero
   __syncthreads();  // the scratch of the previous reduction has been read by every thread
   if ((threadIdx.x & 31) == 0) sh[warp] = v;
   __syncthreads();
   float t = sh[first];
   for (int k = 1; k < per; ++k) t = fp_comb<OP>(t, sh[first + k]);
   return t;
+}
+
+// Vector access: V elements of T moved as raw words of up to 16 bytes (uint4: 8 x bf16/f16, 4 x
+// fp32), converted to / from fp32 per lane. The caller guarantees that p is aligned to one word
+// (fp_aligned on the base pointer at run time, the element offset a multiple of V statically).
+template <int B> struct fp_word;
+template <> struct fp_word<2> { typedef unsigned short t; };
+template <> struct fp_word<4> { typedef unsigned int t; };
+template <> struct fp_word<8> { typedef uint2 t; };
+template <> struct fp_word<16> { typedef uint4 t; };
+template <int V, typename T> struct fp_vec_shape {
+  static constexpr int bytes = V * (int)sizeof(T) < 16 ? V * (int)sizeof(T) : 16;  // per access
+  static constexpr int per = bytes / (int)sizeof(T);                               // elements per access
+};
+FP_FN float fp_f(float v) { return v; }
+FP_FN float fp_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+FP_FN float fp_f(__half v) { return __half2float(v); }
+FP_FN void fp_to(float v, float& d) { d = v; }
+FP_FN void fp_to(float v, __nv_bfloat16& d) { d = __float2bfloat16_rn(v); }
+FP_FN void fp_to(float v, __half& d) { d = __float2half_rn(v); }
+
+template <int V, typename T> FP_FN bool fp_aligned(const T* p) {
+  return ((unsigned long long)p % (unsigned long long)fp_vec_shape<V, T>::bytes) == 0;
+}
+
+template <int V, typename T> FP_FN void fp_ldv(const T* p, float* y) {
+  typedef fp_vec_shape<V, T> S;
+  typedef typename fp_word<S::bytes>::t W;
+#pragma unroll
+  for (int a = 0; a < V / S::per; ++a) {
+    const W w = __ldg(reinterpret_cast<const W*>(p) + a);
+    T e[S::per];
+    __builtin_memcpy(e, &w, S::bytes);
+#pragma unroll
+    for (int i = 0; i < S::per; ++i) y[a * S::per + i] = fp_f(e[i]);
+  }
+}
+
+template <int V, typename T> FP_FN void fp_stv(T* p, const float* y) {
+  typedef fp_vec_shape<V, T> S;
+  typedef typename fp_word<S::bytes>::t W;
+#pragma unroll
+  for (int a = 0; a < V / S::per; ++a) {
+    T e[S::per];
+#pragma unroll
+    for (int i = 0; i < S::per; ++i) fp_to(y[a * S::per + i], e[i]);
+    W w;
+    __builtin_memcpy(&w, e, S::bytes);
+    reinterpret_cast<W*>(p)[a] = w;
+  }
 }

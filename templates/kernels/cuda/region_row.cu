@@ -1,19 +1,34 @@
 // Region skeleton (CUDA), row: ROWS_PER_BLOCK rows per block, GROUP = THREADS / ROWS_PER_BLOCK
-// threads per row; one pass over the row per reduction (fp32 accumulation, VEC elements in
-// flight per thread, a shuffle + shared-memory reduction over the group), a later pass using the
-// earlier results; then the epilogue writes the row (or, PER_ROW, its one value).
+// threads per row; one pass over the row per reduction (fp32 accumulation, a shuffle +
+// shared-memory reduction over the group), a later pass using the earlier results; then the
+// epilogue writes the row (or, PER_ROW, its one value). Vector path: lane l takes the runs of VEC
+// columns starting at (l + k * GROUP) * VEC, each operand read as the generated fp_elem_vec<j> /
+// fp_out_vec say (a vector load of up to 16 bytes, once per run, or per element), the last
+// COLS % VEC columns element by element. When an operand's base pointer is not aligned to its
+// vector access, every row takes the scalar path (VEC columns in flight, strided by GROUP).
 //{{PARAMS}}
 //{{INCLUDE _region.cuh}}
 //{{CODE}}
 
 #define GROUP (THREADS / ROWS_PER_BLOCK)
 
+#define COLS_VEC (COLS / VEC * VEC)
+
 #define FP_PASS(j)                                                                          \
   {                                                                                         \
     float acc = FP_INIT##j;                                                                 \
-    if (live) {                                                                             \
+    if (live && vector_ok) {                                                                \
+      _Pragma("unroll 2") for (long long c0 = (long long)lane * VEC; c0 < COLS_VEC;         \
+                               c0 += (long long)GROUP * VEC) {                             \
+        float e[VEC];                                                                       \
+        fp_elem_vec##j(REGION_ARGS, r, c0, red, e);                                         \
+        _Pragma("unroll") for (int k = 0; k < VEC; ++k) acc = FP_COMBINE##j(acc, e[k]);      \
+      }                                                                                     \
+      for (long long c = COLS_VEC + lane; c < COLS; c += GROUP)                             \
+        acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));                      \
+    } else if (live) { /* misaligned: the cold path, kept small (not unrolled) */            \
       for (long long c0 = lane; c0 < COLS; c0 += (long long)GROUP * VEC) {                  \
-        _Pragma("unroll") for (int k = 0; k < VEC; ++k) {                                   \
+        _Pragma("unroll 1") for (int k = 0; k < VEC; ++k) {                                 \
           const long long c = c0 + (long long)k * GROUP;                                    \
           if (c < COLS) acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));      \
         }                                                                                   \
@@ -22,9 +37,11 @@
     red[j] = FP_FINAL##j((fp_group_reduce<FP_OP##j, GROUP>(acc, scratch)));                 \
   }
 
-extern "C" __global__ void __launch_bounds__(THREADS) region_row(REGION_PARAMS) {
+// min blocks 1: without it ptxas capped some row kernels at 32 registers and spilled
+extern "C" __global__ void __launch_bounds__(THREADS, 1) region_row(REGION_PARAMS) {
   __shared__ float scratch[32];
   const int lane = threadIdx.x % GROUP;
+  const bool vector_ok = fp_vec_aligned(REGION_ARGS);
   for (long long r0 = (long long)blockIdx.x * ROWS_PER_BLOCK; r0 < ROWS; r0 += (long long)gridDim.x * ROWS_PER_BLOCK) {
     const long long r = r0 + threadIdx.x / GROUP;
     const bool live = r < ROWS;
@@ -57,7 +74,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) region_row(REGION_PARAMS) 
 #if PER_ROW
     if (lane == 0) forge_store(out + fp_out_offset(r, 0), fp_out_value(REGION_ARGS, r, 0, red));
 #else
-    for (long long c = lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+    if (vector_ok) {
+      for (long long c0 = (long long)lane * VEC; c0 < COLS_VEC; c0 += (long long)GROUP * VEC) {
+        float y[VEC];
+        fp_out_vec(REGION_ARGS, r, c0, red, y);
+        fp_store_vec(REGION_ARGS, r, c0, y);
+      }
+      for (long long c = COLS_VEC + lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+    } else {
+      for (long long c = lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+    }
 #endif
   }
 }

@@ -1,0 +1,149 @@
+"""Generated CUDA region kernels compile with nvcc for sm_90, and the pointwise skeleton's vector
+path is what the layout allows: vector loads for stride-1 operands, one load per run for
+broadcasts, per-element reads otherwise (no GPU needed: the code and the PTX are inspected).
+
+- every CUDA family of every region of tests/models/regions/*.py and tests/models/*.py (as the
+  files define them, and cast to bfloat16) compiles without warnings and, at the defaults,
+  without register spills (slow: about a hundred nvcc runs; the fast test below compiles the
+  pointwise knobs' extremes on one region);
+- the leaf classes over a run of ``vec`` elements, exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from forge_pack.search.region_vector import classify
+from forge_pack.search.templates_proposer import applicable_families, instantiate
+
+MODELS = Path(__file__).resolve().parent / "models"
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def _signatures(path: Path, dtype: str | None) -> list:
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.profile.load import load
+    from forge_pack.targets.region_target import signature
+
+    t = load(path, "cpu", dtype)
+    out, seen = [], set()
+    for r in find_regions(capture(t.module, t.args, t.kwargs, profile=False)):
+        if r.key not in seen:
+            seen.add(r.key)
+            out.append(signature(r))
+    return out
+
+
+def _bn_block_signature(size: int = 56, dtype: str = "bfloat16", channels_last: bool = False):
+    """The batch_norm + add + relu region of a basic block, NCHW or channels_last."""
+    import torch
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    sys.path.insert(0, str(MODELS / "regions"))
+    import conv_bn_block
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = conv_bn_block.get_model().to(getattr(torch, dtype)).to(memory_format=fmt)
+    x = conv_bn_block.get_inputs(size)[0].to(getattr(torch, dtype)).contiguous(memory_format=fmt)
+    (region,) = [r for r in find_regions(capture(model, (x,), profile=False)) if r.pattern == "batch_norm+add+relu"]
+    return signature(region)
+
+
+def _nvcc(source: str, folder: str, name: str) -> tuple[int, str]:
+    src = Path(folder) / f"{name}.cu"
+    src.write_text(source)
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", f"{src}.cubin", str(src)],
+                         capture_output=True, text=True)
+    return res.returncode, res.stdout + res.stderr
+
+
+def _spills(log: str) -> bool:
+    return any("spill" in line and " 0 bytes spill stores" not in line for line in log.splitlines())
+
+
+def test_leaf_classes_over_a_run_follow_the_layout():
+    nchw = (4, 16, 56, 56)
+    assert classify(nchw, (50176, 3136, 56, 1), 8) == "contig"  # the activations
+    assert classify(nchw, (0, 1, 0, 0), 8) == "uniform"  # a per-channel parameter: 3136 % 8 == 0
+    assert classify((4, 16, 7, 7), (0, 1, 0, 0), 8) == "lane"  # 49 % 8: the channel changes inside a run
+    assert classify((4, 16, 7, 7), (784, 49, 7, 1), 8) == "contig"  # dense: runs never cross a row
+    assert classify((4, 7, 7, 16), (0, 0, 0, 1), 8) == "contig"  # channels_last per-channel: C % 8 == 0
+    assert classify((4, 7, 7, 12), (0, 0, 0, 1), 8) == "lane"  # C = 12: a run would wrap
+    assert classify((4, 7, 7, 12), (0, 0, 0, 1), 4) == "contig"
+    assert classify((6, 100), (300, 1), 4) == "contig"  # a slice of a wider buffer: rows 300 apart
+    assert classify((6, 100), (301, 1), 4) == "lane"  # rows not 4-aligned
+    assert classify((6, 100), (1, 6), 4) == "lane"  # transposed
+
+
+@needs_nvcc
+def test_pointwise_vector_path_loads_16_bytes_and_broadcasts_once_per_run(tmp_path):
+    """bf16 NCHW batch_norm + add + relu at the defaults (vec 8, ilp 2): two operands of 8 x bf16
+    in one 16-byte load each per run, the output in one 16-byte store, the four per-channel
+    parameters loaded once per run and one rsqrt per run (the affine's, shared by the 8 lanes)."""
+    sig = _bn_block_signature()
+    cand = instantiate("region", "cuda", "pointwise", None, sig)
+    assert (cand.params["vec"], cand.params["ilp"]) == (8, 2)
+    assert "u0=contig, u1=uniform, u2=uniform, u3=uniform, u4=uniform, u5=contig; output contig" in cand.source
+    src = tmp_path / "bn.cu"
+    src.write_text(cand.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-std=c++17", "-o", f"{src}.ptx", str(src)], check=True)
+    ptx = Path(f"{src}.ptx").read_text()
+    # the scalar path (a loop, not unrolled) reads the 6 operands of its element with b16 loads
+    assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) == 2 * 2  # 2 operands x ilp 2
+    assert len(re.findall(r"st\.global\.v4\.u32", ptx)) == 2  # ilp 2
+    assert len(re.findall(r"ld\.global\.nc\.b16", ptx)) == 4 * 2 + 6  # params per run + scalar path
+    assert len(re.findall(r"rsqrt\.approx", ptx)) == 2 + 1  # one per run + the scalar path's
+    rc, log = _nvcc(cand.source, str(tmp_path), "bn_cubin")
+    assert rc == 0 and "warning" not in log and not _spills(log), log
+
+
+@needs_nvcc
+def test_pointwise_knob_extremes_compile_without_warnings(tmp_path):
+    sigs = {"nchw_bf16": _bn_block_signature(), "cl_bf16": _bn_block_signature(channels_last=True),
+            "nchw_f32_7x7": _bn_block_signature(7, "float32")}
+    items = []
+    for name, sig in sigs.items():
+        fp32 = name.endswith("7x7")
+        for vec in (1, 2, 4) if fp32 else (1, 2, 4, 8):
+            for ilp, threads, gs in ((1, 64, 0), (4, 1024, 1)):
+                p = {"vec": vec, "ilp": ilp, "threads": threads, "grid_stride": gs}
+                items.append((f"{name}_v{vec}_i{ilp}", instantiate("region", "cuda", "pointwise", p, sig)))
+    with pytest.raises(ValueError, match="32 bytes of output per access"):
+        instantiate("region", "cuda", "pointwise", {"vec": 8}, sigs["nchw_f32_7x7"])
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, str(tmp_path), it[0])), items))
+    bad = [(name, log[-1500:]) for name, (rc, log) in results if rc != 0 or "warning" in log]
+    assert not bad, bad
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_every_generated_cuda_region_kernel_compiles_with_nvcc():
+    files = sorted((MODELS / "regions").glob("*.py")) + sorted(MODELS.glob("*.py"))
+    items = []
+    for path in files:
+        for dtype in (None, "bfloat16"):
+            for sig in _signatures(path, dtype):
+                for fam in applicable_families(sig, "cuda"):
+                    items.append((f"{path.stem}/{dtype}/{sig.slug()}/{fam.name}",
+                                  instantiate("region", "cuda", fam.name, None, sig)))
+    assert len(items) > 40, len(items)
+    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, d, it[1].content_hash[:16])), items))
+    failures = [f"{name}\n{log[-2000:]}" for name, (rc, log) in results if rc != 0 or "warning" in log]
+    spills = [name for name, (rc, log) in results if _spills(log)]
+    assert not failures, "\n\n".join(failures[:5])
+    assert not spills, spills

@@ -1547,3 +1547,158 @@ def test_a_timed_pool_output_is_judged_by_the_kinds_magnitude_not_its_reference(
 
     _, verdict = judge.time_candidate(FakeModule(way_off), c, POOL, base, FAST, "cpu")
     assert (verdict.ok, verdict.reason) == (False, "mismatch")
+
+
+# ---------------------------------------------------------------- what the worker reports and keeps (exact values)
+
+
+class FakeDriver:
+    """launch.Driver's two calls hello makes, recorded."""
+
+    def __init__(self, asked):
+        self.asked = asked
+
+    def ensure_context(self):
+        self.asked.append("context")
+
+    def device_attribute(self, attr):
+        from forge_pack.evaluate.launch import DEV_SMEM_OPTIN
+
+        self.asked.append(("attribute", attr))
+        return {DEV_SMEM_OPTIN: 232448}[attr]
+
+
+def cuda_session(monkeypatch, props, asked):
+    from forge_pack.evaluate import launch
+
+    monkeypatch.setattr(launch.Driver, "get", classmethod(lambda cls: FakeDriver(asked)))
+    s = judge.Session("cuda")
+
+    def get_device_properties(index):
+        asked.append(("properties", index))
+        return props
+
+    s.torch = SimpleNamespace(__version__="2.99.0", version=SimpleNamespace(cuda="12.8"),
+                              cuda=SimpleNamespace(get_device_properties=get_device_properties))
+    return s
+
+
+def test_a_cuda_session_says_hello_with_device_zeros_properties(monkeypatch):
+    import os
+
+    from forge_pack.evaluate.launch import DEV_SMEM_OPTIN
+
+    asked = []
+    props = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                            total_memory=150_000_000_000, L2_cache_size=62_914_560)
+    s = cuda_session(monkeypatch, props, asked)
+    assert s.hello() == {"backend": "cuda", "pid": os.getpid(), "torch": "2.99.0", "name": "NVIDIA H200",
+                         "capability": "9.0", "arch": "sm_90", "sm_count": 132, "memory_bytes": 150_000_000_000,
+                         "l2_bytes": 62_914_560, "smem_optin_bytes": 232448, "cuda": "12.8"}
+    assert asked == [("properties", 0), "context", ("attribute", DEV_SMEM_OPTIN)]
+
+
+def test_a_cuda_session_reports_no_l2_as_zero_bytes(monkeypatch):
+    props = SimpleNamespace(name="old", major=7, minor=5, multi_processor_count=40, total_memory=1)
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0  # torch without the field
+    props.L2_cache_size = None
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0
+    props.L2_cache_size = 0
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0
+
+
+def test_a_cuda_sessions_health_probe_computes_on_the_gpu():
+    s = judge.Session("cuda")
+    devices = []
+
+    def ones(n, device=None):
+        devices.append(device)
+        return torch.ones(n)
+
+    s.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None), ones=ones)
+    assert s.healthy() is True and devices == ["cuda"]  # a CPU tensor would say nothing about the context
+
+
+def test_the_session_streams_the_sets_of_a_hotspot_too_large_to_cache(monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    asked, made = [], []
+
+    class Stream:
+        def __init__(self, *args):
+            made.append(args)
+            self.skipped = ["odd:1x1: too small"]
+
+    monkeypatch.setattr(memory_plan, "cache_static", lambda sig, n: asked.append((sig, n)) or False)
+    monkeypatch.setattr(verify, "StaticStream", Stream)
+    s = judge.Session("cpu")
+    got = s.load(judge.LoadInputs("big", SIG, ("c/0.safetensors", "c/1.safetensors"), "/runs/r", 5, True))
+    # two captures and softmax's three adversarial kinds: five static sets asked about
+    assert asked == [(SIG, 2 + len(ops.get_op("softmax").adversarial_kinds(SIG)))] and asked[0][1] == 5
+    assert made == [(SIG, ["c/0.safetensors", "c/1.safetensors"], "/runs/r", "cpu", 5, True)]
+    stream, skipped = s.sets["big"]
+    assert isinstance(stream, Stream) and skipped is stream.skipped
+    assert got == judge.Loaded((), ("odd:1x1: too small",))  # a stream holds no sets to name
+
+
+def test_the_baseline_rotates_copies_against_the_devices_cache_and_flushes_that_device(monkeypatch):
+    caches, flushed, counted = [], [], []
+
+    class Flusher:
+        def __init__(self, device, cfg):
+            flushed.append((device, cfg))
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: caches.append(device) or 1)
+    real_count = timing_mod.rotation_count
+    monkeypatch.setattr(timing_mod, "rotation_count",
+                        lambda b, cfg, cache=0: counted.append((b, cache)) or real_count(b, cfg, cache))
+    monkeypatch.setattr(timing_mod, "Flusher", Flusher)
+    monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, flusher=None: Timing(len(calls), 0.0, 3))
+    s = FakeSession()
+    s.torch = torch
+    cfg = TimingConfig(**{**FAST.to_json(), "rotate": 3})
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg, seed=4))
+    # a copy of 512 bytes is far beyond a 1-byte cache: one copy, where 3 would be timed otherwise
+    assert caches == ["cpu"] and counted == [(MOVED, 1)] and b.eager.median_us == 1
+    assert flushed == [("cpu", cfg)]
+
+
+def test_device_info_names_a_worker_that_did_not_start_with_its_logs_tail(ev):
+    tail = "a" * 100 + "b" * 2000
+    ev.pool.info = lambda: WorkerLost("start", "exit code 1", tail)
+    with pytest.raises(RuntimeError) as e:
+        ev.device_info()
+    assert str(e.value) == "the cpu worker did not start: exit code 1\n...\n" + "b" * 2000
+
+
+def test_a_failed_load_reports_the_workers_traceback_or_what_it_answered(ev):
+    ev.pool.replies = [JobError("Traceback (most recent call last): boom")]
+    e = ev.evaluate(cand(), HOT)
+    assert "failed:\nTraceback (most recent call last): boom\n" in e.verdict.detail
+    ev.pool.replies = ["an answer of the wrong type"]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "internal_error"
+    assert e.verdict.detail.startswith(f"RuntimeError: loading the inputs of {ev.signature(HOT).pretty()} failed:\n"
+                                       "an answer of the wrong type\n")
+
+
+def test_an_evaluation_records_the_device_of_a_labelled_worker(ev):
+    ev.pool.worker.device = "cuda:3"
+    ev.pool.replies = [LOADED, ok_reply()]
+    assert ev.evaluate(cand(), HOT).extra["device"] == "cuda:3"
+    ev.pool.worker.device = ""
+    ev.pool.replies = [ok_reply()]
+    assert "device" not in ev.evaluate(cand(), HOT).extra
+
+
+def test_touch_keeps_the_most_recently_loaded_hotspots_and_evicts_the_oldest():
+    loaded = OrderedDict()
+    for key in ("a", "b", "c"):
+        evaluate._touch(loaded, key)
+    assert list(loaded) == ["b", "c"]
+    evaluate._touch(loaded, "b")
+    evaluate._touch(loaded, "d")
+    assert list(loaded) == ["b", "d"]

@@ -1702,3 +1702,47 @@ def test_touch_keeps_the_most_recently_loaded_hotspots_and_evicts_the_oldest():
     evaluate._touch(loaded, "b")
     evaluate._touch(loaded, "d")
     assert list(loaded) == ["b", "d"]
+
+
+def test_an_evaluator_uses_the_pool_it_is_given(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    given = FakePool("cpu", 1, judge.Startup(), None)
+    assert evaluate.Evaluator("cpu", pool=given).pool is given
+
+
+def test_an_evaluation_names_the_devices_its_job_was_lost_with(ev):
+    from forge_pack.evaluate.device_pool import DeviceLost
+
+    w = ev.pool.worker
+    w.device = "cuda:1"
+    real_run = w.run
+
+    def run(job, timeout):
+        reply = real_run(job, timeout)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    w.run = run
+    ev.pool.replies = [LOADED, DeviceLost("the GPU fell off the bus"), ok_reply()]
+    e = ev.evaluate(cand(), HOT)
+    assert (e.verdict.ok, e.extra["requeued_from"], e.extra["device"]) == (True, ["cuda:1"], "cuda:1")
+
+
+def test_the_workspace_bytes_of_a_spec_that_cannot_be_planned_are_zero():
+    assert judge._workspace_bytes(cand((WS, WZ)), SIG) == 64 + 32
+    negative = Workspace("ws", "-8")  # plan() refuses it: verification will say why
+    assert judge._workspace_bytes(cand((negative,)), SIG) == 0
+
+
+def test_check_bounds_allocates_the_workspaces_and_out_on_the_evaluations_device(monkeypatch):
+    devices = []
+    base = base_set()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ops, "empty_like_spec", lambda spec, device: devices.append(("out", spec, device))
+                        or torch.empty(4, 16))
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: devices.append(("ws", k.get("device"))) or
+                        real_zeros(*a, dtype=k.get("dtype")))
+    judge.check_bounds(FakeModule(), cand((WS,)), base, "cuda")
+    assert devices == [("ws", "cuda"), ("out", SIG.output, "cuda")] * 2

@@ -1746,3 +1746,63 @@ def test_check_bounds_allocates_the_workspaces_and_out_on_the_evaluations_device
                         real_zeros(*a, dtype=k.get("dtype")))
     judge.check_bounds(FakeModule(), cand((WS,)), base, "cuda")
     assert devices == [("ws", "cuda"), ("out", SIG.output, "cuda")] * 2
+
+
+def test_judge_refuses_a_candidate_that_cannot_fit_before_allocating(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    asked = []
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: asked.append(("free", device)) or 1000)
+    monkeypatch.setattr(memory_plan, "fits", lambda sig, free, ws: asked.append(("fits", sig, free, ws)) or
+                        "needs 2 GB, 1000 bytes free")
+    monkeypatch.setattr(verify, "fresh_sets", lambda *a, **k: pytest.fail("inputs drawn for a refused candidate"))
+    reply = judge.judge(FakeSession(), request(cand((WS, WZ))))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", "needs 2 GB, 1000 bytes free"))
+    assert asked == [("free", "cpu"), ("fits", SIG, 1000, 64 + 32)] and loaded["module"].closed == 1
+
+
+class Stream:
+    """A hotspot's static sets as judge sees them when too large to cache (verify.StaticStream)."""
+
+    def __init__(self, sets=(), captures=()):
+        self.sets, self.captures, self.skipped = list(sets), list(captures), []
+
+    def __iter__(self):
+        return iter(self.sets)
+
+
+def test_judge_streams_a_large_hotspots_sets_and_draws_the_timed_input_again(loaded, monkeypatch):
+    odd = verify.fresh_sets(SIG, "cpu", 9, "odd", final=False)[0]
+    odd.kind = "odd:4x8"
+    derived_asked, drawn, verified = [], [], []
+    real_derived, real_fresh = verify.iter_derived_sets, verify.fresh_inputs
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        derived_asked.append((sig, device, seed, h, final, count))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    def fresh_inputs(sig, device, seed, h, final, i=None):
+        if i is None:  # judge's own draw (fresh_sets passes the set's index)
+            drawn.append((sig, device, seed, h, final))
+        return real_fresh(sig, device, seed, h, final, i or 0)
+
+    def spy(module, c, sets, device):
+        for s in sets:
+            verified.append((s.kind, getattr(s, "streamed", False)))
+        return Verdict(True, "ok", f"{len(verified)} input sets verified")
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    monkeypatch.setattr(verify, "fresh_inputs", fresh_inputs)
+    monkeypatch.setattr(verify, "verify", spy)
+    s = FakeSession()
+    s.sets["k"] = (Stream([odd]), [])
+    c = cand()
+    reply = judge.judge(s, request(c, seed=3))
+    assert (reply.verdict.ok, reply.timing.n) == (True, 3)
+    # the timed set first, then the sets derived from it, then the stream's own (each made when asked for)
+    assert verified == [("fresh[0]", True)] + [(f"derived:{k}", True) for k in ops.DERIVED_KINDS] + [("odd:4x8", False)]
+    # derived from the fresh set alone (no captures), with the evaluation's seed, hash and mode
+    assert derived_asked == [(SIG, "cpu", 3, c.content_hash, False, 1)]
+    # the timed input was dropped while the other sets were verified, and is drawn again the same way
+    assert drawn == [(SIG, "cpu", 3, c.content_hash, False)]
+    assert s.sets["k"][0].sets == [odd] and not reply.sets_dropped  # a stream has no fingerprints to check

@@ -1806,3 +1806,66 @@ def test_judge_streams_a_large_hotspots_sets_and_draws_the_timed_input_again(loa
     # the timed input was dropped while the other sets were verified, and is drawn again the same way
     assert drawn == [(SIG, "cpu", 3, c.content_hash, False)]
     assert s.sets["k"][0].sets == [odd] and not reply.sets_dropped  # a stream has no fingerprints to check
+
+
+def test_an_allocation_failure_while_judging_is_out_of_memory_and_the_worker_goes_on(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    released = []
+    monkeypatch.setattr(memory_plan, "release", lambda device: released.append(device))
+    err = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB. " + "x" * 600
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError(err)))
+    s = FakeSession(bw=25.0)
+    reply = judge.judge(s, request(cand()))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
+                                         f"{SIG.pretty()}: {err[:500]}"), None, None, None, {}, False, False)
+    assert released == ["cpu"] and loaded["module"].closed == 1
+    s._healthy = False  # and a worker that can no longer compute is retired
+    assert judge.judge(s, request(cand())).retire is True
+
+
+def test_judge_hands_the_sessions_device_to_every_stage(loaded, monkeypatch):
+    seen = []
+    real_verify = verify.verify
+
+    def spy_verify(module, c, sets, device):
+        seen.append(("verify", device))
+        return real_verify(module, c, sets, device)
+
+    monkeypatch.setattr(verify, "verify", spy_verify)
+    monkeypatch.setattr(judge, "check_bounds", lambda module, c, base, device: seen.append(("bounds", device)))
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        seen.append(("time", device, own_base)) or (Timing(3.0, 0.0, 3), None))
+    loaded["module"] = FakeModule(guard=True)
+    reply = judge.judge(FakeSession(), request(cand(), bounds=True))
+    assert reply.verdict.ok and seen == [("verify", "cpu"), ("bounds", "cpu"), ("time", "cpu", False)]
+
+
+def test_judge_runs_the_guard_page_check_only_for_a_module_that_supports_it(loaded, monkeypatch):
+    ran = []
+    monkeypatch.setattr(judge, "check_bounds", lambda *a: ran.append(a))
+    loaded["module"] = FakeModule(guard=False)
+    assert judge.judge(FakeSession(), request(cand(), final=True)).verdict.ok and ran == []
+    loaded["module"] = FakeModule(guard=True)
+    assert judge.judge(FakeSession(), request(cand(), final=True)).verdict.ok and len(ran) == 1
+
+
+def test_judge_times_a_parked_timed_input_copied_back_from_the_host(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    drawn, timed = [], []
+    monkeypatch.setattr(memory_plan, "park_on_host", lambda device: True)
+    real_fresh = verify.fresh_inputs
+    monkeypatch.setattr(verify, "fresh_inputs", lambda *a: real_fresh(*a) if len(a) == 6 else drawn.append(a))
+    monkeypatch.setattr(verify, "verify", lambda module, c, sets, device: [None for _ in sets] and
+                        Verdict(True, "ok", "verified"))
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        timed.append((dict(base.tensors), own_base)) or (Timing(3.0, 0.0, 3), None))
+    s = FakeSession()
+    s.sets["k"] = (Stream(), [])
+    c = cand()
+    assert judge.judge(s, request(c, seed=3)).verdict.ok
+    want = verify.fresh_sets(SIG, "cpu", 3, c.content_hash, final=False)[0].tensors
+    (tensors, own_base), = timed
+    assert own_base is True and drawn == [] and list(tensors) == list(want)
+    assert all(torch.equal(tensors[n], want[n]) for n in want)

@@ -1869,3 +1869,105 @@ def test_judge_times_a_parked_timed_input_copied_back_from_the_host(loaded, monk
     (tensors, own_base), = timed
     assert own_base is True and drawn == [] and list(tensors) == list(want)
     assert all(torch.equal(tensors[n], want[n]) for n in want)
+
+
+# ---------------------------------------------------------------- the timing loop's CUDA wiring, on CPU tensors
+
+
+@pytest.fixture
+def as_cuda(monkeypatch):
+    """time_candidate with device "cuda" on CPU tensors: what it asks for which device is recorded,
+    and time_calls is a plain loop (one untimed-prepared call per copy per batch, then the checks)."""
+    asked = {"devices": [], "modes": [], "phases": ["warm-up", "timed", "timed"]}
+    real_like, real_empty, real_prefill, real_gen = verify.guarded_like, verify.guarded_empty, verify.prefill, torch.Generator
+
+    def on(what, device):
+        asked["devices"].append((what, device))
+        return "cpu"
+
+    monkeypatch.setattr(verify, "guarded_like", lambda spec, device: real_like(spec, on("out", device)))
+    monkeypatch.setattr(verify, "guarded_empty", lambda n, device: real_empty(n, on("workspace", device)))
+    monkeypatch.setattr(verify, "prefill", lambda out, mode, gen: asked["modes"].append(mode) or
+                        real_prefill(out, mode, gen))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: real_gen(device=on("generator", device)))
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: on("cache", device) and 0)
+
+    def time_calls(calls, device, cfg, before=None, after=None):
+        on("timer", device)
+        for n, phase in enumerate(asked["phases"]):
+            for b, c in zip(before, calls):
+                b()
+                c()
+            if after(phase):
+                return Timing(1.0, 0.0, n, clock="cuda_events") if n else None
+        return Timing(1.0, 0.0, len(asked["phases"]) - 1, clock="cuda_events")
+
+    monkeypatch.setattr(timing_mod, "time_calls", time_calls)
+    return asked
+
+
+def test_the_cuda_timing_loop_prepares_out_and_zeroes_workspaces_before_every_call(as_cuda):
+    seen = []
+
+    def kernel(t, n, run):
+        seen.append((int(t["wz"].to(torch.int64).sum()), t["out"] is run.t["out"]))
+        honest(t, n, run)
+        t["wz"].fill_(7)  # a zeroed workspace is zeroed again before the next call
+
+    m = FakeModule(kernel)
+    base = base_set()
+    as_cuda["devices"].clear()
+    timing, verdict = judge.time_candidate(m, cand((WS, WZ)), SIG, base, FAST, "cuda")
+    assert verdict is None and timing.n == 2
+    # the sentinel in even batches, finite garbage in odd ones, for each of the two copies
+    assert as_cuda["modes"] == ["sentinel", "sentinel", "stale", "stale", "sentinel", "sentinel"]
+    assert seen == [(0, True)] * 6 and len(m.runs) == 2 and m.log == []  # bound once: no per-call output
+    assert all("out" in r.t for r in m.runs)
+    # (guarded_like makes its buffer through guarded_empty: the CPU here, after the fixture's redirect)
+    devices = [d for d in as_cuda["devices"] if d != ("workspace", "cpu")]
+    assert devices == ([("cache", "cuda"), ("generator", "cuda")] + [("out", "cuda")] + [("workspace", "cuda")] * 2
+                       + [("out", "cuda")] + [("workspace", "cuda")] * 2 + [("timer", "cuda")])
+
+
+def test_the_cuda_timing_loop_checks_the_canaries_after_out(as_cuda):
+    def overrun(t, n, run):
+        honest(t, n, run)
+        if n == 3:
+            torch.as_strided(t["out"], (65,), (1,))[64] = 1.0  # one element past out: its canary zone
+
+    _, v = judge.time_candidate(FakeModule(overrun), cand(), SIG, base_set(), FAST, "cuda")
+    assert (v.reason, v.detail) == ("mismatch", "call 3 of the timing loop (timed, copy 0): out-of-bounds write "
+                                                "past the end of out or a workspace")
+
+
+def test_the_cuda_timing_loop_finds_a_sentinel_left_in_out(as_cuda):
+    def skips(t, n, run):
+        if n != 5:
+            honest(t, n, run)  # call 5 (a sentinel batch) writes nothing
+
+    _, v = judge.time_candidate(FakeModule(skips), cand(), SIG, base_set(), FAST, "cuda")
+    assert v.reason == "unwritten_output" and v.detail.startswith("call 5 of the timing loop (timed, copy 0): "
+                                                                 "64 of 64 output elements not written")
+
+
+def test_time_candidate_asks_the_devices_cache_and_timer_on_the_cpu(monkeypatch):
+    asked = []
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: asked.append(("cache", device)) or 1)
+    real_calls = timing_mod.time_calls
+    monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, **kw: asked.append(("timer", device))
+                        or real_calls(calls, device, cfg, **kw))
+    m = FakeModule()
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(**{**FAST.to_json(), "rotate": 3}),
+                                           "cpu")
+    # 512 bytes a copy against a 1-byte cache: one copy, where rotate would give three
+    assert verdict is None and asked == [("cache", "cpu"), ("timer", "cpu")] and len(m.runs) == 1
+
+
+def test_time_candidate_times_the_sets_own_tensors_as_the_first_copy_only_when_told(monkeypatch):
+    base = base_set()
+    m = FakeModule()
+    judge.time_candidate(m, cand(), SIG, base, FAST, "cpu", own_base=True)
+    assert m.runs[0].t["x"] is base.tensors["x"] and m.runs[1].t["x"] is not base.tensors["x"]
+    m = FakeModule()
+    judge.time_candidate(m, cand(), SIG, base, FAST, "cpu")
+    assert all(r.t["x"] is not base.tensors["x"] for r in m.runs)

@@ -1657,12 +1657,15 @@ def test_the_baseline_rotates_copies_against_the_devices_cache_and_flushes_that_
                         lambda b, cfg, cache=0: counted.append((b, cache)) or real_count(b, cfg, cache))
     monkeypatch.setattr(timing_mod, "Flusher", Flusher)
     monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, flusher=None: Timing(len(calls), 0.0, 3))
+    real_make = ops.make_inputs
+    monkeypatch.setattr(ops, "make_inputs", lambda sig, kind, gen, device: caches.append(("inputs", device)) or
+                        real_make(sig, kind, gen, device))
     s = FakeSession()
     s.torch = torch
     cfg = TimingConfig(**{**FAST.to_json(), "rotate": 3})
     b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg, seed=4))
     # a copy of 512 bytes is far beyond a 1-byte cache: one copy, where 3 would be timed otherwise
-    assert caches == ["cpu"] and counted == [(MOVED, 1)] and b.eager.median_us == 1
+    assert caches == [("inputs", "cpu"), "cpu"] and counted == [(MOVED, 1)] and b.eager.median_us == 1
     assert flushed == [("cpu", cfg)]
 
 
@@ -1971,3 +1974,31 @@ def test_time_candidate_times_the_sets_own_tensors_as_the_first_copy_only_when_t
     m = FakeModule()
     judge.time_candidate(m, cand(), SIG, base, FAST, "cpu")
     assert all(r.t["x"] is not base.tensors["x"] for r in m.runs)
+
+
+def test_the_timing_loop_perturbs_x_or_a_regions_largest_floating_input():
+    f, i8 = torch.zeros(4), torch.zeros(64, dtype=torch.int8)
+    assert judge.main_input({"w": torch.zeros(64), "x": f}) == "x"
+    assert judge.main_input({"in0": f, "in1": torch.zeros(8), "in2": i8, "in3": None}) == "in1"
+    assert judge.main_input({"in0": torch.zeros(8), "in1": torch.zeros(8)}) == "in0"  # a tie: the first
+    assert judge.main_input({"in0": i8, "in1": None}) == "in0"  # nothing floating: the first input
+
+
+def test_same_layout_copies_dtype_strides_and_values():
+    t = torch.arange(24, dtype=torch.int16).reshape(4, 6)[:, 1:5]
+    c = judge.same_layout(t)
+    assert (c.dtype, c.stride(), c.device) == (torch.int16, (6, 1), t.device) and torch.equal(c, t)
+    assert c.data_ptr() != t.data_ptr()
+
+
+def test_a_timing_failure_is_not_relabelled_implausible(loaded, monkeypatch):
+    monkeypatch.setattr(judge, "time_candidate", lambda *a, **k: (T(1e-6), Verdict(False, "mismatch", "call 3")))
+    monkeypatch.setattr(judge, "implausible", lambda *a: "faster than a copy")
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert (reply.verdict.reason, reply.verdict.detail) == ("mismatch", "call 3")
+
+
+def test_same_layout_keeps_the_tensors_device():
+    t = torch.empty(4, 6, device="meta")[:, 1:5]
+    c = judge.same_layout(t)
+    assert (c.device.type, c.stride(), c.dtype) == ("meta", (6, 1), torch.float32)

@@ -1770,6 +1770,9 @@ class Stream:
     def __init__(self, sets=(), captures=()):
         self.sets, self.captures, self.skipped = list(sets), list(captures), []
 
+    def capture(self, i):
+        return verify.fresh_sets(SIG, "cpu", 11, f"capture{i}", final=False)[0].tensors
+
     def __iter__(self):
         return iter(self.sets)
 
@@ -2002,3 +2005,71 @@ def test_same_layout_keeps_the_tensors_device():
     t = torch.empty(4, 6, device="meta")[:, 1:5]
     c = judge.same_layout(t)
     assert (c.device.type, c.stride(), c.dtype) == ("meta", (6, 1), torch.float32)
+
+
+def test_judge_derives_a_streamed_hotspots_sets_from_its_captures(loaded, monkeypatch):
+    asked = []
+    real_derived = verify.iter_derived_sets
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        asked.append((sig, device, seed, h, final, count, source))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    s = FakeSession()
+    stream = Stream(captures=["c/0.safetensors", "c/1.safetensors"])
+    s.sets["k"] = (stream, [])
+    c = cand()
+    assert judge.judge(s, request(c, seed=3, final=True)).verdict.ok
+    assert asked == [(SIG, "cpu", 3, c.content_hash, True, 2, stream.capture)]
+
+
+def parked_judge(monkeypatch, sig, c, module, tensors_seen):
+    """judge on a streamed hotspot whose fresh set is parked in host memory (as on a GPU)."""
+    from forge_pack.evaluate import memory_plan
+
+    asked = []
+    real_derived = verify.iter_derived_sets
+    monkeypatch.setattr(memory_plan, "park_on_host", lambda device: asked.append(("park", device)) or True)
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        asked.append((sig, device, seed, h, final, count))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        tensors_seen.append(dict(base.tensors)) or (Timing(3.0, 0.0, 3), None))
+    s = FakeSession()
+    s.sets["k"] = (Stream(), [])
+    inputs = judge.LoadInputs("k", sig, seed=3)
+    reply = judge.judge(s, judge.JudgeCandidate(inputs, c, "/nowhere/k.so", FAST))
+    return reply, asked
+
+
+def test_a_parked_fresh_set_derives_once_with_the_evaluations_seeds(loaded, monkeypatch):
+    c = cand()
+    reply, asked = parked_judge(monkeypatch, SIG, c, loaded["module"], [])
+    assert reply.verdict.ok and asked == [("park", "cpu"), (SIG, "cpu", 3, c.content_hash, False, 1)]
+
+
+def test_a_parked_set_keeps_an_absent_optional_input_absent(loaded, monkeypatch):
+    loaded["module"] = FakeModule(ln_honest)
+    seen = []
+    reply, _ = parked_judge(monkeypatch, LNS, ln_cand(), loaded["module"], seen)
+    assert reply.verdict.ok, reply.verdict
+    (tensors,) = seen
+    assert tensors["bias"] is None and tensors["x"].shape == (4, 16)
+
+
+def test_an_allocation_failure_after_timing_keeps_the_floor_and_bandwidth(loaded):
+    err = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
+
+    class LateFailure(FakeModule):
+        def settle(self):
+            raise err
+
+    loaded["module"] = LateFailure()
+    reply = judge.judge(FakeSession(bw=25.0), request(cand()))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
+                                         f"{SIG.pretty()}: {err}"), None, abi.floor_us(SIG, 25.0), 25.0, {},
+                                 False, False)

@@ -2073,3 +2073,24 @@ def test_an_allocation_failure_after_timing_keeps_the_floor_and_bandwidth(loaded
     assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
                                          f"{SIG.pretty()}: {err}"), None, abi.floor_us(SIG, 25.0), 25.0, {},
                                  False, False)
+
+
+def test_a_parked_set_moves_by_copy_to_a_named_device_every_time(loaded, monkeypatch):
+    """On a GPU the parked fresh set goes to the host and comes back for each derived set and for timing;
+    on the CPU the host is the device, so the moves judge asks for are what can be checked: each names
+    its destination and copies (an alias would let one set's changes reach the next)."""
+    import sys
+
+    moves = []
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if sys._getframe(1).f_code.co_filename.endswith(("evaluate/judge.py", "evaluate\\judge.py")):
+            moves.append((args, kwargs))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    reply, _ = parked_judge(monkeypatch, SIG, cand(), loaded["module"], [])
+    assert reply.verdict.ok
+    # parked once, copied back for each derived set, and once more for timing
+    assert moves == [(("cpu",), {"copy": True})] * (1 + len(ops.DERIVED_KINDS) + 1)

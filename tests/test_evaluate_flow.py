@@ -1547,3 +1547,550 @@ def test_a_timed_pool_output_is_judged_by_the_kinds_magnitude_not_its_reference(
 
     _, verdict = judge.time_candidate(FakeModule(way_off), c, POOL, base, FAST, "cpu")
     assert (verdict.ok, verdict.reason) == (False, "mismatch")
+
+
+# ---------------------------------------------------------------- what the worker reports and keeps (exact values)
+
+
+class FakeDriver:
+    """launch.Driver's two calls hello makes, recorded."""
+
+    def __init__(self, asked):
+        self.asked = asked
+
+    def ensure_context(self):
+        self.asked.append("context")
+
+    def device_attribute(self, attr):
+        from forge_pack.evaluate.launch import DEV_SMEM_OPTIN
+
+        self.asked.append(("attribute", attr))
+        return {DEV_SMEM_OPTIN: 232448}[attr]
+
+
+def cuda_session(monkeypatch, props, asked):
+    from forge_pack.evaluate import launch
+
+    monkeypatch.setattr(launch.Driver, "get", classmethod(lambda cls: FakeDriver(asked)))
+    s = judge.Session("cuda")
+
+    def get_device_properties(index):
+        asked.append(("properties", index))
+        return props
+
+    s.torch = SimpleNamespace(__version__="2.99.0", version=SimpleNamespace(cuda="12.8"),
+                              cuda=SimpleNamespace(get_device_properties=get_device_properties))
+    return s
+
+
+def test_a_cuda_session_says_hello_with_device_zeros_properties(monkeypatch):
+    import os
+
+    from forge_pack.evaluate.launch import DEV_SMEM_OPTIN
+
+    asked = []
+    props = SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132,
+                            total_memory=150_000_000_000, L2_cache_size=62_914_560)
+    s = cuda_session(monkeypatch, props, asked)
+    assert s.hello() == {"backend": "cuda", "pid": os.getpid(), "torch": "2.99.0", "name": "NVIDIA H200",
+                         "capability": "9.0", "arch": "sm_90", "sm_count": 132, "memory_bytes": 150_000_000_000,
+                         "l2_bytes": 62_914_560, "smem_optin_bytes": 232448, "cuda": "12.8"}
+    assert asked == [("properties", 0), "context", ("attribute", DEV_SMEM_OPTIN)]
+
+
+def test_a_cuda_session_reports_no_l2_as_zero_bytes(monkeypatch):
+    props = SimpleNamespace(name="old", major=7, minor=5, multi_processor_count=40, total_memory=1)
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0  # torch without the field
+    props.L2_cache_size = None
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0
+    props.L2_cache_size = 0
+    assert cuda_session(monkeypatch, props, []).hello()["l2_bytes"] == 0
+
+
+def test_a_cuda_sessions_health_probe_computes_on_the_gpu():
+    s = judge.Session("cuda")
+    devices = []
+
+    def ones(n, device=None):
+        devices.append(device)
+        return torch.ones(n)
+
+    s.torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None), ones=ones)
+    assert s.healthy() is True and devices == ["cuda"]  # a CPU tensor would say nothing about the context
+
+
+def test_the_session_streams_the_sets_of_a_hotspot_too_large_to_cache(monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    asked, made = [], []
+
+    class Stream:
+        def __init__(self, *args):
+            made.append(args)
+            self.skipped = ["odd:1x1: too small"]
+
+    monkeypatch.setattr(memory_plan, "cache_static", lambda sig, n: asked.append((sig, n)) or False)
+    monkeypatch.setattr(verify, "StaticStream", Stream)
+    s = judge.Session("cpu")
+    got = s.load(judge.LoadInputs("big", SIG, ("c/0.safetensors", "c/1.safetensors"), "/runs/r", 5, True))
+    # two captures and softmax's three adversarial kinds: five static sets asked about
+    assert asked == [(SIG, 2 + len(ops.get_op("softmax").adversarial_kinds(SIG)))] and asked[0][1] == 5
+    assert made == [(SIG, ["c/0.safetensors", "c/1.safetensors"], "/runs/r", "cpu", 5, True)]
+    stream, skipped = s.sets["big"]
+    assert isinstance(stream, Stream) and skipped is stream.skipped
+    assert got == judge.Loaded((), ("odd:1x1: too small",))  # a stream holds no sets to name
+
+
+def test_the_baseline_rotates_copies_against_the_devices_cache_and_flushes_that_device(monkeypatch):
+    caches, flushed, counted = [], [], []
+
+    class Flusher:
+        def __init__(self, device, cfg):
+            flushed.append((device, cfg))
+
+        def __call__(self):
+            pass
+
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: caches.append(device) or 1)
+    real_count = timing_mod.rotation_count
+    monkeypatch.setattr(timing_mod, "rotation_count",
+                        lambda b, cfg, cache=0: counted.append((b, cache)) or real_count(b, cfg, cache))
+    monkeypatch.setattr(timing_mod, "Flusher", Flusher)
+    monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, flusher=None: Timing(len(calls), 0.0, 3))
+    real_make = ops.make_inputs
+    monkeypatch.setattr(ops, "make_inputs", lambda sig, kind, gen, device: caches.append(("inputs", device)) or
+                        real_make(sig, kind, gen, device))
+    s = FakeSession()
+    s.torch = torch
+    cfg = TimingConfig(**{**FAST.to_json(), "rotate": 3})
+    b = judge.measure_baseline(s, judge.MeasureBaseline(SIG, cfg, seed=4))
+    # a copy of 512 bytes is far beyond a 1-byte cache: one copy, where 3 would be timed otherwise
+    assert caches == [("inputs", "cpu"), "cpu"] and counted == [(MOVED, 1)] and b.eager.median_us == 1
+    assert flushed == [("cpu", cfg)]
+
+
+def test_device_info_names_a_worker_that_did_not_start_with_its_logs_tail(ev):
+    tail = "a" * 100 + "b" * 2000
+    ev.pool.info = lambda: WorkerLost("start", "exit code 1", tail)
+    with pytest.raises(RuntimeError) as e:
+        ev.device_info()
+    assert str(e.value) == "the cpu worker did not start: exit code 1\n...\n" + "b" * 2000
+
+
+def test_a_failed_load_reports_the_workers_traceback_or_what_it_answered(ev):
+    ev.pool.replies = [JobError("Traceback (most recent call last): boom")]
+    e = ev.evaluate(cand(), HOT)
+    assert "failed:\nTraceback (most recent call last): boom\n" in e.verdict.detail
+    ev.pool.replies = ["an answer of the wrong type"]
+    e = ev.evaluate(cand(), HOT)
+    assert e.verdict.reason == "internal_error"
+    assert e.verdict.detail.startswith(f"RuntimeError: loading the inputs of {ev.signature(HOT).pretty()} failed:\n"
+                                       "an answer of the wrong type\n")
+
+
+def test_an_evaluation_records_the_device_of_a_labelled_worker(ev):
+    ev.pool.worker.device = "cuda:3"
+    ev.pool.replies = [LOADED, ok_reply()]
+    assert ev.evaluate(cand(), HOT).extra["device"] == "cuda:3"
+    ev.pool.worker.device = ""
+    ev.pool.replies = [ok_reply()]
+    assert "device" not in ev.evaluate(cand(), HOT).extra
+
+
+def test_touch_keeps_the_most_recently_loaded_hotspots_and_evicts_the_oldest():
+    loaded = OrderedDict()
+    for key in ("a", "b", "c"):
+        evaluate._touch(loaded, key)
+    assert list(loaded) == ["b", "c"]
+    evaluate._touch(loaded, "b")
+    evaluate._touch(loaded, "d")
+    assert list(loaded) == ["b", "d"]
+
+
+def test_an_evaluator_uses_the_pool_it_is_given(monkeypatch):
+    monkeypatch.setattr(evaluate, "WorkerPool", FakePool)
+    given = FakePool("cpu", 1, judge.Startup(), None)
+    assert evaluate.Evaluator("cpu", pool=given).pool is given
+
+
+def test_an_evaluation_names_the_devices_its_job_was_lost_with(ev):
+    from forge_pack.evaluate.device_pool import DeviceLost
+
+    w = ev.pool.worker
+    w.device = "cuda:1"
+    real_run = w.run
+
+    def run(job, timeout):
+        reply = real_run(job, timeout)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    w.run = run
+    ev.pool.replies = [LOADED, DeviceLost("the GPU fell off the bus"), ok_reply()]
+    e = ev.evaluate(cand(), HOT)
+    assert (e.verdict.ok, e.extra["requeued_from"], e.extra["device"]) == (True, ["cuda:1"], "cuda:1")
+
+
+def test_the_workspace_bytes_of_a_spec_that_cannot_be_planned_are_zero():
+    assert judge._workspace_bytes(cand((WS, WZ)), SIG) == 64 + 32
+    negative = Workspace("ws", "-8")  # plan() refuses it: verification will say why
+    assert judge._workspace_bytes(cand((negative,)), SIG) == 0
+
+
+def test_check_bounds_allocates_the_workspaces_and_out_on_the_evaluations_device(monkeypatch):
+    devices = []
+    base = base_set()
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(ops, "empty_like_spec", lambda spec, device: devices.append(("out", spec, device))
+                        or torch.empty(4, 16))
+    real_zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: devices.append(("ws", k.get("device"))) or
+                        real_zeros(*a, dtype=k.get("dtype")))
+    judge.check_bounds(FakeModule(), cand((WS,)), base, "cuda")
+    assert devices == [("ws", "cuda"), ("out", SIG.output, "cuda")] * 2
+
+
+def test_judge_refuses_a_candidate_that_cannot_fit_before_allocating(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    asked = []
+    monkeypatch.setattr(memory_plan, "free_bytes", lambda device: asked.append(("free", device)) or 1000)
+    monkeypatch.setattr(memory_plan, "fits", lambda sig, free, ws: asked.append(("fits", sig, free, ws)) or
+                        "needs 2 GB, 1000 bytes free")
+    monkeypatch.setattr(verify, "fresh_sets", lambda *a, **k: pytest.fail("inputs drawn for a refused candidate"))
+    reply = judge.judge(FakeSession(), request(cand((WS, WZ))))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", "needs 2 GB, 1000 bytes free"))
+    assert asked == [("free", "cpu"), ("fits", SIG, 1000, 64 + 32)] and loaded["module"].closed == 1
+
+
+class Stream:
+    """A hotspot's static sets as judge sees them when too large to cache (verify.StaticStream)."""
+
+    def __init__(self, sets=(), captures=()):
+        self.sets, self.captures, self.skipped = list(sets), list(captures), []
+
+    def capture(self, i):
+        return verify.fresh_sets(SIG, "cpu", 11, f"capture{i}", final=False)[0].tensors
+
+    def __iter__(self):
+        return iter(self.sets)
+
+
+def test_judge_streams_a_large_hotspots_sets_and_draws_the_timed_input_again(loaded, monkeypatch):
+    odd = verify.fresh_sets(SIG, "cpu", 9, "odd", final=False)[0]
+    odd.kind = "odd:4x8"
+    derived_asked, drawn, verified = [], [], []
+    real_derived, real_fresh = verify.iter_derived_sets, verify.fresh_inputs
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        derived_asked.append((sig, device, seed, h, final, count))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    def fresh_inputs(sig, device, seed, h, final, i=None):
+        if i is None:  # judge's own draw (fresh_sets passes the set's index)
+            drawn.append((sig, device, seed, h, final))
+        return real_fresh(sig, device, seed, h, final, i or 0)
+
+    def spy(module, c, sets, device):
+        for s in sets:
+            verified.append((s.kind, getattr(s, "streamed", False)))
+        return Verdict(True, "ok", f"{len(verified)} input sets verified")
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    monkeypatch.setattr(verify, "fresh_inputs", fresh_inputs)
+    monkeypatch.setattr(verify, "verify", spy)
+    s = FakeSession()
+    s.sets["k"] = (Stream([odd]), [])
+    c = cand()
+    reply = judge.judge(s, request(c, seed=3))
+    assert (reply.verdict.ok, reply.timing.n) == (True, 3)
+    # the timed set first, then the sets derived from it, then the stream's own (each made when asked for)
+    assert verified == [("fresh[0]", True)] + [(f"derived:{k}", True) for k in ops.DERIVED_KINDS] + [("odd:4x8", False)]
+    # derived from the fresh set alone (no captures), with the evaluation's seed, hash and mode
+    assert derived_asked == [(SIG, "cpu", 3, c.content_hash, False, 1)]
+    # the timed input was dropped while the other sets were verified, and is drawn again the same way
+    assert drawn == [(SIG, "cpu", 3, c.content_hash, False)]
+    assert s.sets["k"][0].sets == [odd] and not reply.sets_dropped  # a stream has no fingerprints to check
+
+
+def test_an_allocation_failure_while_judging_is_out_of_memory_and_the_worker_goes_on(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    released = []
+    monkeypatch.setattr(memory_plan, "release", lambda device: released.append(device))
+    err = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB. " + "x" * 600
+    loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError(err)))
+    s = FakeSession(bw=25.0)
+    reply = judge.judge(s, request(cand()))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
+                                         f"{SIG.pretty()}: {err[:500]}"), None, None, None, {}, False, False)
+    assert released == ["cpu"] and loaded["module"].closed == 1
+    s._healthy = False  # and a worker that can no longer compute is retired
+    assert judge.judge(s, request(cand())).retire is True
+
+
+def test_judge_hands_the_sessions_device_to_every_stage(loaded, monkeypatch):
+    seen = []
+    real_verify = verify.verify
+
+    def spy_verify(module, c, sets, device):
+        seen.append(("verify", device))
+        return real_verify(module, c, sets, device)
+
+    monkeypatch.setattr(verify, "verify", spy_verify)
+    monkeypatch.setattr(judge, "check_bounds", lambda module, c, base, device: seen.append(("bounds", device)))
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        seen.append(("time", device, own_base)) or (Timing(3.0, 0.0, 3), None))
+    loaded["module"] = FakeModule(guard=True)
+    reply = judge.judge(FakeSession(), request(cand(), bounds=True))
+    assert reply.verdict.ok and seen == [("verify", "cpu"), ("bounds", "cpu"), ("time", "cpu", False)]
+
+
+def test_judge_runs_the_guard_page_check_only_for_a_module_that_supports_it(loaded, monkeypatch):
+    ran = []
+    monkeypatch.setattr(judge, "check_bounds", lambda *a: ran.append(a))
+    loaded["module"] = FakeModule(guard=False)
+    assert judge.judge(FakeSession(), request(cand(), final=True)).verdict.ok and ran == []
+    loaded["module"] = FakeModule(guard=True)
+    assert judge.judge(FakeSession(), request(cand(), final=True)).verdict.ok and len(ran) == 1
+
+
+def test_judge_times_a_parked_timed_input_copied_back_from_the_host(loaded, monkeypatch):
+    from forge_pack.evaluate import memory_plan
+
+    drawn, timed = [], []
+    monkeypatch.setattr(memory_plan, "park_on_host", lambda device: True)
+    real_fresh = verify.fresh_inputs
+    monkeypatch.setattr(verify, "fresh_inputs", lambda *a: real_fresh(*a) if len(a) == 6 else drawn.append(a))
+    monkeypatch.setattr(verify, "verify", lambda module, c, sets, device: [None for _ in sets] and
+                        Verdict(True, "ok", "verified"))
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        timed.append((dict(base.tensors), own_base)) or (Timing(3.0, 0.0, 3), None))
+    s = FakeSession()
+    s.sets["k"] = (Stream(), [])
+    c = cand()
+    assert judge.judge(s, request(c, seed=3)).verdict.ok
+    want = verify.fresh_sets(SIG, "cpu", 3, c.content_hash, final=False)[0].tensors
+    (tensors, own_base), = timed
+    assert own_base is True and drawn == [] and list(tensors) == list(want)
+    assert all(torch.equal(tensors[n], want[n]) for n in want)
+
+
+# ---------------------------------------------------------------- the timing loop's CUDA wiring, on CPU tensors
+
+
+@pytest.fixture
+def as_cuda(monkeypatch):
+    """time_candidate with device "cuda" on CPU tensors: what it asks for which device is recorded,
+    and time_calls is a plain loop (one untimed-prepared call per copy per batch, then the checks)."""
+    asked = {"devices": [], "modes": [], "phases": ["warm-up", "timed", "timed"]}
+    real_like, real_empty, real_prefill, real_gen = verify.guarded_like, verify.guarded_empty, verify.prefill, torch.Generator
+
+    def on(what, device):
+        asked["devices"].append((what, device))
+        return "cpu"
+
+    monkeypatch.setattr(verify, "guarded_like", lambda spec, device: real_like(spec, on("out", device)))
+    monkeypatch.setattr(verify, "guarded_empty", lambda n, device: real_empty(n, on("workspace", device)))
+    monkeypatch.setattr(verify, "prefill", lambda out, mode, gen: asked["modes"].append(mode) or
+                        real_prefill(out, mode, gen))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: real_gen(device=on("generator", device)))
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: on("cache", device) and 0)
+
+    def time_calls(calls, device, cfg, before=None, after=None):
+        on("timer", device)
+        for n, phase in enumerate(asked["phases"]):
+            for b, c in zip(before, calls):
+                b()
+                c()
+            if after(phase):
+                return Timing(1.0, 0.0, n, clock="cuda_events") if n else None
+        return Timing(1.0, 0.0, len(asked["phases"]) - 1, clock="cuda_events")
+
+    monkeypatch.setattr(timing_mod, "time_calls", time_calls)
+    return asked
+
+
+def test_the_cuda_timing_loop_prepares_out_and_zeroes_workspaces_before_every_call(as_cuda):
+    seen = []
+
+    def kernel(t, n, run):
+        seen.append((int(t["wz"].to(torch.int64).sum()), t["out"] is run.t["out"]))
+        honest(t, n, run)
+        t["wz"].fill_(7)  # a zeroed workspace is zeroed again before the next call
+
+    m = FakeModule(kernel)
+    base = base_set()
+    as_cuda["devices"].clear()
+    timing, verdict = judge.time_candidate(m, cand((WS, WZ)), SIG, base, FAST, "cuda")
+    assert verdict is None and timing.n == 2
+    # the sentinel in even batches, finite garbage in odd ones, for each of the two copies
+    assert as_cuda["modes"] == ["sentinel", "sentinel", "stale", "stale", "sentinel", "sentinel"]
+    assert seen == [(0, True)] * 6 and len(m.runs) == 2 and m.log == []  # bound once: no per-call output
+    assert all("out" in r.t for r in m.runs)
+    # (guarded_like makes its buffer through guarded_empty: the CPU here, after the fixture's redirect)
+    devices = [d for d in as_cuda["devices"] if d != ("workspace", "cpu")]
+    assert devices == ([("cache", "cuda"), ("generator", "cuda")] + [("out", "cuda")] + [("workspace", "cuda")] * 2
+                       + [("out", "cuda")] + [("workspace", "cuda")] * 2 + [("timer", "cuda")])
+
+
+def test_the_cuda_timing_loop_checks_the_canaries_after_out(as_cuda):
+    def overrun(t, n, run):
+        honest(t, n, run)
+        if n == 3:
+            torch.as_strided(t["out"], (65,), (1,))[64] = 1.0  # one element past out: its canary zone
+
+    _, v = judge.time_candidate(FakeModule(overrun), cand(), SIG, base_set(), FAST, "cuda")
+    assert (v.reason, v.detail) == ("mismatch", "call 3 of the timing loop (timed, copy 0): out-of-bounds write "
+                                                "past the end of out or a workspace")
+
+
+def test_the_cuda_timing_loop_finds_a_sentinel_left_in_out(as_cuda):
+    def skips(t, n, run):
+        if n != 5:
+            honest(t, n, run)  # call 5 (a sentinel batch) writes nothing
+
+    _, v = judge.time_candidate(FakeModule(skips), cand(), SIG, base_set(), FAST, "cuda")
+    assert v.reason == "unwritten_output" and v.detail.startswith("call 5 of the timing loop (timed, copy 0): "
+                                                                 "64 of 64 output elements not written")
+
+
+def test_time_candidate_asks_the_devices_cache_and_timer_on_the_cpu(monkeypatch):
+    asked = []
+    monkeypatch.setattr(timing_mod, "rotation_cache", lambda device: asked.append(("cache", device)) or 1)
+    real_calls = timing_mod.time_calls
+    monkeypatch.setattr(timing_mod, "time_calls", lambda calls, device, cfg, **kw: asked.append(("timer", device))
+                        or real_calls(calls, device, cfg, **kw))
+    m = FakeModule()
+    timing, verdict = judge.time_candidate(m, cand(), SIG, base_set(), TimingConfig(**{**FAST.to_json(), "rotate": 3}),
+                                           "cpu")
+    # 512 bytes a copy against a 1-byte cache: one copy, where rotate would give three
+    assert verdict is None and asked == [("cache", "cpu"), ("timer", "cpu")] and len(m.runs) == 1
+
+
+def test_time_candidate_times_the_sets_own_tensors_as_the_first_copy_only_when_told(monkeypatch):
+    base = base_set()
+    m = FakeModule()
+    judge.time_candidate(m, cand(), SIG, base, FAST, "cpu", own_base=True)
+    assert m.runs[0].t["x"] is base.tensors["x"] and m.runs[1].t["x"] is not base.tensors["x"]
+    m = FakeModule()
+    judge.time_candidate(m, cand(), SIG, base, FAST, "cpu")
+    assert all(r.t["x"] is not base.tensors["x"] for r in m.runs)
+
+
+def test_the_timing_loop_perturbs_x_or_a_regions_largest_floating_input():
+    f, i8 = torch.zeros(4), torch.zeros(64, dtype=torch.int8)
+    assert judge.main_input({"w": torch.zeros(64), "x": f}) == "x"
+    assert judge.main_input({"in0": f, "in1": torch.zeros(8), "in2": i8, "in3": None}) == "in1"
+    assert judge.main_input({"in0": torch.zeros(8), "in1": torch.zeros(8)}) == "in0"  # a tie: the first
+    assert judge.main_input({"in0": i8, "in1": None}) == "in0"  # nothing floating: the first input
+
+
+def test_same_layout_copies_dtype_strides_and_values():
+    t = torch.arange(24, dtype=torch.int16).reshape(4, 6)[:, 1:5]
+    c = judge.same_layout(t)
+    assert (c.dtype, c.stride(), c.device) == (torch.int16, (6, 1), t.device) and torch.equal(c, t)
+    assert c.data_ptr() != t.data_ptr()
+
+
+def test_a_timing_failure_is_not_relabelled_implausible(loaded, monkeypatch):
+    monkeypatch.setattr(judge, "time_candidate", lambda *a, **k: (T(1e-6), Verdict(False, "mismatch", "call 3")))
+    monkeypatch.setattr(judge, "implausible", lambda *a: "faster than a copy")
+    reply = judge.judge(FakeSession(), request(cand()))
+    assert (reply.verdict.reason, reply.verdict.detail) == ("mismatch", "call 3")
+
+
+def test_same_layout_keeps_the_tensors_device():
+    t = torch.empty(4, 6, device="meta")[:, 1:5]
+    c = judge.same_layout(t)
+    assert (c.device.type, c.stride(), c.dtype) == ("meta", (6, 1), torch.float32)
+
+
+def test_judge_derives_a_streamed_hotspots_sets_from_its_captures(loaded, monkeypatch):
+    asked = []
+    real_derived = verify.iter_derived_sets
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        asked.append((sig, device, seed, h, final, count, source))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    s = FakeSession()
+    stream = Stream(captures=["c/0.safetensors", "c/1.safetensors"])
+    s.sets["k"] = (stream, [])
+    c = cand()
+    assert judge.judge(s, request(c, seed=3, final=True)).verdict.ok
+    assert asked == [(SIG, "cpu", 3, c.content_hash, True, 2, stream.capture)]
+
+
+def parked_judge(monkeypatch, sig, c, module, tensors_seen):
+    """judge on a streamed hotspot whose fresh set is parked in host memory (as on a GPU)."""
+    from forge_pack.evaluate import memory_plan
+
+    asked = []
+    real_derived = verify.iter_derived_sets
+    monkeypatch.setattr(memory_plan, "park_on_host", lambda device: asked.append(("park", device)) or True)
+
+    def iter_derived_sets(sig, device, seed, h, final, count, source):
+        asked.append((sig, device, seed, h, final, count))
+        return real_derived(sig, device, seed, h, final, count, source)
+
+    monkeypatch.setattr(verify, "iter_derived_sets", iter_derived_sets)
+    monkeypatch.setattr(judge, "time_candidate", lambda module, c, sig, base, cfg, device, own_base=False:
+                        tensors_seen.append(dict(base.tensors)) or (Timing(3.0, 0.0, 3), None))
+    s = FakeSession()
+    s.sets["k"] = (Stream(), [])
+    inputs = judge.LoadInputs("k", sig, seed=3)
+    reply = judge.judge(s, judge.JudgeCandidate(inputs, c, "/nowhere/k.so", FAST))
+    return reply, asked
+
+
+def test_a_parked_fresh_set_derives_once_with_the_evaluations_seeds(loaded, monkeypatch):
+    c = cand()
+    reply, asked = parked_judge(monkeypatch, SIG, c, loaded["module"], [])
+    assert reply.verdict.ok and asked == [("park", "cpu"), (SIG, "cpu", 3, c.content_hash, False, 1)]
+
+
+def test_a_parked_set_keeps_an_absent_optional_input_absent(loaded, monkeypatch):
+    loaded["module"] = FakeModule(ln_honest)
+    seen = []
+    reply, _ = parked_judge(monkeypatch, LNS, ln_cand(), loaded["module"], seen)
+    assert reply.verdict.ok, reply.verdict
+    (tensors,) = seen
+    assert tensors["bias"] is None and tensors["x"].shape == (4, 16)
+
+
+def test_an_allocation_failure_after_timing_keeps_the_floor_and_bandwidth(loaded):
+    err = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9 GB")
+
+    class LateFailure(FakeModule):
+        def settle(self):
+            raise err
+
+    loaded["module"] = LateFailure()
+    reply = judge.judge(FakeSession(bw=25.0), request(cand()))
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
+                                         f"{SIG.pretty()}: {err}"), None, abi.floor_us(SIG, 25.0), 25.0, {},
+                                 False, False)
+
+
+def test_a_parked_set_moves_by_copy_to_a_named_device_every_time(loaded, monkeypatch):
+    """On a GPU the parked fresh set goes to the host and comes back for each derived set and for timing;
+    on the CPU the host is the device, so the moves judge asks for are what can be checked: each names
+    its destination and copies (an alias would let one set's changes reach the next)."""
+    import sys
+
+    moves = []
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if sys._getframe(1).f_code.co_filename.endswith(("evaluate/judge.py", "evaluate\\judge.py")):
+            moves.append((args, kwargs))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    reply, _ = parked_judge(monkeypatch, SIG, cand(), loaded["module"], [])
+    assert reply.verdict.ok
+    # parked once, copied back for each derived set, and once more for timing
+    assert moves == [(("cpu",), {"copy": True})] * (1 + len(ops.DERIVED_KINDS) + 1)

@@ -477,6 +477,19 @@ def test_copy_bandwidth_probe_on_cuda_copies_all_of_copy_bytes_with_30_reps(monk
     assert bw == pytest.approx(2 * 8000 / 4e3)
 
 
+def test_rotation_count_takes_one_copy_when_a_copy_is_eight_times_the_cache():
+    """At ROTATE_ONE_FACTOR (8) x the cache a copy is never cached anyway: one copy, no more memory.
+    Just under it, and with the cache unknown (0), the memory bound alone decides."""
+    cfg = timing.TimingConfig(rotate=4, rotate_max_bytes=10_000)
+    assert timing.ROTATE_ONE_FACTOR == 8
+    assert timing.rotation_count(800, cfg, cache=100) == 1
+    assert timing.rotation_count(900, cfg, cache=100) == 1
+    assert timing.rotation_count(799, cfg, cache=100) == 4
+    assert timing.rotation_count(800, cfg, cache=0) == 4
+    assert timing.rotation_count(2500, cfg, cache=400) == 4  # 6.25x the cache: below the factor
+    assert timing.rotation_count(3200, cfg, cache=400) == 1
+
+
 def test_rotation_count_bounds_the_copies_by_memory():
     cfg = TimingConfig(rotate=4, rotate_max_bytes=1000)
     assert timing.rotation_count(100, cfg) == 4

@@ -17,16 +17,19 @@ def _ln(shape, normalized, weight=None):
 
 def test_size_vars_are_integer_rows_and_columns_of_the_normalized_shape():
     got = norm_common.row_size_vars(_ln((4, 6, 10), [6, 10]))
-    assert got == {"rows": 4, "cols": 60} and all(type(v) is int for v in got.values())
-    assert norm_common.row_size_vars(_ln((5, 1), [1])) == {"rows": 5, "cols": 1}
+    # a contiguous x: its rows start every `cols` elements (x_inner rows, then the next outer block)
+    assert got == {"rows": 4, "cols": 60, "x_inner": 4, "x_so": 240, "x_si": 60}
+    assert all(type(v) is int for v in got.values())
+    assert norm_common.row_size_vars(_ln((5, 1), [1])) == {"rows": 5, "cols": 1, "x_inner": 5, "x_so": 5, "x_si": 1}
 
 
 def test_without_a_normalized_shape_the_last_dim_is_normalized():
     x = torch.empty(2, 3, 8)
     assert norm_common.normalized_size({}, (2, 3, 8)) == 8
     assert norm_common.normalized_size({"normalized_shape": [3, 8]}, (2, 3, 8)) == 24
-    sig = SimpleNamespace(params=(), x=SimpleNamespace(shape=(2, 3, 8), numel=48))
-    assert norm_common.row_size_vars(sig) == {"rows": 6, "cols": 8}
+    sig = SimpleNamespace(params=(), param=lambda name: None,
+                          x=SimpleNamespace(shape=(2, 3, 8), strides=(24, 8, 1), numel=48))
+    assert norm_common.row_size_vars(sig) == {"rows": 6, "cols": 8, "x_inner": 6, "x_so": 48, "x_si": 8}
     rows, _ = norm_common.rows({}, x.double())
     assert tuple(rows.shape) == (6, 8)
     rows, _ = norm_common.rows({"normalized_shape": [3, 8]}, x.double())

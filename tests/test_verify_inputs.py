@@ -86,3 +86,100 @@ def test_a_fresh_draw_whose_eager_breaks_nan_parity_is_kept_without_eager_slack(
     (s,) = verify.fresh_sets(SIG, "cpu", 7, "abc123", final=False)
     assert (s.kind, s.atol_floor) == ("fresh[0]", 0.0)
     assert s.ref.dtype == torch.float64 and torch.equal(s.ref, torch.softmax(_x(s).double(), -1))
+
+
+# ---------------------------------------------------------------- streamed sets (hotspots too large to cache)
+
+
+def _saved_captures(tmp_path, sig, n=2):
+    from forge_pack.profile.capture import save_capture
+    from forge_pack.targets import ops
+
+    names = []
+    for i in range(n):
+        x = torch.randn(*sig.x.shape, generator=torch.Generator().manual_seed(100 + i))
+        save_capture(tmp_path / f"c{i}.safetensors", sig, {"x": x}, ops.eager(sig)({"x": x}))
+        names.append(f"c{i}.safetensors")
+    return names
+
+
+def _same(a, b):
+    assert a.kind == b.kind
+    assert a.tensors.keys() == b.tensors.keys()
+    for k in a.tensors:  # bit for bit, NaN where NaN (the -inf rows' references)
+        torch.testing.assert_close(a.tensors[k], b.tensors[k], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(a.ref, b.ref, rtol=0, atol=0, equal_nan=True)
+
+
+def test_a_static_stream_yields_odd_then_adversarial_then_captured_sets_like_the_cached_ones(tmp_path, monkeypatch):
+    """Remade one at a time, the stream's adversarial and captured sets are the cached sets bit for bit;
+    its odd sets are no larger than the signature, odd-sized; a second pass (from host memory) is equal."""
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig)
+    cached, _ = verify.static_sets(sig, caps, str(tmp_path), "cpu", 7, False)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 1 << 30)  # as on a GPU host
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    got = list(stream)
+    odd = [s for s in got if s.kind.startswith("odd:")]
+    rest = [s for s in got if not s.kind.startswith("odd:")]
+    assert got == odd + rest and odd  # odd sets first
+    by_kind = {s.kind: s for s in cached}
+    adv = [s.kind for s in rest if s.kind.startswith("adversarial:")]
+    assert [s.kind for s in rest] == adv + ["captured[0]", "captured[1]"]
+    assert adv == [f"adversarial:{k}" for k in ops.get_op(sig.op).adversarial_kinds(sig)]
+    for s in rest:
+        _same(s, by_kind[s.kind])
+    for s in odd:
+        x = s.tensors["x"]
+        assert x.numel() <= sig.x.numel and x.shape[0] % 2 == 1 and x.dim() == 2
+        assert s.kind == "odd:" + "x".join(str(d) for d in x.shape)
+        torch.testing.assert_close(s.ref, ops.reference64(s.sig, s.tensors).double(), rtol=0, atol=0, equal_nan=True)
+    assert all(s.streamed for s in got)
+    assert set(stream.host) == {s.kind for s in got}  # every set kept in host memory (there is room)
+    again = list(stream)
+    for a, b in zip(got, again, strict=True):
+        _same(a, b)
+        assert a.tensors["x"].data_ptr() != b.tensors["x"].data_ptr()  # a copy, never the kept tensor
+    # another seed draws other adversarial sets; the captured ones stay the captures
+    other = {s.kind: s for s in verify.StaticStream(sig, caps, str(tmp_path), "cpu", 8, False)}
+    assert not all(torch.equal(other[k].tensors["x"].nan_to_num(), by_kind[k].tensors["x"].nan_to_num()) for k in adv)
+    _same(other["captured[1]"], by_kind["captured[1]"])
+
+
+def test_a_static_stream_without_room_in_host_memory_remakes_every_set(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 0)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, True)
+    first = list(stream)
+    assert stream.host == {} and stream.skipped == []
+    for a, b in zip(first, list(stream), strict=True):
+        _same(a, b)
+
+
+def test_derived_sets_streamed_one_at_a_time_equal_the_held_ones(tmp_path):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=3)
+    cached, _ = verify.static_sets(sig, caps, str(tmp_path), "cpu", 7, True)
+    sources = [s for s in cached if s.kind.startswith("captured")]
+    held = verify.derived_sets(sig, "cpu", 7, "abc", True, sources)
+    asked = []
+
+    def source(i):
+        asked.append(i)
+        return sources[i].tensors
+
+    streamed = list(verify.iter_derived_sets(sig, "cpu", 7, "abc", True, len(sources), source))
+    assert [s.kind for s in streamed] == [f"derived:{k}" for k in ops.DERIVED_KINDS] == [s.kind for s in held]
+    for a, b in zip(streamed, held, strict=True):
+        _same(a, b)
+        assert a.streamed
+    assert len(asked) == len(ops.DERIVED_KINDS) and set(asked) <= {0, 1, 2}
+    other = list(verify.iter_derived_sets(sig, "cpu", 7, "abd", True, len(sources), source))
+    assert any(not torch.equal(a.tensors["x"], b.tensors["x"]) for a, b in zip(other, streamed))

@@ -172,6 +172,8 @@ def test_from_run_refuses_a_model_changed_since_the_run(cpu_run, tmp_path, gated
 def test_from_run_refuses_search_choices_and_a_second_run_dir(tmp_path):
     with pytest.raises(ForgeError, match="cannot change with --from-run"):
         build_mod.build_command(str(helpers.TINY_MODEL), tmp_path / "out", from_run=tmp_path, top=2)
+    with pytest.raises(ForgeError, match="--regions cannot change with --from-run"):  # the run chose op or region targets
+        build_mod.build_command(str(helpers.TINY_MODEL), tmp_path / "out", from_run=tmp_path, regions=True)
     with pytest.raises(ForgeError, match="--from-run reuses the run in its own directory"):
         build_mod.build_command(str(helpers.TINY_MODEL), tmp_path / "out", from_run=tmp_path, run_dir=tmp_path / "x")
 

@@ -183,3 +183,40 @@ def test_derived_sets_streamed_one_at_a_time_equal_the_held_ones(tmp_path):
     assert len(asked) == len(ops.DERIVED_KINDS) and set(asked) <= {0, 1, 2}
     other = list(verify.iter_derived_sets(sig, "cpu", 7, "abd", True, len(sources), source))
     assert any(not torch.equal(a.tensors["x"], b.tensors["x"]) for a, b in zip(other, streamed))
+
+
+def test_odd_sets_of_a_few_huge_rows_shrink_to_an_odd_row_count_within_the_signature():
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[4,100], dim=-1"))
+    big = parse_signature("softmax", "x: f32[37,99], dim=-1")
+    got = verify._no_larger(big, sig)
+    assert got.x.shape == (3, 99) and got.x.strides == (99, 1) and got.params == big.params
+    assert got.output is None and got.op == "softmax"
+    assert verify._no_larger(big, ops.with_output(parse_signature("softmax", "x: f32[10,100], dim=-1"))).x.shape == (9, 99)
+    assert verify._no_larger(big, ops.with_output(parse_signature("softmax", "x: f32[8,100], dim=-1"))).x.shape == (7, 99)
+    assert verify._no_larger(big, ops.with_output(parse_signature("softmax", "x: f32[1,50], dim=-1"))).x.shape == (1, 99)
+    small = parse_signature("softmax", "x: f32[3,99], dim=-1")
+    assert verify._no_larger(small, sig) is small  # no larger already: unchanged
+    flat = parse_signature("softmax", "x: f32[999], dim=-1")
+    assert verify._no_larger(flat, sig) is flat  # one dim: no rows to drop
+    few = parse_signature("softmax", "x: f32[5,99], dim=-1")
+    assert verify._no_larger(few, ops.with_output(parse_signature("softmax", "x: f32[4,120], dim=-1"))).x.shape == (3, 99)
+
+
+def test_a_static_stream_keeps_sets_in_host_memory_only_while_they_fit(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=2)
+    one = 8 * 64 * 4  # bytes of one set's x
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: one)
+    stream = verify.StaticStream(sig, [caps[0]], str(tmp_path), "cpu", 7, False)
+    stream.captures = caps
+    kinds = [s.kind for s in stream]
+    kept = [k for k in kinds if k in stream.host]
+    assert stream.host_room >= 0 and len(kept) >= 1
+    first_full = next(k for k in kinds if not k.startswith("odd:"))  # the odd sets are smaller than one
+    assert sum(verify.memory_plan.tensors_bytes(stream.host[k]) for k in kept) <= one
+    assert stream.host_room == one - sum(verify.memory_plan.tensors_bytes(stream.host[k]) for k in kept)
+    assert "captured[1]" not in stream.host and first_full in kinds

@@ -18,16 +18,15 @@ merged first, so a plain row costs one multiply. Pure Python, no torch import.
 
 from __future__ import annotations
 
+from forge_pack.search import template_kit
 from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, contiguous
 from forge_pack.search.region_vector import vector_code
 
 MAX_REDUCTIONS = 8  # passes the skeletons unroll (layer/group norm: 2, softmax: 2; 4 log_softmax of one row: 8)
-CPU_TYPES = {"float32": "float", "bfloat16": "forge_bf16", "float16": "forge_f16", "bool": "bool",
-             "int64": "long long", "int32": "int", "uint8": "unsigned char", "int8": "signed char",
-             "float64": "double"}
-CUDA_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half", "bool": "bool",
-              "int64": "long long", "int32": "int", "uint8": "unsigned char", "int8": "signed char",
-              "float64": "double"}
+# the templates' type names, and the dtypes only a region's inputs take (a uint8 mask, a float64 constant)
+_REGION_ONLY = {"uint8": "unsigned char", "int8": "signed char", "float64": "double"}
+CPU_TYPES = {**template_kit.CPU_TYPES, **_REGION_ONLY}
+CUDA_TYPES = {**template_kit.CUDA_TYPES, **_REGION_ONLY}
 FLOATS16 = ("bfloat16", "float16")
 INIT = {"sum": "0.0f", "max": "(-FP_INF)", "min": "FP_INF"}
 COMBINE = {"sum": "((a) + (b))", "max": "fp_maxnan((a), (b))", "min": "fp_minnan((a), (b))"}

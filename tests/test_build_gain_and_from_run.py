@@ -42,11 +42,27 @@ def cpu_run(tmp_path_factory):
     return helpers.make_cpu_run(tmp_path_factory.mktemp("run") / "run")
 
 
+def _compiled(used: list[str], plain_ms: float = 10.0, with_ms: float = 8.0) -> dict:
+    """What the compile gate's subprocess returns (compile_gate.measure): `used` faster compiled."""
+    def t(ms):
+        return {"median_us": ms * 1e3, "iqr_us": 10.0, "n": 30, "min_us": ms * 1e3, "clock": "monotonic"}
+
+    return {"targets": {tid: {"use": True, "reason": "faster compiled", "compiled_ms": plain_ms,
+                              "compiled_with_ms": with_ms} for tid in used},
+            "used": used, "compile_s": 1.0, "mode": "default", "compiled_max_abs_diff": 0.0,
+            "compiled": t(plain_ms), "compiled_with": t(with_ms) if used else None,
+            "compile_with_s": 1.1 if used else None, "max_abs_diff": 0.0 if used else None,
+            "within_tolerance": True if used else None}
+
+
 @pytest.fixture
 def gated(monkeypatch):
     """Confirmation keeps every winner; the whole-model check passes on accuracy and reports the
-    timing the test sets (``gated["result"]``)."""
-    state = {"result": _model_result(13.753, 16.269), "checks": 0}
+    timing the test sets (``gated["result"]``); the compiled check reports ``gated["compiled"]`` (by
+    default: no kernel faster compiled)."""
+    from forge_pack.evaluate import compile_gate
+
+    state = {"result": _model_result(13.753, 16.269), "checks": 0, "compiled": _compiled([])}
     monkeypatch.setattr(confirm, "confirm_kernels", lambda info, winners, say=None: {})
 
     def check_model(stage, name, info, only=None):
@@ -54,6 +70,9 @@ def gated(monkeypatch):
         return state["result"]
 
     monkeypatch.setattr(confirm, "check_model", check_model)
+    real_gate = compile_gate.run_compile_gate
+    monkeypatch.setattr(compile_gate, "run_compile_gate", lambda stage, info, doc, say=None: real_gate(
+        stage, info, doc, check=lambda package_dir, info: state["compiled"]))
     return state
 
 
@@ -80,8 +99,9 @@ def test_pack_writes_no_package_when_the_whole_model_is_slower(cpu_run, tmp_path
     assert not r.written and not (tmp_path / "out").exists()
     text = out[0]
     assert text.splitlines() == [
-        "no whole-model gain: no package written (the patched model is not faster: 13.753 ms eager (IQR 0.100, "
-        "n=30) -> 16.269 ms patched (IQR 0.100, n=30), 0.85x).", "  --allow-no-gain writes the package anyway"]
+        "no whole-model gain: no package written (eager: the patched model is not faster: 13.753 ms eager (IQR "
+        "0.100, n=30) -> 16.269 ms patched (IQR 0.100, n=30), 0.85x; compiled: no kernel is faster inside "
+        "torch.compile's graph than Inductor's own code).", "  --allow-no-gain writes the package anyway"]
     assert r.model_result["speedup"] == pytest.approx(13.753 / 16.269)
 
 
@@ -100,6 +120,42 @@ def test_a_measured_gain_writes_the_package(cpu_run, tmp_path, gated):
     assert r.written and "gate: whole-model gain: the patched model is faster by more than the measurement noise" \
         in out[0]
     assert "written because" not in out[0]
+
+
+def test_a_compile_mode_gain_writes_the_package_without_an_eager_gain(cpu_run, tmp_path, gated):
+    """Regions run only compiled, and a kernel can lose to eager's dispatch yet win inside Inductor's
+    graph: a package whose compile mode is faster than torch.compile is written, and says which mode."""
+    tid = "t0"  # the first target's id (packager: t0, t1, ... in the manifest)
+    gated["compiled"] = _compiled([tid])
+    out = []
+    r = build_mod.pack_command(cpu_run, tmp_path / "out", name="tiny_pkg", stdout=out.append)
+    assert r.written and (tmp_path / "out" / "tiny_pkg" / "manifest.json").is_file()
+    assert "gate: no whole-model gain: the patched model is not faster" in out[0]
+    assert (f"  written for compile mode: torch.compile 10.000 ms -> 8.000 ms with {tid} (1.25x, faster by more "
+            f"than the measurement noise); eager `apply()` gains nothing measurable here, use "
+            f"`tiny_pkg.compile(model)`") in out[0].splitlines()
+    assert "written because" not in out[0]
+    import json
+
+    doc = json.loads((tmp_path / "out" / "tiny_pkg" / "manifest.json").read_text())
+    assert [t["compile"]["use"] for t in doc["targets"] if t["id"] == tid] == [True]
+    assert doc["compile_result"]["used"] == [tid]
+
+
+def test_judge_compile_gain_reads_the_compile_gates_summary():
+    from forge_pack.evaluate.compile_gate import record
+    from forge_pack.evaluate.model_gain import judge_compile_gain
+
+    def summary(result):
+        return record({"targets": [{"id": "t0"}], "regions": []}, result)
+
+    gain = judge_compile_gain(summary(_compiled(["t0"], 10.0, 8.0)))
+    assert gain.gain and gain.speedup == pytest.approx(1.25)
+    none = judge_compile_gain(summary(_compiled([])))
+    assert not none.gain and none.reason == "no kernel is faster inside torch.compile's graph than Inductor's own code"
+    err = judge_compile_gain(summary({"error": "torch.compile failed: Unsupported\nmore"}))
+    assert not err.gain and err.reason == "compile mode unavailable: torch.compile failed: Unsupported"
+    assert judge_compile_gain(None).reason == "the model was not checked compiled"
 
 
 def test_cli_no_gain_exits_zero_and_allow_no_gain_writes(cpu_run, tmp_path, gated):

@@ -30,7 +30,7 @@ DEFAULT_BUDGET = 50
 
 
 def format_result(r: PackResult, allow_no_gain: bool = False) -> str:
-    from forge_pack.evaluate.model_gain import judge_gain
+    from forge_pack.evaluate.model_gain import judge_compile_gain, judge_gain
 
     if not r.written:
         lines = [r.message]  # the gate's figures are in the message when it measured the model
@@ -60,7 +60,11 @@ def format_result(r: PackResult, allow_no_gain: bool = False) -> str:
         if m.get("eager"):
             verdict = judge_gain(m)
             lines.append(f"  gate: {'whole-model gain' if verdict.gain else 'no whole-model gain'}: {verdict.reason}")
-            if not verdict.gain:
+            compiled = judge_compile_gain(r.compile_result)
+            if not verdict.gain and compiled.gain:
+                lines.append(f"  written for compile mode: {compiled.reason}; eager `apply()` gains nothing "
+                             f"measurable here, use `{r.package}.compile(model)`")
+            elif not verdict.gain:
                 why = ("written because --allow-no-gain was given" if allow_no_gain else
                        "written without the gain gate")
                 lines.append(f"  note: {why}; the kernels' gains do not survive the whole forward here (Python "

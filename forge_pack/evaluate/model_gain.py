@@ -3,7 +3,8 @@
 ``model_gate`` keeps the kernels whose patched model still computes the same outputs; this module
 reads the same check's interleaved end-to-end timing (``confirm.compare_patched``: eager and patched
 medians, IQRs and call counts) and says whether the patched model is faster by more than the
-noise. ``build`` and ``pack`` write no package when it is not, unless told ``--allow-no-gain``.
+noise; ``judge_compile_gain`` reads the compile gate's result the same way for ``<pkg>.compile``.
+``build`` and ``pack`` write no package when neither mode is faster, unless told ``--allow-no-gain``.
 
 The noise is the one every comparison of two timings uses (``core.winner.noise_us``): the two medians must
 differ by more than two standard errors of their difference, each standard error estimated from its
@@ -52,3 +53,18 @@ def judge_gain(model_result: dict | None) -> GainVerdict:
                                            f"({noise / 1e3:.3f} ms): {line}")
     return GainVerdict(True, speedup, f"the patched model is faster by more than the measurement noise "
                                       f"({noise / 1e3:.3f} ms): {line}")
+
+
+def judge_compile_gain(compile_result: dict | None) -> GainVerdict:
+    """The verdict on the compile gate's summary (``compile_gate.record``): the gate uses a set of
+    kernels only when the compiled model is faster with them than plain torch.compile by more than the
+    noise and as accurate, so a set in use is a gain; none in use, or no compiled check, is none."""
+    if not compile_result:
+        return GainVerdict(False, None, "the model was not checked compiled")
+    if compile_result.get("error"):
+        return GainVerdict(False, None, f"compile mode unavailable: {compile_result['error'].splitlines()[0][:200]}")
+    used, c, w = compile_result.get("used") or [], compile_result.get("compiled_ms"), compile_result.get("compiled_with_ms")
+    if not used or not c or not w:
+        return GainVerdict(False, None, "no kernel is faster inside torch.compile's graph than Inductor's own code")
+    return GainVerdict(True, c / w, f"torch.compile {c:.3f} ms -> {w:.3f} ms with {', '.join(used)} "
+                                    f"({c / w:.2f}x, faster by more than the measurement noise)")

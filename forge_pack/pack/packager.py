@@ -698,19 +698,23 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
                 why = "; ".join(f"{d['pretty']}: {d['reason']}" for d in dropped)
                 return PackResult(False, f"No kernel passed the whole-model check, so no package was written ({why}).",
                                   dropped=dropped)
-            if require_gain:
-                from forge_pack.evaluate.model_gain import judge_gain
-
-                verdict = judge_gain(gate.model_result)
-                if not verdict.gain:
-                    return PackResult(False, f"no whole-model gain: no package written ({verdict.reason}).",
-                                      dropped=dropped, model_result=gate.model_result)
             doc, winners = gate.doc, gate.winners
             doc["dropped"], doc["model_result"] = dropped, gate.model_result
             from forge_pack.evaluate.compile_gate import run_compile_gate
 
             with step("compile-mode check", say) as progress:
                 result.compile_result = run_compile_gate(stage, info, doc, say=progress.say)
+            if require_gain:
+                from forge_pack.evaluate.model_gain import judge_gain, judge_compile_gain
+
+                # A package is worth installing when either of its modes makes the model faster: regions
+                # run only compiled, and a kernel can lose in eager's dispatch yet win inside Inductor's graph.
+                verdict, compiled = judge_gain(gate.model_result), judge_compile_gain(result.compile_result)
+                if not verdict.gain and not compiled.gain:
+                    return PackResult(False, f"no whole-model gain: no package written (eager: {verdict.reason}; "
+                                             f"compiled: {compiled.reason}).",
+                                      dropped=dropped, model_result=gate.model_result,
+                                      compile_result=result.compile_result)
         else:
             doc = stage_for(winners)
         manifest_mod.write(stage / name / "manifest.json", doc)

@@ -145,6 +145,10 @@ class WindowWriter:
             off += " + iw" + (f" * {st_w}LL" if st_w != 1 else "")
         return off
 
+    def _invariant(self, leaf: Leaf) -> bool:
+        """Read once per window (a per-channel parameter): no stride over the pooled dims."""
+        return all(st == 0 or n == 1 for st, n in zip(leaf.strides[-2:], self.w.in_shape[-2:]))
+
     def _lead(self, leaf: Leaf, idx) -> str:
         return self._offset(leaf.strides, self.w.in_shape, range(self.nd - 2), idx)
 
@@ -159,9 +163,13 @@ class WindowWriter:
                  *self._coords(order, "e"), *self._bounds(),
                  *[f"  const long long {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
                  *[f"  float acc{j} = {INIT[red.combine]};" for j, red in enumerate(p.reductions)]]
+        # a read the window does not move (a per-channel parameter) is loaded once, before the loops
+        lines += [f"  const float x{name[leaf][1:]} = {self._read(leaf.source[1], name[leaf])};"
+                  for leaf in leaves if self._invariant(leaf)]
         body = []
         for j, red in enumerate(p.reductions):
-            toks = [self._read(leaf.source[1], self._in_offset(leaf, name[leaf])) for leaf in red.val.leaves]
+            toks = [f"x{name[leaf][1:]}" if self._invariant(leaf) else
+                    self._read(leaf.source[1], self._in_offset(leaf, name[leaf])) for leaf in red.val.leaves]
             body.append(f"    acc{j} = {COMBINE[red.combine].format(a=f'acc{j}', b=red.val.expr.format(*toks))};")
         lines += self._loops(body)
         div = self._divisor()
@@ -204,14 +212,15 @@ class WindowWriter:
         for leaf in leaves:
             k = leaf.source[1]
             off = self._in_offset(leaf, name[leaf])
+            hoist = self._invariant(leaf)  # loaded once, before the window loops
             if cls[leaf] == "contig":
                 vals[leaf] = f"x{len(vals)}[j]"
-                body.append(f"  float x{len(vals) - 1}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), x{len(vals) - 1});")
+                (lines if hoist else body).append(f"  float x{len(vals) - 1}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), x{len(vals) - 1});")
                 if f"fp_aligned<{vec}>(in{k})" not in aligned:
                     aligned.append(f"fp_aligned<{vec}>(in{k})")
             elif cls[leaf] == "uniform":
                 vals[leaf] = f"x{len(vals)}"
-                body.append(f"  const float x{len(vals) - 1} = {self._read(k, off)};")
+                (lines if hoist else body).append(f"  const float x{len(vals) - 1} = {self._read(k, off)};")
             else:
                 vals[leaf] = self._read(k, f"({name[leaf]} + j * {leaf.strides[vd]}LL)" + off[len(name[leaf]):])
         body += ["#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{"]
@@ -230,8 +239,8 @@ class WindowWriter:
                 toks.append(f"red{k}")
             else:  # epilogue inputs are read per element: a pooled output is a fraction of the window reads
                 toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), lane)))
-        lines += [f"  const float scale = 1.0f / {div};" if div else "",
-                  "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
+        lines += [f"  const float scale = 1.0f / {div};"] if div else []
+        lines += ["#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
                   *[f"    const float red{j} = acc{j}[j]" + (" * scale;" if div else ";")
                     for j in range(len(p.reductions))],
                   f"    y[j] = {p.out.expr.format(*toks)};", "  }", "}"]

@@ -28,7 +28,8 @@ import pool_variants  # noqa: E402
 import resnet_stem  # noqa: E402
 
 FAST = TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
-POOL_PATTERNS = {"batch_norm+max_pool2d", "avg_pool2d+mul+add", "avg_pool2d", "silu+avg_pool2d"}
+POOL_PATTERNS = {"batch_norm+max_pool2d", "avg_pool2d+mul+add", "avg_pool2d", "silu+avg_pool2d",
+                 "sub+relu+adaptive_avg_pool2d"}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,7 @@ def test_pool_variants_are_window_regions_with_their_rules():
     assert win["avg_pool2d+mul+add"] == Window("avg", (2, 8, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1), False, 0)
     assert win["avg_pool2d"] == Window("avg", (2, 8, 9, 9), (2, 2), (2, 2), (0, 0), (1, 1), True, 0)
     assert win["silu+avg_pool2d"] == Window("avg", (2, 8, 5, 5), (3, 3), (1, 1), (1, 1), (1, 1), True, 4)
+    assert win["sub+relu+adaptive_avg_pool2d"] == Window("adaptive", (2, 8, 9, 9))
     # ceil_mode: 9 -> 5 windows, the last starting inside the input and ending past it
     assert regions["avg_pool2d"].output_spec.shape == (2, 8, 5, 5)
 

@@ -6,7 +6,8 @@
   reading a second input at the pooled shape);
 - avg_pool2d(2, ceil_mode=True) (count_include_pad=True) on a 9x9 input: a last window past the edge
   whose divisor counts only what lies inside the padded input;
-- silu + avg_pool2d(3, 1, 1) with divisor_override=4."""
+- silu + avg_pool2d(3, 1, 1) with divisor_override=4;
+- relu + adaptive_avg_pool2d to 4x4 from 9x9: overlapping windows of 3 cells."""
 
 import torch
 import torch.nn as nn
@@ -25,7 +26,8 @@ class Pools(nn.Module):
         b = F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False) * 0.5 + self.down(x)
         c = F.avg_pool2d(self.conv(x), 2, ceil_mode=True)
         d = F.avg_pool2d(F.silu(self.down(x)), 3, 1, 1, divisor_override=4)
-        return a, b, c, d
+        e = F.adaptive_avg_pool2d(torch.relu(x - 0.5), (4, 4))
+        return a, b, c, d, e
 
 
 def get_model():

@@ -19,6 +19,8 @@ up to 16 bytes where its layout allows (``region_vector.classify``). Pure Python
 
 from __future__ import annotations
 
+import re
+
 from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, Window, contiguous
 from forge_pack.search.region_vector import VEC_FLOATS, classify
 
@@ -31,6 +33,36 @@ def _prod(xs) -> int:
     for x in xs:
         out *= int(x)
     return out
+
+
+_CALL = re.compile(r"fp_\w+\(")
+
+
+def hoist_calls(expr: str, invariant: set[int]) -> tuple[str, list[str]]:
+    """(``expr`` with each outermost function call that reads only ``invariant`` leaves replaced by
+    the marker ``HOIST<n>``, those calls). A call on per-window values (the batch_norm affine's
+    rsqrt of the running variance) is computed once per output element, before the window loops:
+    the compiler does not share it between unrolled cells whose reads are predicated."""
+    out, calls, i = [], [], 0
+    while i < len(expr):
+        m = _CALL.match(expr, i)
+        if m is None:
+            out.append(expr[i])
+            i += 1
+            continue
+        depth, j = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(expr[j], 0)
+            j += 1
+        refs = {int(x) for x in re.findall(r"\{(\d+)\}", expr[i:j])}
+        if refs and refs <= invariant:
+            out.append(f"HOIST{len(calls)}")
+            calls.append(expr[i:j])
+            i = j
+        else:  # scan inside: a nested call may still be hoistable
+            out.append(expr[i:m.end()])
+            i = m.end()
+    return "".join(out), calls
 
 
 def iteration_order(space: tuple[int, ...], out_strides: tuple[int, ...]) -> list[int]:
@@ -111,18 +143,22 @@ class WindowWriter:
                 f"(fp_min_ll(w0 + {w.kernel[1]}LL, {wd}LL) - fp_max_ll(w0, 0LL)))")
 
     def _loops(self, body: list[str]) -> list[str]:
-        """The window loops around ``body`` (statements at input row ``ih``, column ``iw``)."""
+        """The window loops around ``body`` (statements at input row ``ih``, column ``iw``; ``ok``
+        says whether that cell lies inside the input). Out-of-range cells are not skipped with a
+        branch: their loads are predicated off and their value left out of the accumulator, so
+        the math on per-window values (the batch_norm affine's rsqrt) is common to every unrolled
+        cell and computed once."""
         w = self.w
         h, wd = w.in_shape[-2], w.in_shape[-1]
         if w.mode == "adaptive":
             return ["  for (long long ih = hs; ih < he; ++ih) {", "    for (long long iw = ws; iw < we; ++iw) {",
-                    *["  " + b for b in body], "    }", "  }"]
+                    "      const bool ok = true;", *["  " + b for b in body], "    }", "  }"]
         return ["  FP_WIN_UNROLL", f"  for (int kh = 0; kh < {w.kernel[0]}; ++kh) {{",
                 f"    const long long ih = h0 + (long long)kh * {w.dilation[0]}LL;",
-                f"    if (ih < 0 || ih >= {h}LL) continue;",
+                f"    const bool ok_h = ih >= 0 && ih < {h}LL;",
                 "    FP_WIN_UNROLL", f"    for (int kw = 0; kw < {w.kernel[1]}; ++kw) {{",
                 f"      const long long iw = w0 + (long long)kw * {w.dilation[1]}LL;",
-                f"      if (iw < 0 || iw >= {wd}LL) continue;", *["  " + b for b in body], "    }", "  }"]
+                f"      const bool ok = ok_h && iw >= 0 && iw < {wd}LL;", *["  " + b for b in body], "    }", "  }"]
 
     def _coords(self, order: list[int], var: str) -> list[str]:
         lines = [f"  long long t = {var};"]
@@ -169,8 +205,14 @@ class WindowWriter:
         body = []
         for j, red in enumerate(p.reductions):
             toks = [f"x{name[leaf][1:]}" if self._invariant(leaf) else
-                    self._read(leaf.source[1], self._in_offset(leaf, name[leaf])) for leaf in red.val.leaves]
-            body.append(f"    acc{j} = {COMBINE[red.combine].format(a=f'acc{j}', b=red.val.expr.format(*toks))};")
+                    f"(ok ? {self._read(leaf.source[1], self._in_offset(leaf, name[leaf]))} : 0.0f)"
+                    for leaf in red.val.leaves]
+            expr, calls = hoist_calls(red.val.expr, {n for n, leaf in enumerate(red.val.leaves) if self._invariant(leaf)})
+            for n, call in enumerate(calls):
+                lines.append(f"  const float h{j}_{n} = {call.format(*toks)};")
+                expr = expr.replace(f"HOIST{n}", f"h{j}_{n}", 1)
+            combined = COMBINE[red.combine].format(a=f"acc{j}", b=expr.format(*toks))
+            body.append(f"    acc{j} = ok ? {combined} : acc{j};")
         lines += self._loops(body)
         div = self._divisor()
         lines.append(f"  float red[{len(p.reductions)}];")
@@ -215,18 +257,31 @@ class WindowWriter:
             hoist = self._invariant(leaf)  # loaded once, before the window loops
             if cls[leaf] == "contig":
                 vals[leaf] = f"x{len(vals)}[j]"
-                (lines if hoist else body).append(f"  float x{len(vals) - 1}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), x{len(vals) - 1});")
+                x = f"x{len(vals) - 1}"
+                if hoist:
+                    lines.append(f"  float {x}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), {x});")
+                else:
+                    body.append(f"  float {x}[{vec}] = {{}}; if (ok) fp_ldv<{vec}>(in{k} + ({off}), {x});")
                 if f"fp_aligned<{vec}>(in{k})" not in aligned:
                     aligned.append(f"fp_aligned<{vec}>(in{k})")
             elif cls[leaf] == "uniform":
                 vals[leaf] = f"x{len(vals)}"
-                (lines if hoist else body).append(f"  const float x{len(vals) - 1} = {self._read(k, off)};")
+                read = self._read(k, off) if hoist else f"(ok ? {self._read(k, off)} : 0.0f)"
+                (lines if hoist else body).append(f"  const float x{len(vals) - 1} = {read};")
             else:
-                vals[leaf] = self._read(k, f"({name[leaf]} + j * {leaf.strides[vd]}LL)" + off[len(name[leaf]):])
+                read = self._read(k, f"({name[leaf]} + j * {leaf.strides[vd]}LL)" + off[len(name[leaf]):])
+                vals[leaf] = read if hoist else f"(ok ? {read} : 0.0f)"
         body += ["#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{"]
         for j, red in enumerate(p.reductions):
-            expr = red.val.expr.format(*[vals[leaf] for leaf in red.val.leaves])
-            body.append(f"    acc{j}[j] = {COMBINE[red.combine].format(a=f'acc{j}[j]', b=expr)};")
+            toks = [vals[leaf] for leaf in red.val.leaves]
+            expr, calls = hoist_calls(red.val.expr, {n for n, leaf in enumerate(red.val.leaves) if self._invariant(leaf)})
+            for n, call in enumerate(calls):
+                lines += [f"  float h{j}_{n}[{vec}];", "#pragma unroll",
+                          f"  for (int j = 0; j < {vec}; ++j) h{j}_{n}[j] = {call.format(*toks)};"]
+                expr = expr.replace(f"HOIST{n}", f"h{j}_{n}[j]", 1)
+            expr = expr.format(*toks)
+            combined = COMBINE[red.combine].format(a=f"acc{j}[j]", b=expr)
+            body.append(f"    acc{j}[j] = ok ? {combined} : acc{j}[j];")
         body.append("  }")
         lines += self._loops(body)
         div = self._divisor()

@@ -294,9 +294,9 @@ class WindowWriter:
                 toks.append(f"red{k}")
             else:  # epilogue inputs are read per element: a pooled output is a fraction of the window reads
                 toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), lane)))
-        lines += [f"  const float scale = 1.0f / {div};"] if div else []
+        lines += [f"  const float count = {div};"] if div else []  # divided, as eager divides (not times 1 / count)
         lines += ["#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
-                  *[f"    const float red{j} = acc{j}[j]" + (" * scale;" if div else ";")
+                  *[f"    const float red{j} = acc{j}[j]" + (" / count;" if div else ";")
                     for j in range(len(p.reductions))],
                   f"    y[j] = {p.out.expr.format(*toks)};", "  }", "}"]
         out_cls = self._class(p.out_strides, p.space, vd, vec, None)

@@ -117,6 +117,7 @@ def test_generated_window_kernel_verifies_against_float64(evaluator, mod, patter
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
     kinds = {c.input_kind for c in e.verdict.checks}
     assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
+    assert ("adversarial:neg_inf_rows" in kinds) == ("max_pool2d" in pattern), kinds  # windows of -inf only
 
 
 def _mutated(region, old: str, new: str):

@@ -171,7 +171,7 @@ def _stem_signature(size: int = 64, dtype: str = "bfloat16", channels_last: bool
 def test_window_vector_path_loads_each_cell_once_per_channel_run(tmp_path):
     """bf16 channels_last stem at the defaults (vec 8 along C): one 16-byte load per window cell
     (9, unrolled) and one per per-channel parameter (4, before the window loops); the affine's
-    rsqrt once per lane (8) plus the scalar path's one, not once per cell."""
+    rsqrt once per lane (8) plus the scalar path's one, not once per cell; one 16-byte store."""
     sig = _stem_signature()
     cand = instantiate("region", "cuda", "window", None, sig)
     assert cand.params == {"threads": 256, "vec": 8, "ilp": 1}
@@ -182,6 +182,7 @@ def test_window_vector_path_loads_each_cell_once_per_channel_run(tmp_path):
     ptx = Path(f"{src}.ptx").read_text()
     assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) == 9 + 4
     assert len(re.findall(r"rsqrt\.approx", ptx)) == 8 + 1
+    assert len(re.findall(r"st\.global\.wb\.v4\.u32", ptx)) == 1  # the run's 8 outputs in one 16-byte store
 
 
 @needs_nvcc

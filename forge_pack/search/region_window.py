@@ -303,7 +303,7 @@ class WindowWriter:
         out_off = self._offset(p.out_strides, p.space, range(self.nd), plain)
         if out_cls == "contig":
             aligned.append(f"fp_aligned<{vec}>(out)")
-            store = f"  fp_stv<{vec}>(out + ({out_off}), y);"
+            store = f"  fp_window_stv<{vec}>(out + ({out_off}), y);"
         else:
             store = (f"#pragma unroll\n  for (int j = 0; j < {vec}; ++j) "
                      f"forge_store(out + ({self._offset(p.out_strides, p.space, range(self.nd), lane)}), y[j]);")

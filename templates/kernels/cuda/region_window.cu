@@ -11,6 +11,37 @@
 #define FP_WIN_UNROLL _Pragma("unroll")
 FP_FN long long fp_min_ll(long long a, long long b) { return a < b ? a : b; }
 FP_FN long long fp_max_ll(long long a, long long b) { return a > b ? a : b; }
+
+// The vector path's store: VEC outputs as one word of up to 16 bytes, 16-bit pairs converted
+// together (one cvt per pair). Written with __stwb (a plain write-back store): a plain assignment
+// through a uint4 pointer, and fp_stv, came out of ptxas as four 4-byte stores per run here.
+FP_FN unsigned int fp_pack2(float a, float b, const __nv_bfloat16*) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  unsigned int w;
+  __builtin_memcpy(&w, &v, 4);
+  return w;
+}
+FP_FN unsigned int fp_pack2(float a, float b, const __half*) {
+  const __half2 v = __floats2half2_rn(a, b);
+  unsigned int w;
+  __builtin_memcpy(&w, &v, 4);
+  return w;
+}
+FP_FN unsigned int fp_pack2(float a, float b, const float*) { return __float_as_uint(a); }  // unused: fp32 is one per word
+template <int V, typename T> FP_FN void fp_window_stv(T* p, const float* y) {
+  constexpr int words = V * (int)sizeof(T) / 4;
+  unsigned int w[words > 0 ? words : 1];
+#pragma unroll
+  for (int i = 0; i < words; ++i)
+    w[i] = sizeof(T) == 4 ? __float_as_uint(y[i]) : fp_pack2(y[2 * i], y[2 * i + 1], p);
+  if constexpr (words == 4) __stwb(reinterpret_cast<uint4*>(p), make_uint4(w[0], w[1], w[2], w[3]));
+  else if constexpr (words == 2) __stwb(reinterpret_cast<uint2*>(p), make_uint2(w[0], w[1]));
+  else if constexpr (words == 1) __stwb(reinterpret_cast<unsigned int*>(p), w[0]);
+  else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) forge_store(p + i, y[i]);
+  }
+}
 //{{CODE}}
 
 #define TILE ((long long)THREADS * VEC * ILP)

@@ -7,22 +7,23 @@ addresses: along W for NCHW, along C for channels_last) and call the generated
 - ``fp_window_value(REGION_PARAMS, e, &o)``: the output element e and its offset ``o``. It splits
   e into the output's coordinates, finds the window's input rows and columns (``region_lower.Window``
   holds PyTorch's rules), accumulates every reduction over the window with the prologue evaluated
-  per input element (an input element outside the window's valid range is skipped: -inf for max,
-  nothing added for avg), divides an average by its count, then evaluates the epilogue.
+  per input element (a cell outside the input adds nothing: padding is -inf for max, absent for
+  avg), divides an average by its count, then evaluates the epilogue.
 
 With fixed windows (max_pool2d, avg_pool2d) the window loops have compile-time trip counts
-(unrolled; a bounds test per row and column); adaptive windows loop between their computed bounds.
-On CUDA, ``vec`` > 1 also emits ``fp_window_vec``: ``vec`` consecutive elements of the innermost
-output dim when that dim is not a pooled one (channels_last's C), each input read as a vector of
-up to 16 bytes where its layout allows (``region_vector.classify``). Pure Python, no torch import.
+(unrolled; a cell outside the input is predicated off); adaptive windows loop between their
+computed bounds. On CUDA, ``vec`` > 1 also emits ``fp_window_vec``: ``vec`` consecutive elements of
+the innermost output dim when that dim is not a pooled one (channels_last's C), each input read as
+``region_vector`` names it: uniform (once per run), contig (a vector of up to 16 bytes) or lane
+(per element). Pure Python, no torch import.
 """
 
 from __future__ import annotations
 
 import re
 
-from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, Window, contiguous
-from forge_pack.search.region_vector import VEC_FLOATS, classify
+from forge_pack.search.region_lower import Leaf, Program, Uncovered, contiguous
+from forge_pack.search.region_vector import VEC_FLOATS
 
 INIT = {"sum": "0.0f", "max": "(-FP_INF)"}
 COMBINE = {"sum": "{a} + {b}", "max": "fp_maxnan({a}, {b})"}
@@ -40,7 +41,7 @@ _CALL = re.compile(r"fp_\w+\(")
 
 def hoist_calls(expr: str, invariant: set[int]) -> tuple[str, list[str]]:
     """(``expr`` with each outermost function call that reads only ``invariant`` leaves replaced by
-    the marker ``HOIST<n>``, those calls). A call on per-window values (the batch_norm affine's
+    the marker ``@HOIST<n>@``, those calls). A call on per-window values (the batch_norm affine's
     rsqrt of the running variance) is computed once per output element, before the window loops:
     the compiler does not share it between unrolled cells whose reads are predicated."""
     out, calls, i = [], [], 0
@@ -56,7 +57,7 @@ def hoist_calls(expr: str, invariant: set[int]) -> tuple[str, list[str]]:
             j += 1
         refs = {int(x) for x in re.findall(r"\{(\d+)\}", expr[i:j])}
         if refs and refs <= invariant:
-            out.append(f"HOIST{len(calls)}")
+            out.append(f"@HOIST{len(calls)}@")
             calls.append(expr[i:j])
             i = j
         else:  # scan inside: a nested call may still be hoistable
@@ -210,7 +211,7 @@ class WindowWriter:
             expr, calls = hoist_calls(red.val.expr, {n for n, leaf in enumerate(red.val.leaves) if self._invariant(leaf)})
             for n, call in enumerate(calls):
                 lines.append(f"  const float h{j}_{n} = {call.format(*toks)};")
-                expr = expr.replace(f"HOIST{n}", f"h{j}_{n}", 1)
+                expr = expr.replace(f"@HOIST{n}@", f"h{j}_{n}")
             combined = COMBINE[red.combine].format(a=f"acc{j}", b=expr.format(*toks))
             body.append(f"    acc{j} = ok ? {combined} : acc{j};")
         lines += self._loops(body)
@@ -278,7 +279,7 @@ class WindowWriter:
             for n, call in enumerate(calls):
                 lines += [f"  float h{j}_{n}[{vec}];", "#pragma unroll",
                           f"  for (int j = 0; j < {vec}; ++j) h{j}_{n}[j] = {call.format(*toks)};"]
-                expr = expr.replace(f"HOIST{n}", f"h{j}_{n}[j]", 1)
+                expr = expr.replace(f"@HOIST{n}@", f"h{j}_{n}[j]")
             expr = expr.format(*toks)
             combined = COMBINE[red.combine].format(a=f"acc{j}[j]", b=expr)
             body.append(f"    acc{j}[j] = ok ? {combined} : acc{j}[j];")

@@ -144,3 +144,32 @@ def test_an_average_counting_excluded_padding_is_rejected(evaluator):
     bad = _mutated(region, "fp_max_ll(h0, 0LL)", "h0")
     e = evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("mod,channels_last", [(resnet_stem, False), (pool_variants, True)],
+                         ids=["stem-nchw", "pools-channels_last"])
+def test_window_region_forms_are_found_in_inductors_graph(mod, channels_last):
+    """Compile mode: each window region's form, respelled with Inductor's decompositions (max_pool2d
+    becomes _low_memory_max_pool_with_offsets + getitem), occurs once in the graph Inductor gets."""
+    import torch._inductor.lowering  # noqa: F401  (the decomposition table's max-pool entries use it)
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    from forge_pack.graph import region_match
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = mod.get_model().to(memory_format=fmt)
+    x = mod.get_inputs()[0].contiguous(memory_format=fmt)
+    graphs = []
+
+    def keep(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g.forward,
+                                     decompositions=select_decomp_table())
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(x)
+    regions = find_regions(capture(model, (x,), profile=False))
+    counts = {r.pattern: len(region_match.find(graphs[0].graph, region_match.respell(r.form, "cpu", select_decomp_table())))
+              for r in regions}
+    assert counts == {p: 1 for p in (["batch_norm+relu+max_pool2d"] if mod is resnet_stem else POOL_PATTERNS)}

@@ -226,3 +226,35 @@ def test_pool_variant_windows_verify(evaluator, dtype, cl):
         if not e.verdict.ok:
             failures.append((sig.slug(), e.verdict.reason, e.verdict.detail[:300]))
     assert not failures, failures
+
+
+def test_a_misaligned_window_input_takes_the_scalar_path_and_verifies(tmp_path):
+    """The stem's activations starting 2 bytes past a 16-byte boundary: the vector path's alignment
+    check sends every tile down the scalar path, and the result still matches float64."""
+    import torch
+
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import load_module
+    from forge_pack.evaluate.verify import fresh_sets, make_set, verify
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ((sig, _),) = _window_region(resnet_stem, "bfloat16", True, size=64)
+    cand = instantiate("region", "cuda", "window", {"vec": 8}, sig)
+    build = compile_candidate(cand, cache_dir=tmp_path)
+    assert build.ok, build.log[-2000:]
+    module = load_module("cuda", build.path, [k.name for k in cand.spec.kernels])
+    try:
+        (aligned,) = fresh_sets(sig, "cuda", 0, cand.content_hash, False)
+        tensors = dict(aligned.tensors)
+        t = tensors["in0"]
+        buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+        view = buf[1:1 + t.numel()].as_strided(t.shape, t.stride())
+        view.copy_(t)
+        assert view.data_ptr() % 16 == 2
+        tensors["in0"] = view
+        shifted = make_set("misaligned", sig, tensors, "cuda")
+        v = verify(module, cand, [aligned, shifted], "cuda")
+        assert v.ok, (v.reason, v.detail)
+    finally:
+        module.close()

@@ -146,6 +146,16 @@ def test_an_average_counting_excluded_padding_is_rejected(evaluator):
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 
+
+def test_a_ceil_window_divided_by_the_whole_kernel_is_rejected(evaluator):
+    """avg_pool2d(2, ceil_mode=True) on 9 rows: the last window starts at row 8 and ends past the
+    input (no padding), so count_include_pad divides it by the one row inside, not by 2."""
+    region = _regions(pool_variants)["avg_pool2d"]
+    bad = _mutated(region, "(fp_min_ll(h0 + 2LL, 9LL) - h0)", "2LL")
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
 @pytest.mark.parametrize("mod,channels_last", [(resnet_stem, False), (pool_variants, True)],
                          ids=["stem-nchw", "pools-channels_last"])
 def test_window_region_forms_are_found_in_inductors_graph(mod, channels_last):

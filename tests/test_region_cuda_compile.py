@@ -147,3 +147,57 @@ def test_every_generated_cuda_region_kernel_compiles_with_nvcc():
     spills = [name for name, (rc, log) in results if _spills(log)]
     assert not failures, "\n\n".join(failures[:5])
     assert not spills, spills
+
+
+def _stem_signature(size: int = 64, dtype: str = "bfloat16", channels_last: bool = True):
+    """The batch_norm + relu + max_pool2d(3, 2, 1) window region of a ResNet stem."""
+    import torch
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    sys.path.insert(0, str(MODELS / "regions"))
+    import resnet_stem
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = resnet_stem.get_model().to(getattr(torch, dtype)).to(memory_format=fmt)
+    x = resnet_stem.get_inputs(size)[0].to(getattr(torch, dtype)).contiguous(memory_format=fmt)
+    (region,) = find_regions(capture(model, (x,), profile=False))
+    return signature(region)
+
+
+@needs_nvcc
+def test_window_vector_path_loads_each_cell_once_per_channel_run(tmp_path):
+    """bf16 channels_last stem at the defaults (vec 8 along C): one 16-byte load per window cell
+    (9, unrolled) and one per per-channel parameter (4, before the window loops); the affine's
+    rsqrt once per lane (8) plus the scalar path's one, not once per cell; one 16-byte store."""
+    sig = _stem_signature()
+    cand = instantiate("region", "cuda", "window", None, sig)
+    assert cand.params == {"threads": 256, "vec": 8, "ilp": 1}
+    assert "window reads in0 contig, in3 contig, in4 contig, in1 contig, in2 contig; output contig" in cand.source
+    src = tmp_path / "stem.cu"
+    src.write_text(cand.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-std=c++17", "-o", f"{src}.ptx", str(src)], check=True)
+    ptx = Path(f"{src}.ptx").read_text()
+    assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) == 9 + 4
+    assert len(re.findall(r"rsqrt\.approx", ptx)) == 8 + 1
+    assert len(re.findall(r"st\.global\.wb\.v4\.u32", ptx)) == 1  # the run's 8 outputs in one 16-byte store
+
+
+@needs_nvcc
+def test_window_knob_extremes_compile_without_warnings(tmp_path):
+    sigs = {"cl_bf16": _stem_signature(), "nchw_f32": _stem_signature(18, "float32", False),
+            "cl_f16": _stem_signature(18, "float16")}
+    items = []
+    for name, sig in sigs.items():
+        for vec in {"cl_bf16": (1, 8), "nchw_f32": (1,), "cl_f16": (2,)}[name]:
+            for ilp, threads in ((1, 64), (4, 1024))[:1 if name == "cl_f16" else 2]:
+                p = {"vec": vec, "ilp": ilp, "threads": threads}
+                items.append((f"{name}_v{vec}_i{ilp}", instantiate("region", "cuda", "window", p, sig)))
+    with pytest.raises(ValueError, match="the innermost output dim is pooled"):
+        instantiate("region", "cuda", "window", {"vec": 2}, sigs["nchw_f32"])
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, str(tmp_path), it[0])), items))
+    bad = [(name, log[-1500:]) for name, (rc, log) in results if rc != 0 or "warning" in log or _spills(log)]
+    assert not bad, bad

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.gpu
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
 import llama_regions  # noqa: E402
+import pool_variants  # noqa: E402
+import resnet_stem  # noqa: E402
 import vae_resblock  # noqa: E402
 
 CFG = TimingConfig(warmup=2, reps=10, flush=False, compile_baseline=False)
@@ -39,7 +41,7 @@ def evaluator(tmp_path_factory):
 
 def _cuda_regions():
     out = []
-    for mod in (llama_regions, vae_resblock, conv_bn_block):
+    for mod in (llama_regions, vae_resblock, conv_bn_block, resnet_stem, pool_variants):
         model = mod.get_model().cuda()
         inputs = [x.cuda() if hasattr(x, "cuda") else x for x in mod.get_inputs()]
         seen = set()
@@ -172,3 +174,87 @@ def test_vectorised_rms_norm_row_verifies(evaluator, vec):
     h = Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda")
     e = evaluator.evaluate(instantiate("region", "cuda", "row", {"vec": vec}, sig), h)
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+# ---------------------------------------------------------------- the window kind
+
+def _window_region(mod, dtype: str, channels_last: bool, **inputs):
+    """Every window region of a model on CUDA: [(signature, hotspot)]."""
+    import torch
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = mod.get_model().to(getattr(torch, dtype)).to(memory_format=fmt).cuda()
+    x = mod.get_inputs(**inputs)[0].to(getattr(torch, dtype)).contiguous(memory_format=fmt).cuda()
+    out = []
+    for r in find_regions(capture(model, (x,), profile=False)):
+        assert r.kind == "window", r.pattern
+        sig = signature(r)
+        out.append((sig, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda")))
+    return out
+
+
+# (dtype, input size, channels_last, knobs) of the ResNet stem (bn + relu + max_pool2d(3, 2, 1)):
+# vec along channels_last's C (16 channels: vec 8 bf16 / 4 fp32 / 2 fp16), ilp and block extremes,
+# NCHW one element per thread, and size 30 (pool 8x8: a partial last tile takes the scalar path)
+WINDOW_CASES = [
+    ("bfloat16", 224, True, {}),
+    ("bfloat16", 224, True, {"vec": 8, "ilp": 4, "threads": 1024}),
+    ("float32", 224, True, {"vec": 4, "ilp": 2}),
+    ("float16", 224, True, {"vec": 2, "ilp": 1, "threads": 64}),
+    ("bfloat16", 224, False, {}),
+    ("float32", 224, False, {"ilp": 4}),
+    ("bfloat16", 30, True, {"vec": 8}),
+]
+
+
+@pytest.mark.parametrize("dtype,size,cl,knobs", WINDOW_CASES,
+                         ids=[f"{c[0]}-{c[1]}{'-cl' if c[2] else ''}-{'-'.join(f'{k}{v}' for k, v in c[3].items()) or 'defaults'}"
+                              for c in WINDOW_CASES])
+def test_window_region_verifies(evaluator, dtype, size, cl, knobs):
+    ((sig, h),) = _window_region(resnet_stem, dtype, cl, size=size)
+    e = evaluator.evaluate(instantiate("region", "cuda", "window", knobs, sig), h)
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("dtype,cl", [("bfloat16", True), ("float16", False), ("float32", True)])
+def test_pool_variant_windows_verify(evaluator, dtype, cl):
+    """max with ceil_mode over negative values, avg with and without the padding counted, a
+    divisor override, adaptive windows: each at its default knobs (vec 8 along C = 8 for bf16)."""
+    failures = []
+    for sig, h in _window_region(pool_variants, dtype, cl, size=33):
+        e = evaluator.evaluate(instantiate("region", "cuda", "window", None, sig), h)
+        if not e.verdict.ok:
+            failures.append((sig.slug(), e.verdict.reason, e.verdict.detail[:300]))
+    assert not failures, failures
+
+
+def test_a_misaligned_window_input_takes_the_scalar_path_and_verifies(tmp_path):
+    """The stem's activations starting 2 bytes past a 16-byte boundary: the vector path's alignment
+    check sends every tile down the scalar path, and the result still matches float64."""
+    import torch
+
+    from forge_pack.evaluate.compile import compile_candidate
+    from forge_pack.evaluate.launch import load_module
+    from forge_pack.evaluate.verify import fresh_sets, make_set, verify
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ((sig, _),) = _window_region(resnet_stem, "bfloat16", True, size=64)
+    cand = instantiate("region", "cuda", "window", {"vec": 8}, sig)
+    build = compile_candidate(cand, cache_dir=tmp_path)
+    assert build.ok, build.log[-2000:]
+    module = load_module("cuda", build.path, [k.name for k in cand.spec.kernels])
+    try:
+        (aligned,) = fresh_sets(sig, "cuda", 0, cand.content_hash, False)
+        tensors = dict(aligned.tensors)
+        t = tensors["in0"]
+        buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+        view = buf[1:1 + t.numel()].as_strided(t.shape, t.stride())
+        view.copy_(t)
+        assert view.data_ptr() % 16 == 2
+        tensors["in0"] = view
+        shifted = make_set("misaligned", sig, tensors, "cuda")
+        v = verify(module, cand, [aligned, shifted], "cuda")
+        assert v.ok, (v.reason, v.detail)
+    finally:
+        module.close()

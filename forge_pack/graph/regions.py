@@ -160,7 +160,7 @@ def find_regions(graph: Graph) -> list[Region]:
         users = list(n.users)
         owners = {id(group_of.get(u)) for u in users}
         g = group_of.get(users[0]) if users else None
-        if g is not None and len(owners) == 1 and _admits(graph, g, n):
+        if g is not None and len(owners) == 1 and not _select_of_other_domain(graph, g, n) and _admits(graph, g, n):
             g.members.append(n)
             group_of[n] = g
             continue
@@ -239,6 +239,17 @@ def _admits(graph: Graph, g: _Group, n: torch.fx.Node, fresh: bool = False) -> b
         g.full_numel = max(g.full_numel, numel)
         return True
     return numel <= g.full_numel  # a prologue no larger than what the reduction reads
+
+
+def _select_of_other_domain(graph: Graph, g: _Group, n: torch.fx.Node) -> bool:
+    """An element of a reduction's tuple (max_pool2d_with_indices' values) whose reduction cannot
+    join the consumer's region stays with its reduction: the select then ends that region, whose
+    output is the one tensor, instead of being an input of the consumer's region read out of a tuple."""
+    if op_name(n) != "getitem" or not n.args or not isinstance(n.args[0], torch.fx.Node):
+        return False
+    producer = n.args[0]
+    return (_kind(graph, producer) == "reduction" and g.domain is not None
+            and _domain(graph, producer) != g.domain)
 
 
 def _drop_outside_selects(g: _Group) -> None:

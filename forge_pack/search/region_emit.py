@@ -21,6 +21,7 @@ from __future__ import annotations
 from forge_pack.search import template_kit
 from forge_pack.search.region_lower import Leaf, Program, Uncovered, Val, contiguous
 from forge_pack.search.region_vector import vector_code
+from forge_pack.search.region_window import WindowWriter
 
 MAX_REDUCTIONS = 8  # passes the skeletons unroll (layer/group norm: 2, softmax: 2; 4 log_softmax of one row: 8)
 # the templates' type names, and the dtypes only a region's inputs take (a uint8 mask, a float64 constant)
@@ -152,10 +153,24 @@ def _prod(xs) -> int:
     return out
 
 
+def window_code(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
+    """A window region's code (``region_window``) with the kernel's parameters."""
+    em = Emitter(prog, backend)
+    params, args = em.params()
+    if len(prog.reductions) > MAX_REDUCTIONS:
+        raise Uncovered(f"{len(prog.reductions)} reductions (the skeletons run {MAX_REDUCTIONS} passes at most)")
+    head = [f"// generated for ops: {' '.join(prog.ops)}", f"#define REGION_PARAMS {params}",
+            f"#define REGION_ARGS {args}"]
+    body, defines = WindowWriter(prog, em.types).code(vec if backend == "cuda" else 1)
+    return "\n".join(head) + "\n" + body, defines
+
+
 def emit(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
     """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be.
     ``vec``: on CUDA, also the code that handles ``vec`` consecutive elements at once
     (``region_vector``)."""
+    if prog.kind == "window":
+        return window_code(prog, backend, vec)
     code, defines = Emitter(prog, backend).code()
     if backend == "cuda":
         code += vector_code(prog, vec)

@@ -53,9 +53,30 @@ class Reduction:
     post: str = "{0}"  # C expression of the scaled result (e.g. var -> var / (n - correction))
 
 
+@dataclass(frozen=True)
+class Window:
+    """A 2-d pooling window over the last two dims of ``in_shape`` (PyTorch's rules).
+
+    Output position o of a spatial dim reads the input rows of its window: max, from o * stride -
+    pad in steps of ``dilation`` (k of them) clipped to the input (padding counts as -inf: it
+    never wins); avg, o * stride - pad .. + k clipped to the input, the sum divided by
+    ``divisor`` when set, else by the window's size counted up to the padded edge
+    (``count_include_pad``) or by its in-bounds elements; adaptive, floor(o * H / OH) ..
+    ceil((o + 1) * H / OH), the mean of those."""
+
+    mode: str  # "max" | "avg" | "adaptive"
+    in_shape: tuple[int, ...]  # the pooled value: lead dims, then H, W
+    kernel: tuple[int, int] = (1, 1)
+    stride: tuple[int, int] = (1, 1)
+    pad: tuple[int, int] = (0, 0)
+    dilation: tuple[int, int] = (1, 1)
+    count_include_pad: bool = True
+    divisor: int = 0  # avg_pool2d's divisor_override (0: none)
+
+
 @dataclass
 class Program:
-    kind: str  # "pointwise" | "row"
+    kind: str  # "pointwise" | "row" | "window"
     space: tuple[int, ...]  # the iteration space
     nred: int  # trailing dims of ``space`` reduced (0 for pointwise)
     reductions: list[Reduction]
@@ -65,6 +86,9 @@ class Program:
     out_dtype: str
     per_row: bool = False  # the output has one element per row (a reduction result with its epilogue)
     ops: tuple[str, ...] = field(default_factory=tuple)
+    # window kind: the pooling; ``space`` is then the pooled output's shape, each reduction's value
+    # is over ``window.in_shape`` and its result (one per output element) a leaf of ``out``
+    window: Window | None = None
 
     @property
     def rows(self) -> int:
@@ -314,6 +338,7 @@ class Lowering:
         self.reductions: list[Reduction] = []
         self.space: tuple[int, ...] | None = None  # the iteration space, fixed by the first reduction
         self.nred = 0
+        self.window: Window | None = None
 
     # -- arguments
     def arg(self, a: Any) -> Any:
@@ -352,6 +377,8 @@ class Lowering:
     def reduce(self, v: Val, combine: str, scale: float = 1.0, post: str = "{0}", keep_shape=None) -> Val:
         """Reduce ``v`` (over the iteration space) to a per-row leaf of shape ``keep_shape``."""
         assert self.space is not None
+        if self.window is not None:
+            raise Uncovered("a row reduction in a window region")
         v = _respace(v, self.space) if v.shape == self.space or v.space == self.space else v
         if v.space != self.space:
             raise Uncovered("a reduction input outside the region's domain")
@@ -436,6 +463,9 @@ class Lowering:
             return self.constant_op(name, args, kwargs)
         if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d") and list(args[1]) == [1, 1]:
             return self.reduction_op("mean", [args[0], [-2, -1], True], {})
+        if name in WINDOW_OPS:
+            out = self.window_op(name, args, kwargs)
+            return (out, None) if name == "max_pool2d_with_indices" else out
         if name in ("group_norm", "native_group_norm"):
             return self.group_norm_op(name, args)
         if name in ("_native_batch_norm_legit_no_training", "batch_norm", "native_batch_norm",
@@ -640,6 +670,44 @@ class Lowering:
         out = Val(y.shape, y.space, _rounded(y.expr, x.dtype), y.leaves, x.dtype)
         return (out, None, None)
 
+    def window_op(self, name: str, args: list, kwargs: dict) -> Val:
+        """A 2-d pooling: one window reduction per output element (``Window``); its result is a
+        leaf over the output's shape that the epilogue reads once per element."""
+        x = self.arg(args[0])
+        if not isinstance(x, Val) or x.space != x.shape or len(x.shape) not in (3, 4):
+            raise Uncovered(f"not covered: {name} of a {len(getattr(x, 'shape', ()))}-d or re-spaced value")
+        if any(leaf.source[0] == "red" for leaf in x.leaves):
+            raise Uncovered(f"not covered: {name} of a value computed from a reduction")
+        a = _named(args, kwargs, WINDOW_OPS[name])
+        h, w = x.shape[-2], x.shape[-1]
+        if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d"):
+            oh, ow = _pair(a["output_size"])
+            win = Window("adaptive", tuple(x.shape))
+        else:
+            k = _pair(a["kernel_size"])
+            st = _pair(a.get("stride") or k)
+            pad = _pair(a.get("padding", 0))
+            dil = _pair(a.get("dilation", 1)) if name.startswith("max") else (1, 1)
+            ceil = bool(a.get("ceil_mode", False))
+            oh, ow = (_pool_size(n, k[i], st[i], pad[i], dil[i], ceil) for i, n in enumerate((h, w)))
+            if name.startswith("max"):
+                win = Window("max", tuple(x.shape), k, st, pad, dil)
+            else:
+                div = a.get("divisor_override")
+                win = Window("avg", tuple(x.shape), k, st, pad, (1, 1), bool(a.get("count_include_pad", True)),
+                             int(div) if div else 0)
+        if oh < 1 or ow < 1:
+            raise Uncovered(f"not covered: {name} with an empty output")
+        out_shape = tuple(x.shape[:-2]) + (oh, ow)
+        if self.window not in (None, win) or (self.window is None and self.reductions):
+            raise Uncovered("a window reduction with another reduction over a different domain")
+        self.window = win
+        self.set_space(out_shape, 2)
+        j = len(self.reductions)
+        xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+        self.reductions.append(Reduction("max" if win.mode == "max" else "sum", xf))
+        return Val(out_shape, out_shape, _rounded("{0}", x.dtype), [Leaf(("red", j), contiguous(out_shape))], x.dtype)
+
     # -- the result
     def program(self, out: Val) -> Program:
         if self.space is None:
@@ -652,11 +720,47 @@ class Lowering:
         if _prod(out.shape) != _prod(target):
             raise Uncovered("an output smaller than the region's domain and not one value per row")
         out_t = _respace(out, target) if out.space != target else out
-        spec = self.form.get("output")
         out_strides = contiguous(target)
-        return Program("row" if nred else "pointwise", tuple(space), nred, self.reductions, out_t,
+        kind = "window" if self.window is not None else ("row" if nred else "pointwise")
+        return Program(kind, tuple(space), nred, self.reductions, out_t,
                        out_strides, tuple(i["dtype"] for i in self.inputs), out.dtype, per_row,
-                       tuple(base(o["op"]) for o in self.form["ops"]))
+                       tuple(base(o["op"]) for o in self.form["ops"]), self.window)
+
+
+# pooling ops -> their argument names in schema order (args are read by position, then by keyword)
+WINDOW_OPS = {
+    "max_pool2d": ("self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+    "max_pool2d_with_indices": ("self", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+    "avg_pool2d": ("self", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"),
+    "adaptive_avg_pool2d": ("self", "output_size"),
+    "_adaptive_avg_pool2d": ("self", "output_size"),
+}
+
+
+def _named(args: list, kwargs: dict, names: tuple[str, ...]) -> dict:
+    out = dict(zip(names, args))
+    out.update({k: v for k, v in kwargs.items() if k in names})
+    return out
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            return int(v[0]), int(v[0])
+        if len(v) != 2:
+            raise Uncovered(f"not covered: a 2-d pooling argument {v!r}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _pool_size(n: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """PyTorch's pooled length: floor (or ceil) of the span over the stride, plus one; with
+    ceil_mode the last window must start inside the input or its left padding."""
+    span = n + 2 * p - d * (k - 1) - 1
+    out = (span + (s - 1 if ceil else 0)) // s + 1
+    if ceil and (out - 1) * s >= n + p:
+        out -= 1
+    return out
 
 
 def _arity(template: str) -> int:

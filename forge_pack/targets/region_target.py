@@ -128,7 +128,9 @@ class RegionSpec(TargetSpec):
         names = tuple(f"in{k}" for k in range(n))
         softmaxy = any(_base(o["op"]) in ("softmax", "_softmax", "amax", "log_softmax", "_log_softmax")
                        for o in form["ops"])
-        adversarial = ("large", "constant") + (("neg_inf_rows",) if softmaxy else ()) if kind != "pointwise" else (
+        # -inf in the main input: softmax's masked rows, and a max pool's windows that hold only -inf
+        maxy = softmaxy or any(_base(o["op"]) in ("max_pool2d", "max_pool2d_with_indices") for o in form["ops"])
+        adversarial = ("large", "constant") + (("neg_inf_rows",) if maxy else ()) if kind != "pointwise" else (
             "large",)
         super().__init__(
             name=REGION_OP, tensors=names, scalars=(), params=("domain", "form", "kind", "name", "pattern"),

@@ -3,7 +3,7 @@
 A region signature (op ``region``, see forge_pack/targets/region_target.py) carries the region's
 canonical form. ``region_lower`` turns the form into an iteration space, reductions and
 expressions; ``region_emit`` writes them as C; the skeletons in templates/kernels/{cpu,cuda}/
-region_{pointwise,row}.* hold the loops. Every size and stride is a compile-time constant (the
+region_{pointwise,row,window}.* hold the loops. Every size and stride is a compile-time constant (the
 form fixes them). A form the lowering does not cover gets no family: ``coverage`` says why.
 Pure Python, no torch import.
 """
@@ -16,6 +16,7 @@ from forge_pack.core.signature import Signature
 from forge_pack.search.region_emit import emit
 from forge_pack.search.region_lower import Program, Uncovered, lower
 from forge_pack.search.region_vector import leaf_class
+from forge_pack.search.region_window import vector_dim
 from forge_pack.search.template_kit import (GRAIN, THREADS, Built, Family, Gpu, Knob, cdiv, clamp, first,
                                             grain_default, launch, pow2_ceil, spec)
 
@@ -30,6 +31,9 @@ PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (
 ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
 GRID_STRIDE = Knob("grid_stride", (0, 1), "0: one tile per block; 1: a resident grid striding over the tiles")
 ROW_THREADS = Knob("threads", (32, 64, 128, 256, 512, 1024), "threads per block")
+WIN_CHUNK = Knob("chunk", (16, 64, 256, 1024, 4096), "pooled elements per OpenMP chunk")
+WIN_VEC = Knob("vec", (1, 2, 4, 8), "consecutive outputs along a non-pooled innermost dim per thread (channels_last C)")
+WIN_ILP = Knob("ilp", (1, 2, 4), "runs of vec outputs per thread in flight")
 MAX_GRID = 1 << 20  # blocks at most: the kernels stride over the rest (grid-stride loops)
 
 
@@ -122,6 +126,19 @@ def _cpu_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     return Built(dict(p), {**defines, "GRAIN": p["grain"]}, spec([launch("region_row", _args(sig), [1], [1])]), code)
 
 
+def _cpu_win_defaults(sig: Signature, gpu: Gpu) -> dict:
+    return {"chunk": 256}
+
+
+def _cpu_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    made = _code(sig, "cpu")
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    return Built(dict(p), {**defines, "CHUNK": p["chunk"]}, spec([launch("region_window", _args(sig), [1], [1])]),
+                 code)
+
+
 CPU = (
     Family(OPS, "cpu", "pointwise", "region_pointwise.cpp", (CHUNK,),
            "generated elementwise chain over the region's iteration space, chunks in parallel",
@@ -129,6 +146,10 @@ CPU = (
     Family(OPS, "cpu", "row", "region_row.cpp", (GRAIN,),
            "rows in parallel; one pass per reduction with the generated prologue, then the epilogue",
            _applicable("row"), _cpu_row_defaults, _cpu_row_build, first),
+    Family(OPS, "cpu", "window", "region_window.cpp", (WIN_CHUNK,),
+           "pooled elements in the output's memory order, chunks in parallel; per element its window "
+           "with the generated prologue, every reduction, the epilogue",
+           _applicable("window"), _cpu_win_defaults, _cpu_win_build, first),
 )
 
 
@@ -197,6 +218,30 @@ def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     return Built(dict(p), defines, spec([launch("region_row", _args(sig), [grid], [p["threads"]])]), code)
 
 
+def _cuda_win_defaults(sig: Signature, gpu: Gpu) -> dict:
+    # 16 bytes of output per access along channels_last's C when C allows it (a narrower vector
+    # when C is not a multiple of the full one); NCHW pools W, the innermost dim: one element each
+    prog = program(sig)
+    vec = 1
+    if not isinstance(prog, str) and (vd := vector_dim(prog)) is not None:
+        vec = next((v for v in (8, 4, 2) if v * _out_bytes(sig) <= 16 and prog.space[vd] % v == 0), 1)
+    return {"threads": 256, "vec": vec, "ilp": 1}
+
+
+def _cuda_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    if p["vec"] * _out_bytes(sig) > 16:
+        return f"vec {p['vec']} moves {p['vec'] * _out_bytes(sig)} bytes of output per access (16 at most)"
+    made = _code(sig, "cuda", p["vec"])
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    prog = program(sig)
+    assert not isinstance(prog, str)
+    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"] * p["ilp"]), 1, MAX_GRID)
+    defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "ILP": p["ilp"], "FAST_MATH": 0}
+    return Built(dict(p), defines, spec([launch("region_window", _args(sig), [grid], [p["threads"]])]), code)
+
+
 CUDA = (
     Family(OPS, "cuda", "pointwise", "region_pointwise.cu", (THREADS, PW_VEC, ILP, GRID_STRIDE, FAST_MATH),
            "generated elementwise chain, vector loads/stores of vec elements per operand where the layout "
@@ -206,6 +251,10 @@ CUDA = (
            "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
            "(shuffles, shared memory); epilogue",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
+    Family(OPS, "cuda", "window", "region_window.cu", (THREADS, WIN_VEC, WIN_ILP),
+           "one pooled element per thread (or vec along channels_last's C, vector loads of the window's "
+           "inputs), generated prologue per window element, epilogue; scalar tail",
+           _applicable("window"), _cuda_win_defaults, _cuda_win_build, first),
 )
 
 REFERENCES = ()

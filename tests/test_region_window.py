@@ -1,0 +1,185 @@
+"""Window regions (2-d pooling with its pointwise prologue and epilogue): found in a ResNet stem
+and in the pooling variants models use, lowered with PyTorch's window rules, and their generated
+CPU kernels verified against the float64 reference; a kernel that pads a max with 0 or counts
+padding in an average that excludes it is rejected."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from forge_pack.core.hotspot import Hotspot
+from forge_pack.evaluate.evaluator import Evaluator
+from forge_pack.evaluate.timing import TimingConfig
+from forge_pack.graph.capture import capture
+from forge_pack.graph.regions import find_regions
+from forge_pack.search.families.region import coverage, program
+from forge_pack.search.region_lower import Window, _pool_size
+from forge_pack.search.region_window import vector_dim
+from forge_pack.search.templates_proposer import applicable_families, instantiate
+from forge_pack.targets.region_target import signature
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
+import pool_variants  # noqa: E402
+import resnet_stem  # noqa: E402
+
+FAST = TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
+POOL_PATTERNS = {"batch_norm+max_pool2d", "avg_pool2d+mul+add", "avg_pool2d", "silu+avg_pool2d",
+                 "sub+relu+adaptive_avg_pool2d"}
+
+
+@pytest.fixture(scope="module")
+def evaluator(tmp_path_factory):
+    old = os.environ.get("FORGE_PACK_CPU_THREADS")
+    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
+    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=FAST, log_dir=tmp_path_factory.mktemp("workers"))
+    yield ev
+    ev.close()
+    if old is None:
+        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
+    else:
+        os.environ["FORGE_PACK_CPU_THREADS"] = old
+
+
+def _regions(mod, channels_last: bool = False, dtype=torch.float32, **kw):
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = mod.get_model().to(dtype).to(memory_format=fmt)
+    x = mod.get_inputs()[0].to(dtype).contiguous(memory_format=fmt)
+    return {r.pattern: r for r in find_regions(capture(model, (x,), profile=False, **kw))}
+
+
+def _hotspot(region):
+    return Hotspot(signature(region), ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu")
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_resnet_stem_bn_relu_max_pool_is_one_window_region(channels_last):
+    regions = _regions(resnet_stem, channels_last)
+    assert list(regions) == ["batch_norm+relu+max_pool2d"]
+    r = regions["batch_norm+relu+max_pool2d"]
+    assert r.kind == "window" and r.compute_ops[-1] == "max_pool2d"
+    assert r.domain == {"shape": [2, 16, 9, 9], "dims": [2, 3], "extra": [[3, 3], [2, 2], [1, 1]]}
+    assert r.output_spec.shape == (2, 16, 5, 5)
+    prog = program(signature(r))
+    assert (prog.kind, prog.space, [red.combine for red in prog.reductions]) == ("window", (2, 16, 5, 5), ["max"])
+    assert prog.window == Window("max", (2, 16, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1))
+    # channels_last: elements walk C innermost (the vector dim); NCHW pools its innermost dim
+    assert vector_dim(prog) == (1 if channels_last else None)
+    assert [f.name for f in applicable_families(signature(r), "cpu")] == ["window"]
+    assert [f.name for f in applicable_families(signature(r), "cuda")] == ["window"]
+
+
+def test_max_pool_with_unused_indices_ends_its_region_with_the_values():
+    """make_fx spells max_pool2d as max_pool2d_with_indices + getitem 0: the select stays with the
+    pool (the region outputs only the values), not with the next region's ops."""
+    regions = _regions(pool_variants, routes=("make_fx",))
+    r = regions["batch_norm+max_pool2d"]
+    assert r.short_ops[-2:] == ("max_pool2d_with_indices", "getitem") and r.output_spec.shape == (2, 8, 5, 5)
+    assert coverage(signature(r)) == ""
+
+
+def test_pool_variants_are_window_regions_with_their_rules():
+    regions = _regions(pool_variants)
+    assert set(regions) == POOL_PATTERNS and {r.kind for r in regions.values()} == {"window"}
+    win = {p: program(signature(r)).window for p, r in regions.items()}
+    assert win["batch_norm+max_pool2d"] == Window("max", (2, 8, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1))
+    assert win["avg_pool2d+mul+add"] == Window("avg", (2, 8, 9, 9), (3, 3), (2, 2), (1, 1), (1, 1), False, 0)
+    assert win["avg_pool2d"] == Window("avg", (2, 8, 9, 9), (2, 2), (2, 2), (0, 0), (1, 1), True, 0)
+    assert win["silu+avg_pool2d"] == Window("avg", (2, 8, 5, 5), (3, 3), (1, 1), (1, 1), (1, 1), True, 4)
+    assert win["sub+relu+adaptive_avg_pool2d"] == Window("adaptive", (2, 8, 9, 9))
+    # ceil_mode: 9 -> 5 windows, the last starting inside the input and ending past it
+    assert regions["avg_pool2d"].output_spec.shape == (2, 8, 5, 5)
+
+
+@pytest.mark.parametrize("n,k,s,p,d,ceil", [(9, 3, 2, 1, 1, False), (9, 3, 2, 1, 1, True), (9, 2, 2, 0, 1, True),
+                                            (10, 3, 2, 1, 1, True), (8, 3, 3, 1, 1, True), (11, 3, 2, 1, 2, False),
+                                            (7, 2, 3, 1, 1, True)])
+def test_pooled_size_is_torchs(n, k, s, p, d, ceil):
+    out = torch.nn.functional.max_pool2d(torch.zeros(1, 1, n, n), k, s, p, d, ceil_mode=ceil)
+    assert _pool_size(n, k, s, p, d, ceil) == out.shape[-1]
+
+
+CASES = [(resnet_stem, "batch_norm+relu+max_pool2d", False, torch.float32),
+         (resnet_stem, "batch_norm+relu+max_pool2d", True, torch.bfloat16)] + [
+    (pool_variants, p, cl, torch.float32) for p in sorted(POOL_PATTERNS) for cl in (False, True)] + [
+    (pool_variants, "avg_pool2d+mul+add", True, torch.float16)]
+
+
+@pytest.mark.parametrize("mod,pattern,cl,dtype", CASES,
+                         ids=[f"{c[1]}-{'cl' if c[2] else 'nchw'}-{str(c[3])[6:]}" for c in CASES])
+def test_generated_window_kernel_verifies_against_float64(evaluator, mod, pattern, cl, dtype):
+    region = _regions(mod, cl, dtype)[pattern]
+    e = evaluator.evaluate(instantiate("region", "cpu", "window", None, signature(region)), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    kinds = {c.input_kind for c in e.verdict.checks}
+    assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
+    assert ("adversarial:neg_inf_rows" in kinds) == ("max_pool2d" in pattern), kinds  # windows of -inf only
+
+
+def _mutated(region, old: str, new: str):
+    cand = instantiate("region", "cpu", "window", None, signature(region))
+    head, generated = cand.source.split("// generated for ops:")
+    assert old in generated, generated
+    return type(cand)(cand.op, cand.backend, head + "// generated for ops:" + generated.replace(old, new),
+                      cand.spec, cand.family, dict(cand.params), "user")
+
+
+def test_a_max_pool_padded_with_zero_is_rejected(evaluator):
+    """batch_norm + max_pool2d without a ReLU: border windows hold negative values, so a pad of 0
+    instead of -inf changes them."""
+    region = _regions(pool_variants)["batch_norm+max_pool2d"]
+    bad = _mutated(region, ": acc0;", ": fp_maxnan(acc0, 0.0f);")  # a cell outside the input counts as 0
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+def test_an_average_counting_excluded_padding_is_rejected(evaluator):
+    """count_include_pad=False divides a border window by its cells inside the input; dividing by
+    the cells up to the padded edge is wrong there."""
+    region = _regions(pool_variants)["avg_pool2d+mul+add"]
+    bad = _mutated(region, "fp_max_ll(h0, 0LL)", "h0")
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+
+def test_a_ceil_window_divided_by_the_whole_kernel_is_rejected(evaluator):
+    """avg_pool2d(2, ceil_mode=True) on 9 rows: the last window starts at row 8 and ends past the
+    input (no padding), so count_include_pad divides it by the one row inside, not by 2."""
+    region = _regions(pool_variants)["avg_pool2d"]
+    bad = _mutated(region, "(fp_min_ll(h0 + 2LL, 9LL) - h0)", "2LL")
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+@pytest.mark.parametrize("mod,channels_last", [(resnet_stem, False), (pool_variants, True)],
+                         ids=["stem-nchw", "pools-channels_last"])
+def test_window_region_forms_are_found_in_inductors_graph(mod, channels_last):
+    """Compile mode: each window region's form, respelled with Inductor's decompositions (max_pool2d
+    becomes _low_memory_max_pool_with_offsets + getitem), occurs once in the graph Inductor gets."""
+    import torch._inductor.lowering  # noqa: F401  (the decomposition table's max-pool entries use it)
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    from forge_pack.graph import region_match
+
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = mod.get_model().to(memory_format=fmt)
+    x = mod.get_inputs()[0].contiguous(memory_format=fmt)
+    graphs = []
+
+    def keep(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g.forward,
+                                     decompositions=select_decomp_table())
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(x)
+    regions = find_regions(capture(model, (x,), profile=False))
+    counts = {r.pattern: len(region_match.find(graphs[0].graph, region_match.respell(r.form, "cpu", select_decomp_table())))
+              for r in regions}
+    assert counts == {p: 1 for p in (["batch_norm+relu+max_pool2d"] if mod is resnet_stem else POOL_PATTERNS)}

@@ -11,6 +11,8 @@
 # subprocesses see the mutant through MUTANT_UNDER_TEST and report the functions they ran through
 # bench/mutation/ (sitecustomize.py + the forge_mutmut_hits pytest plugin).
 # Env: PYTHON (interpreter with mutmut), MUTMUT (its mutmut script), JOBS (parallel mutants, default 2),
+#      MUTATION_SAMPLE (with --check: only the mutants whose number ends in these digits, e.g. 147, each of
+#      which must be killed or a survivor the committed results list; CI's guard rotates the digits daily),
 #      MUTANTS (mutmut names or globs, e.g. "forge_pack.evaluate.verify.x_fresh_sets*": a partial run, reported on
 #      the terminal only, never written to bench/results).
 set -euo pipefail

@@ -5,6 +5,7 @@
                                                      (from build/mutation/W: e.g. _check, the --check run)
     python bench/mutation_report.py --check M...     exit 1 if a fresh score of M is below the committed one
     python bench/mutation_report.py --names M...     mutmut name globs of the mutants to run: each module's SCOPE, else all of it
+                                                     (MUTATION_SAMPLE=DIGITS: only mutants whose number ends in one of them)
     python bench/mutation_report.py --file M         the files module M mutates (FILES), space-separated
 
 A module's score excludes the mutants listed as equivalent in bench/mutation/equivalent.tsv (a
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -262,6 +264,51 @@ def check(modules: list[str]) -> int:
     return 1 if bad else 0
 
 
+def sample_digits() -> str:
+    """MUTATION_SAMPLE: the last digits of the mutant numbers a sampled check runs ("" = every mutant)."""
+    digits = os.environ.get("MUTATION_SAMPLE", "").strip()
+    if digits and not re.fullmatch(r"[0-9]+", digits):
+        raise SystemExit(f"MUTATION_SAMPLE must be decimal digits (the last digits of the mutant numbers to run), "
+                         f"not {digits!r}")
+    return digits
+
+
+def names(modules: list[str], digits: str = "") -> list[str]:
+    """mutmut globs of the mutants to run; with `digits`, only those whose number ends in one of them."""
+    out = []
+    for g in (g for m in modules for g in SCOPE.get(m, [mutmut_module(f) + ".*" for f in sources(m)])):
+        if digits:
+            stem = g.rstrip("*")
+            g = f"{stem}*[{digits}]" if stem.endswith("__mutmut_") else f"{stem}*__mutmut_*[{digits}]"
+        out.append(g)
+    return out
+
+
+def check_sample(modules: list[str], digits: str) -> int:
+    """The sampled check (CI): every sampled mutant must be killed, equivalent, or a survivor the committed
+    results already list; a new survivor is a guard some test no longer holds."""
+    base = json.loads((RESULTS / "mutation.json").read_text())
+    eq = equivalents()
+    bad = 0
+    for m in modules:
+        codes = _codes(ROOT / "build" / "mutation" / "_check", m)
+        if codes is None:
+            print(f"{m}: no fresh results under build/mutation/_check")
+            bad += 1
+            continue
+        ran = {k: v for k, v in codes.items() if v is not None and k not in eq and in_scope(m, k)}
+        known = {s.split(" (")[0] for s in (base.get(m) or {}).get("survivors", [])}
+        killed = sum(v in KILLED for v in ran.values())
+        new = sorted((k for k, v in ran.items() if v not in KILLED and k not in known), key=_natural)
+        print(f"{source(m)}: {len(ran)} sampled mutants (numbers ending in {', '.join(digits)}), {killed} killed, "
+              f"{len(ran) - killed - len(new)} listed survivors -> {'DROPPED' if new else 'ok'}")
+        if new:
+            print("   survivors not in the committed results: " + ", ".join(
+                f"{k} ({NOT_KILLED.get(ran[k], f'exit {ran[k]}')})" for k in new))
+            bad += 1
+    return 1 if bad else 0
+
+
 def partial(modules: list[str]) -> None:
     """The mutants a MUTANTS-restricted run checked, per module (unchecked ones left out)."""
     for m in modules:
@@ -282,8 +329,7 @@ def main() -> int:
         print(" ".join(sources(sys.argv[2])))
         return 0
     if sys.argv[1:2] == ["--names"]:
-        print(" ".join(g for m in sys.argv[2:]
-                       for g in SCOPE.get(m, [mutmut_module(f) + ".*" for f in sources(m)])))
+        print(" ".join(names(sys.argv[2:], sample_digits())))
         return 0
     if sys.argv[1:2] == ["--configure"]:  # by hand: test arguments may be pytest options (--deselect=...)
         items = sys.argv[3:]
@@ -307,7 +353,8 @@ def main() -> int:
         write(a.write, a.work)
         return 0
     if a.check:
-        return check(a.check)
+        digits = sample_digits()
+        return check_sample(a.check, digits) if digits else check(a.check)
     if a.partial:
         partial(a.partial)
         return 0

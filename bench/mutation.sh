@@ -32,7 +32,12 @@ declare -A SELECT=(
   [timing]="tests/test_timing_protocol.py"
   # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
   [package_verify]="tests/test_package_verify_checks.py"
-  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py tests/targets"
+  # tests/targets/test_attention.py is left out: attention.py is not in this module, and its tests run a
+  # search and compile kernels for every mutant of the generic rules they reach
+  [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py
+    tests/targets/test_avg_pool.py tests/targets/test_batch_norm.py tests/targets/test_group_norm.py
+    tests/targets/test_layer_norm.py tests/targets/test_norm_common.py tests/targets/test_rms_norm.py
+    tests/targets/test_softmax.py"
   # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
   #  the unit tests reach the same code)
   [object_check]="tests/test_object_check_decisions.py tests/test_object_check_stand_in_elf.py tests/test_object_check.py

@@ -943,3 +943,43 @@ def test_run_verifies_a_region_target_against_its_rebuilt_subgraph(pv, tmp_path,
     lines = []
     assert pv.run("cpu", fresh=1, seed=5, say=lines.append) == 1
     assert "FAIL mismatch: fresh[0]: " in next(ln for ln in lines if ln.startswith("t0      fresh[0]"))
+
+
+# ---------------------------------------------------------------- explain: the binding element in one line
+
+
+def _binding(**kw):
+    b = {"err": 2e-5, "ref": 0.5, "atol": 1e-5, "absolute": 1e-5, "rtol": 1e-4, "bound": 6e-5, "ratio": 2e-5 / 6e-5,
+         "max_rel": None}
+    b.update(kw)
+    return b
+
+
+def test_explain_without_a_finite_element_says_so(pv):
+    assert pv.explain(None) == "no finite element to compare"
+
+
+def test_explain_an_element_within_its_bound_by_atol(pv):
+    assert pv.explain(_binding()) == ("closest to its bound: |err| 2.0e-05 at ref 5.0e-01: bound atol 1.0e-05 + rtol "
+                                      "1e-04 x |ref| = 6.0e-05 -> ok (33% of the bound)")
+    # exactly at the bound is within it
+    assert pv.explain(_binding(ratio=1.0)).endswith("-> ok (100% of the bound)")
+
+
+def test_explain_an_element_out_of_tolerance_by_the_eager_allowance(pv):
+    b = _binding(absolute=3e-5, ratio=10.0, err=9e-4, bound=9e-5)
+    assert pv.explain(b) == ("closest to its bound: |err| 9.0e-04 at ref 5.0e-01: bound eager allowance 3.0e-05 "
+                             "(above atol 1.0e-05) + rtol 1e-04 x |ref| = 9.0e-05 -> out of tolerance (10x the bound)")
+    assert pv.explain(_binding(ratio=9.996)).endswith("-> out of tolerance (1000% of the bound)")
+
+
+def test_explain_says_why_a_large_relative_error_near_zero_passes(pv):
+    near_zero = {"rel": 0.5, "ref": -2e-6, "err": 1e-6, "bound": 1e-5, "absolute": 1e-5}
+    assert pv.explain(_binding(max_rel=near_zero)).endswith(
+        "-> ok (33% of the bound); max rel err 5.0e-01 > rtol is at ref -2.0e-06, where |err| 1.0e-06 is within the "
+        "absolute term 1.0e-05 (near-zero |ref|: rtol x |ref| = 2.0e-10 allows almost nothing there)")
+    at_bound = dict(near_zero, err=1e-5)
+    assert "; max rel err" in pv.explain(_binding(max_rel=at_bound))
+    base = pv.explain(_binding())
+    assert pv.explain(_binding(max_rel=dict(near_zero, rel=1e-4))) == base  # not above rtol: nothing to explain
+    assert pv.explain(_binding(max_rel=dict(near_zero, err=2e-5))) == base  # out of its bound: not a passing one

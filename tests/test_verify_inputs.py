@@ -277,9 +277,10 @@ def test_every_input_is_drawn_or_loaded_on_the_evaluations_device(tmp_path, monk
     assert sorted(asked) == [("draw", "meta")] * n_static + [("load", "meta")]
     asked.clear()
     monkeypatch.setattr(verify, "make_set", make_set)
-    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 0)
+    # the room for host copies is the evaluation's device's (none for a CPU evaluation: its sets are there)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: asked.append(("room", device)) or 0)
     assert len(list(verify.StaticStream(sig, caps, str(tmp_path), "meta", 7, False))) == n_static + 1
-    assert asked == [("draw", "meta")] * n_static + [("load", "meta")]
+    assert asked == [("room", "meta")] + [("draw", "meta")] * n_static + [("load", "meta")]
 
 
 def test_a_static_stream_copies_its_host_sets_to_the_device_and_hands_out_copies_only(tmp_path, monkeypatch):

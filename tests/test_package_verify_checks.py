@@ -983,3 +983,43 @@ def test_explain_says_why_a_large_relative_error_near_zero_passes(pv):
     base = pv.explain(_binding())
     assert pv.explain(_binding(max_rel=dict(near_zero, rel=1e-4))) == base  # not above rtol: nothing to explain
     assert pv.explain(_binding(max_rel=dict(near_zero, err=2e-5))) == base  # out of its bound: not a passing one
+
+
+# ---------------------------------------------------------------- binding_element: the element closest to failing
+
+
+ATOL, RTOL = 1e-5, 1e-4
+# element 0: err 2e-5 at ref 0.25 (bound 3.5e-5, the closest to it); 1: err 4e-6 at ref 1e-6 (the largest
+# relative error, 0.4 of atol); 2: a NaN output (never a candidate); 3: err 1e-4 at ref 2.0 (bound 2.1e-4)
+REF = torch.tensor([0.25, 1e-6, 4.0, 2.0], dtype=torch.float64)
+OUT = REF + torch.tensor([2e-5, 4e-6, float("nan"), 1e-4], dtype=torch.float64)
+
+
+def _approx(got: dict, **want):
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9, abs=0), got
+
+
+def test_binding_element_is_the_element_nearest_its_bound_and_the_largest_relative_error(pv):
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    b = pv.binding_element(OUT, REF, table, ATOL, RTOL, None)
+    _approx(b, err=2e-5, ref=0.25, absolute=1e-5, allowance=0.0, bound=3.5e-5, ratio=2e-5 / 3.5e-5, rel=8e-5)
+    assert (b["atol"], b["rtol"]) == (ATOL, RTOL)
+    _approx(b["max_rel"], err=4e-6, ref=1e-6, bound=1e-5 + 1e-10, rel=0.4, score=0.4)
+
+
+def test_binding_element_skips_chunks_without_a_finite_element_and_keeps_the_best_across_chunks(pv, monkeypatch):
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 2)
+    nan2 = torch.full((2,), float("nan"), dtype=torch.float64)
+    b = pv.binding_element(torch.cat([nan2, OUT]), torch.cat([nan2, REF]),
+                           torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64), ATOL, RTOL, None)
+    _approx(b, err=2e-5, ref=0.25, ratio=2e-5 / 3.5e-5)
+    _approx(b["max_rel"], ref=1e-6, rel=0.4)
+    assert pv.binding_element(nan2, nan2, torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64),
+                              ATOL, RTOL, None) is None
+
+
+def test_binding_element_looks_the_allowance_up_by_the_kinds_magnitude(pv):
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    table[int(verdict_rules._bucket(torch.tensor([8.0], dtype=torch.float64)))] = 1e-3
+    b = pv.binding_element(OUT, REF, table, ATOL, RTOL, torch.full((4,), 8.0))
+    _approx(b, ref=2.0, absolute=1e-3, allowance=1e-3, bound=1.2e-3, ratio=1e-4 / 1.2e-3)

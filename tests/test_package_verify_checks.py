@@ -1023,3 +1023,51 @@ def test_binding_element_looks_the_allowance_up_by_the_kinds_magnitude(pv):
     table[int(verdict_rules._bucket(torch.tensor([8.0], dtype=torch.float64)))] = 1e-3
     b = pv.binding_element(OUT, REF, table, ATOL, RTOL, torch.full((4,), 8.0))
     _approx(b, ref=2.0, absolute=1e-3, allowance=1e-3, bound=1.2e-3, ratio=1e-4 / 1.2e-3)
+
+
+def test_check_set_names_the_binding_element_of_a_mismatch(pv):
+    def wrong(x):
+        out = torch.softmax(x, -1)
+        out[1, 2] += 0.25
+        return out
+
+    r = pv.check_set(target(), wrong, "fresh[0]", x_of(), "cpu")
+    b = r["binding"]
+    assert r["reason"] == "mismatch" and b["err"] == pytest.approx(0.25, abs=1e-6) and b["ratio"] > 1
+    assert b["ref"] == pytest.approx(float(torch.softmax(x_of()["x"].double(), -1)[1, 2]), rel=1e-6)
+
+
+def test_check_set_binds_by_the_kinds_magnitude_where_it_has_one(pv):
+    """A pool's allowance is looked up by the magnitude of the values averaged, not by |ref|."""
+    sig = parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]")
+    spec = registry.get("adaptive_avg_pool2d")
+    x = {"x": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4))}
+    fn = lambda x: torch.nn.functional.adaptive_avg_pool2d(x, [1, 1])  # noqa: E731
+    r = pv.check_set(target(sig=sig), fn, "fresh[0]", x, "cpu")
+    out, ref = fn(x["x"]), spec.reference64({"output_size": [1, 1]}, x)
+    mag = verdict_rules.magnitude(spec, x)
+    allow = verdict_rules.allowance(out, ref, "float32", spec, mag)
+    want = pv.binding_element(out, ref, allow, r["atol"], r["rtol"], mag)
+    assert r["reason"] is None and r["binding"] == want
+    assert want != pv.binding_element(out, ref, allow, r["atol"], r["rtol"], None)  # |ref| would bind elsewhere
+
+
+def test_check_set_holds_the_op_to_the_pytorch_op_from_before_the_package_patched_it(pv, monkeypatch):
+    """While the package's patch is live, torch.nn.functional.layer_norm is the kernel: the reference
+    and eager must come from the originals recorded before patching."""
+    original = torch.nn.functional.layer_norm
+    monkeypatch.setattr(pv, "ORIGINALS", {("torch.nn.functional", "layer_norm"): original})
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda x, *a, **k: original(x, *a, **k) + 1.0)
+    x = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(1)), "weight": torch.ones(16), "bias": None}
+    r = pv.check_set(ln_target(), lambda x, w: original(x, (16,), w, None, 1e-5), "fresh[0]", x, "cpu")
+    assert (r["reason"], r["detail"]) == (None, "")
+
+
+def test_eager_gives_the_manifests_output_dtype(pv):
+    """A composite RMSNorm (Llama-style, fp32 weight on bf16 activations) returns what the profiled model
+    returned: the manifest's output dtype, not x's."""
+    t = target(sig=parse_signature("rms_norm", "x: bf16[4,16], weight: f32[16], normalized_shape=[16], eps=1e-6, "
+                                               "composite=True"))
+    t["signature"]["output"]["dtype"] = "float32"
+    x = {"x": torch.randn(4, 16).bfloat16(), "weight": torch.ones(16)}
+    assert pv.eager(t)(x).dtype == torch.float32

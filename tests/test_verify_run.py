@@ -788,3 +788,20 @@ def test_the_second_run_of_a_held_set_is_judged_against_its_reference_without_re
     s = streamed
     v = verify.verify(FakeModule(off_second), cand(), [s], "cpu")
     assert (v.reason, v.checks[0].mismatches) == ("mismatch", 1) and made == [SIG] and s.ref is None
+
+
+def test_a_cpu_kernel_writing_into_the_first_calls_output_on_the_second_call_is_rejected():
+    """On the CPU the second call gets a new output and the first output stays where the caller left
+    it: a kernel that writes into it later (a stale pointer) changes what the second run is compared to."""
+    kept = []
+
+    def stale(t, n):
+        honest(t, n)
+        if n == 1:
+            kept.append(t["out"])
+        else:
+            kept[0][0, 0] += 1.0
+
+    v = verify.verify(FakeModule(stale), cand(), [fresh_set()], "cpu")
+    assert (v.ok, v.reason) == (False, "nondeterministic")
+    assert v.detail.startswith("fresh[0]: two runs on the same input differ bitwise (1 elements, first at (0, 0)")

@@ -971,6 +971,7 @@ def test_explain_an_element_out_of_tolerance_by_the_eager_allowance(pv):
     assert pv.explain(b) == ("closest to its bound: |err| 9.0e-04 at ref 5.0e-01: bound eager allowance 3.0e-05 "
                              "(above atol 1.0e-05) + rtol 1e-04 x |ref| = 9.0e-05 -> out of tolerance (10x the bound)")
     assert pv.explain(_binding(ratio=9.996)).endswith("-> out of tolerance (1000% of the bound)")
+    assert pv.explain(_binding(ratio=1.5)).endswith("-> out of tolerance (150% of the bound)")
 
 
 def test_explain_says_why_a_large_relative_error_near_zero_passes(pv):
@@ -1060,7 +1061,9 @@ def test_check_set_holds_the_op_to_the_pytorch_op_from_before_the_package_patche
     monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda x, *a, **k: original(x, *a, **k) + 1.0)
     x = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(1)), "weight": torch.ones(16), "bias": None}
     r = pv.check_set(ln_target(), lambda x, w: original(x, (16,), w, None, 1e-5), "fresh[0]", x, "cpu")
-    assert (r["reason"], r["detail"]) == (None, "")
+    # measured against the original (a reference from the patched op would be 1.0 off everywhere, and so
+    # would eager: the allowance would absorb it and only these figures show it)
+    assert (r["reason"], r["detail"]) == (None, "") and r["max_abs"] < 1e-5 and r["allowance"] < 1e-5
 
 
 def test_eager_gives_the_manifests_output_dtype(pv):
@@ -1071,3 +1074,16 @@ def test_eager_gives_the_manifests_output_dtype(pv):
     t["signature"]["output"]["dtype"] = "float32"
     x = {"x": torch.randn(4, 16).bfloat16(), "weight": torch.ones(16)}
     assert pv.eager(t)(x).dtype == torch.float32
+
+
+def test_binding_element_keeps_the_first_of_equal_elements_whatever_the_chunks(pv, monkeypatch):
+    """Two elements exactly as close to their bounds (0.25 off 1.0 and 0.5 off 2.0 with rtol 0.5, atol 0)
+    and as large in relative error: the first is named, in one chunk or one chunk per element."""
+    ref = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    out = torch.tensor([1.25, 2.5], dtype=torch.float64)
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    whole = pv.binding_element(out, ref, table, 0.0, 0.5, None)
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 1)
+    chunked = pv.binding_element(out, ref, table, 0.0, 0.5, None)
+    assert (whole["ref"], whole["ratio"], whole["max_rel"]["ref"], whole["max_rel"]["rel"]) == (1.0, 0.5, 1.0, 0.25)
+    assert chunked == whole

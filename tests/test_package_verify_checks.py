@@ -943,3 +943,147 @@ def test_run_verifies_a_region_target_against_its_rebuilt_subgraph(pv, tmp_path,
     lines = []
     assert pv.run("cpu", fresh=1, seed=5, say=lines.append) == 1
     assert "FAIL mismatch: fresh[0]: " in next(ln for ln in lines if ln.startswith("t0      fresh[0]"))
+
+
+# ---------------------------------------------------------------- explain: the binding element in one line
+
+
+def _binding(**kw):
+    b = {"err": 2e-5, "ref": 0.5, "atol": 1e-5, "absolute": 1e-5, "rtol": 1e-4, "bound": 6e-5, "ratio": 2e-5 / 6e-5,
+         "max_rel": None}
+    b.update(kw)
+    return b
+
+
+def test_explain_without_a_finite_element_says_so(pv):
+    assert pv.explain(None) == "no finite element to compare"
+
+
+def test_explain_an_element_within_its_bound_by_atol(pv):
+    assert pv.explain(_binding()) == ("closest to its bound: |err| 2.0e-05 at ref 5.0e-01: bound atol 1.0e-05 + rtol "
+                                      "1e-04 x |ref| = 6.0e-05 -> ok (33% of the bound)")
+    # exactly at the bound is within it
+    assert pv.explain(_binding(ratio=1.0)).endswith("-> ok (100% of the bound)")
+
+
+def test_explain_an_element_out_of_tolerance_by_the_eager_allowance(pv):
+    b = _binding(absolute=3e-5, ratio=10.0, err=9e-4, bound=9e-5)
+    assert pv.explain(b) == ("closest to its bound: |err| 9.0e-04 at ref 5.0e-01: bound eager allowance 3.0e-05 "
+                             "(above atol 1.0e-05) + rtol 1e-04 x |ref| = 9.0e-05 -> out of tolerance (10x the bound)")
+    assert pv.explain(_binding(ratio=9.996)).endswith("-> out of tolerance (1000% of the bound)")
+    assert pv.explain(_binding(ratio=1.5)).endswith("-> out of tolerance (150% of the bound)")
+
+
+def test_explain_says_why_a_large_relative_error_near_zero_passes(pv):
+    near_zero = {"rel": 0.5, "ref": -2e-6, "err": 1e-6, "bound": 1e-5, "absolute": 1e-5}
+    assert pv.explain(_binding(max_rel=near_zero)).endswith(
+        "-> ok (33% of the bound); max rel err 5.0e-01 > rtol is at ref -2.0e-06, where |err| 1.0e-06 is within the "
+        "absolute term 1.0e-05 (near-zero |ref|: rtol x |ref| = 2.0e-10 allows almost nothing there)")
+    at_bound = dict(near_zero, err=1e-5)
+    assert "; max rel err" in pv.explain(_binding(max_rel=at_bound))
+    base = pv.explain(_binding())
+    assert pv.explain(_binding(max_rel=dict(near_zero, rel=1e-4))) == base  # not above rtol: nothing to explain
+    assert pv.explain(_binding(max_rel=dict(near_zero, err=2e-5))) == base  # out of its bound: not a passing one
+
+
+# ---------------------------------------------------------------- binding_element: the element closest to failing
+
+
+ATOL, RTOL = 1e-5, 1e-4
+# element 0: err 2e-5 at ref 0.25 (bound 3.5e-5, the closest to it); 1: err 4e-6 at ref 1e-6 (the largest
+# relative error, 0.4 of atol); 2: a NaN output (never a candidate); 3: err 1e-4 at ref 2.0 (bound 2.1e-4)
+REF = torch.tensor([0.25, 1e-6, 4.0, 2.0], dtype=torch.float64)
+OUT = REF + torch.tensor([2e-5, 4e-6, float("nan"), 1e-4], dtype=torch.float64)
+
+
+def _approx(got: dict, **want):
+    assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9, abs=0), got
+
+
+def test_binding_element_is_the_element_nearest_its_bound_and_the_largest_relative_error(pv):
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    b = pv.binding_element(OUT, REF, table, ATOL, RTOL, None)
+    _approx(b, err=2e-5, ref=0.25, absolute=1e-5, allowance=0.0, bound=3.5e-5, ratio=2e-5 / 3.5e-5, rel=8e-5)
+    assert (b["atol"], b["rtol"]) == (ATOL, RTOL)
+    _approx(b["max_rel"], err=4e-6, ref=1e-6, bound=1e-5 + 1e-10, rel=0.4, score=0.4)
+
+
+def test_binding_element_skips_chunks_without_a_finite_element_and_keeps_the_best_across_chunks(pv, monkeypatch):
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 2)
+    nan2 = torch.full((2,), float("nan"), dtype=torch.float64)
+    b = pv.binding_element(torch.cat([nan2, OUT]), torch.cat([nan2, REF]),
+                           torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64), ATOL, RTOL, None)
+    _approx(b, err=2e-5, ref=0.25, ratio=2e-5 / 3.5e-5)
+    _approx(b["max_rel"], ref=1e-6, rel=0.4)
+    assert pv.binding_element(nan2, nan2, torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64),
+                              ATOL, RTOL, None) is None
+
+
+def test_binding_element_looks_the_allowance_up_by_the_kinds_magnitude(pv):
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    table[int(verdict_rules._bucket(torch.tensor([8.0], dtype=torch.float64)))] = 1e-3
+    b = pv.binding_element(OUT, REF, table, ATOL, RTOL, torch.full((4,), 8.0))
+    _approx(b, ref=2.0, absolute=1e-3, allowance=1e-3, bound=1.2e-3, ratio=1e-4 / 1.2e-3)
+
+
+def test_check_set_names_the_binding_element_of_a_mismatch(pv):
+    def wrong(x):
+        out = torch.softmax(x, -1)
+        out[1, 2] += 0.25
+        return out
+
+    r = pv.check_set(target(), wrong, "fresh[0]", x_of(), "cpu")
+    b = r["binding"]
+    assert r["reason"] == "mismatch" and b["err"] == pytest.approx(0.25, abs=1e-6) and b["ratio"] > 1
+    assert b["ref"] == pytest.approx(float(torch.softmax(x_of()["x"].double(), -1)[1, 2]), rel=1e-6)
+
+
+def test_check_set_binds_by_the_kinds_magnitude_where_it_has_one(pv):
+    """A pool's allowance is looked up by the magnitude of the values averaged, not by |ref|."""
+    sig = parse_signature("adaptive_avg_pool2d", "x: f32[2,3,8,8], output_size=[1,1]")
+    spec = registry.get("adaptive_avg_pool2d")
+    x = {"x": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(4))}
+    fn = lambda x: torch.nn.functional.adaptive_avg_pool2d(x, [1, 1])  # noqa: E731
+    r = pv.check_set(target(sig=sig), fn, "fresh[0]", x, "cpu")
+    out, ref = fn(x["x"]), spec.reference64({"output_size": [1, 1]}, x)
+    mag = verdict_rules.magnitude(spec, x)
+    allow = verdict_rules.allowance(out, ref, "float32", spec, mag)
+    want = pv.binding_element(out, ref, allow, r["atol"], r["rtol"], mag)
+    assert r["reason"] is None and r["binding"] == want
+    assert want != pv.binding_element(out, ref, allow, r["atol"], r["rtol"], None)  # |ref| would bind elsewhere
+
+
+def test_check_set_holds_the_op_to_the_pytorch_op_from_before_the_package_patched_it(pv, monkeypatch):
+    """While the package's patch is live, torch.nn.functional.layer_norm is the kernel: the reference
+    and eager must come from the originals recorded before patching."""
+    original = torch.nn.functional.layer_norm
+    monkeypatch.setattr(pv, "ORIGINALS", {("torch.nn.functional", "layer_norm"): original})
+    monkeypatch.setattr(torch.nn.functional, "layer_norm", lambda x, *a, **k: original(x, *a, **k) + 1.0)
+    x = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(1)), "weight": torch.ones(16), "bias": None}
+    r = pv.check_set(ln_target(), lambda x, w: original(x, (16,), w, None, 1e-5), "fresh[0]", x, "cpu")
+    # measured against the original (a reference from the patched op would be 1.0 off everywhere, and so
+    # would eager: the allowance would absorb it and only these figures show it)
+    assert (r["reason"], r["detail"]) == (None, "") and r["max_abs"] < 1e-5 and r["allowance"] < 1e-5
+
+
+def test_eager_gives_the_manifests_output_dtype(pv):
+    """A composite RMSNorm (Llama-style, fp32 weight on bf16 activations) returns what the profiled model
+    returned: the manifest's output dtype, not x's."""
+    t = target(sig=parse_signature("rms_norm", "x: bf16[4,16], weight: f32[16], normalized_shape=[16], eps=1e-6, "
+                                               "composite=True"))
+    t["signature"]["output"]["dtype"] = "float32"
+    x = {"x": torch.randn(4, 16).bfloat16(), "weight": torch.ones(16)}
+    assert pv.eager(t)(x).dtype == torch.float32
+
+
+def test_binding_element_keeps_the_first_of_equal_elements_whatever_the_chunks(pv, monkeypatch):
+    """Two elements exactly as close to their bounds (0.25 off 1.0 and 0.5 off 2.0 with rtol 0.5, atol 0)
+    and as large in relative error: the first is named, in one chunk or one chunk per element."""
+    ref = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    out = torch.tensor([1.25, 2.5], dtype=torch.float64)
+    table = torch.zeros(verdict_rules._BUCKETS, dtype=torch.float64)
+    whole = pv.binding_element(out, ref, table, 0.0, 0.5, None)
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 1)
+    chunked = pv.binding_element(out, ref, table, 0.0, 0.5, None)
+    assert (whole["ref"], whole["ratio"], whole["max_rel"]["ref"], whole["max_rel"]["rel"]) == (1.0, 0.5, 1.0, 0.25)
+    assert chunked == whole

@@ -737,3 +737,24 @@ def test_allowance_is_bucketed_by_the_kinds_magnitude_where_it_gives_one():
     assert float(by_ref[small]) == 2.0 * 2.0 ** -20 and float(by_ref[large]) == 2.0 * 2.0 ** -6
     # a magnitude in another float dtype is bucketed by its float64 value
     assert torch.equal(allowance(eager, ref, "float32", None, magnitude=mag.float()), by_mag)
+
+
+def test_a_region_transforms_its_main_input_and_copies_the_others():
+    """A region's spec names the input it transforms (``main``); x, if it has one, is copied as is."""
+    from types import SimpleNamespace
+
+    a, x = torch.randn(3, 5, generator=_replay(7)), torch.randn(3, 5, generator=_replay(8))
+    out = vr.derive_inputs(SimpleNamespace(main="a"), {}, "scale", {"x": x, "a": a}, _replay(2))
+    g = _replay(2)
+    dec = float(torch.rand(1, generator=g, dtype=torch.float64) * 2.0 + 0.5)
+    dec *= 1 if float(torch.rand(1, generator=g)) < 0.5 else -1
+    assert torch.equal(out["a"], (a.double() * 10.0 ** dec).float())
+    assert out["x"] is not x and torch.equal(out["x"], x)
+
+
+def test_finite_absmax_reads_every_chunk_from_the_first_element(monkeypatch):
+    assert vr._finite_absmax(torch.tensor([-9.0, 1.0, 2.0])) == 9.0  # the largest is the very first element
+    monkeypatch.setattr(vr, "_CHUNK", 2)
+    t = torch.tensor([-3.0, float("inf"), 1.0, float("nan"), -7.5])
+    assert vr._finite_absmax(t) == 7.5  # in the last, one-element chunk
+    assert vr._finite_absmax(torch.tensor([float("-inf"), float("nan")])) == 0.0

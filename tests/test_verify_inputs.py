@@ -183,6 +183,11 @@ def test_derived_sets_streamed_one_at_a_time_equal_the_held_ones(tmp_path):
     assert len(asked) == len(ops.DERIVED_KINDS) and set(asked) <= {0, 1, 2}
     other = list(verify.iter_derived_sets(sig, "cpu", 7, "abd", True, len(sources), source))
     assert any(not torch.equal(a.tensors["x"], b.tensors["x"]) for a, b in zip(other, streamed))
+    # the search's sets, seeded by the search mode, equal the held ones too (and differ from the final's)
+    search = list(verify.iter_derived_sets(sig, "cpu", 7, "abc", False, len(sources), source))
+    for a, b in zip(search, verify.derived_sets(sig, "cpu", 7, "abc", False, sources), strict=True):
+        _same(a, b)
+    assert any(not torch.equal(a.tensors["x"], b.tensors["x"]) for a, b in zip(search, streamed))
 
 
 def test_odd_sets_of_a_few_huge_rows_shrink_to_an_odd_row_count_within_the_signature():
@@ -202,6 +207,13 @@ def test_odd_sets_of_a_few_huge_rows_shrink_to_an_odd_row_count_within_the_signa
     assert verify._no_larger(flat, sig) is flat  # one dim: no rows to drop
     few = parse_signature("softmax", "x: f32[5,99], dim=-1")
     assert verify._no_larger(few, ops.with_output(parse_signature("softmax", "x: f32[4,120], dim=-1"))).x.shape == (3, 99)
+    # an odd quotient is itself the row count: 500 // 99 = 5 rows of 99 fit in 5x100
+    assert verify._no_larger(big, ops.with_output(parse_signature("softmax", "x: f32[5,100], dim=-1"))).x.shape == (5, 99)
+    same = parse_signature("softmax", "x: f32[5,80], dim=-1")
+    assert verify._no_larger(same, sig) is same  # exactly as large (400 elements): unchanged
+    # rows of one element: 20 of them fit in 4x5, the largest odd count is 19 (more than one row's width)
+    column = parse_signature("softmax", "x: f32[37,1], dim=-1")
+    assert verify._no_larger(column, ops.with_output(parse_signature("softmax", "x: f32[4,5], dim=-1"))).x.shape == (19, 1)
 
 
 def test_a_static_stream_keeps_sets_in_host_memory_only_while_they_fit(tmp_path, monkeypatch):
@@ -220,3 +232,132 @@ def test_a_static_stream_keeps_sets_in_host_memory_only_while_they_fit(tmp_path,
     assert sum(verify.memory_plan.tensors_bytes(stream.host[k]) for k in kept) <= one
     assert stream.host_room == one - sum(verify.memory_plan.tensors_bytes(stream.host[k]) for k in kept)
     assert "captured[1]" not in stream.host and first_full in kinds
+
+
+def test_fresh_inputs_default_to_the_first_draw():
+    assert torch.equal(verify.fresh_inputs(SIG, "cpu", 7, "abc123", False)["x"],
+                       _x(verify.fresh_sets(SIG, "cpu", 7, "abc123", final=False)[0]))
+
+
+def _on_device(monkeypatch, tmp_path):
+    """Every draw and capture load asks for a device ("meta": not the CPU, yet usable without a GPU);
+    the asked device is recorded and the tensors are made on the CPU, as a GPU worker's would be
+    before they are moved. The sets are recorded with the devices of the tensors they get."""
+    from forge_pack.profile import capture
+    from forge_pack.targets import ops
+
+    asked, sets = [], []
+    real_make, real_load = ops.make_inputs, capture.load_capture
+    monkeypatch.setattr(ops, "make_inputs", lambda sig, kind, gen, device: asked.append(("draw", device)) or
+                        real_make(sig, kind, gen, "cpu"))
+    monkeypatch.setattr(capture, "load_capture", lambda path, sig, *device: asked.append(("load", *device)) or
+                        real_load(path, sig, "cpu"))
+
+    def make_set(kind, sig, tensors, device):
+        sets.append((kind, {n: (t.device.type if t is not None else None) for n, t in tensors.items()}))
+        return verify.InputSet(kind, sig, tensors, torch.zeros(0, dtype=torch.float64))
+
+    return asked, sets, make_set
+
+
+def test_every_input_is_drawn_or_loaded_on_the_evaluations_device(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    asked, _, make_set = _on_device(monkeypatch, tmp_path)
+    verify.fresh_inputs(sig, "meta", 7, "abc", False, 1)
+    assert asked == [("draw", "meta")]
+    asked.clear()
+    verify.fresh_sets(sig, "meta", 7, "abc", False, count=2)
+    assert asked == [("draw", "meta")] * 2
+    asked.clear()
+    n_static = len(ops.odd_signatures(sig)) + len(ops.adversarial_kinds(sig))
+    verify.static_sets(sig, caps, str(tmp_path), "meta", 7, False)
+    assert sorted(asked) == [("draw", "meta")] * n_static + [("load", "meta")]
+    asked.clear()
+    monkeypatch.setattr(verify, "make_set", make_set)
+    # the room for host copies is the evaluation's device's (none for a CPU evaluation: its sets are there)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: asked.append(("room", device)) or 0)
+    assert len(list(verify.StaticStream(sig, caps, str(tmp_path), "meta", 7, False))) == n_static + 1
+    assert asked == [("room", "meta")] + [("draw", "meta")] * n_static + [("load", "meta")]
+
+
+def test_a_static_stream_copies_its_host_sets_to_the_device_and_hands_out_copies_only(tmp_path, monkeypatch):
+    """The host copy is the stream's own (never the tensors a kernel was given) and every later pass
+    gets a new copy of it on the evaluation's device: a kernel writing into its input cannot reach it."""
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 1 << 30)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    first = list(stream)
+    second = list(stream)
+    for a, b in zip(first, second, strict=True):
+        kept = stream.host[a.kind]["x"]
+        assert torch.equal(kept, a.tensors["x"]) and torch.equal(b.tensors["x"], kept)
+        assert len({kept.data_ptr(), a.tensors["x"].data_ptr(), b.tensors["x"].data_ptr()}) == 3
+    _, sets, make_set = _on_device(monkeypatch, tmp_path)
+    monkeypatch.setattr(verify, "make_set", make_set)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "meta", 7, False)
+    n = len(list(stream))
+    list(stream)
+    assert [d for _, d in sets] == [{"x": "cpu"}] * n + [{"x": "meta"}] * n  # drawn (here: CPU), then copied over
+
+
+def test_a_static_stream_keeps_an_absent_optional_input_absent_in_host_memory(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("layer_norm", "x: f32[4,16], weight: f32[16], normalized_shape=[16], eps=1e-5"))
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 1 << 30)
+    stream = verify.StaticStream(sig, [], None, "cpu", 7, False)
+    first, second = list(stream), list(stream)
+    assert first and len(second) == len(first) and set(stream.host) == {s.kind for s in first}
+    assert all(s.tensors["bias"] is None and stream.host[s.kind]["bias"] is None for s in first + second)
+
+
+def test_a_static_stream_keeps_a_set_that_fills_the_host_room_exactly(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 7 * 64 * 4)  # the first odd set
+    stream = verify.StaticStream(sig, [], None, "cpu", 7, False)
+    kinds = [s.kind for s in stream]
+    assert kinds[0] == "odd:7x64" and set(stream.host) == {"odd:7x64"} and stream.host_room == 0
+
+
+def test_a_static_stream_says_which_sets_it_skipped_and_why(monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    real = verify.make_set
+    monkeypatch.setattr(verify, "make_set", lambda kind, *a: None if kind == "adversarial:large" else real(kind, *a))
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 0)
+    stream = verify.StaticStream(sig, [], None, "cpu", 7, False)
+    kinds = [s.kind for s in stream]
+    assert "adversarial:large" not in kinds and "large" in ops.adversarial_kinds(sig)
+    assert stream.skipped == ["adversarial:large: eager PyTorch itself differs from float64 in NaN/Inf positions"]
+
+
+def test_a_static_stream_reads_captures_relative_to_the_working_folder_without_a_run_dir(tmp_path, monkeypatch):
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    monkeypatch.chdir(tmp_path)
+    stream = verify.StaticStream(sig, caps, None, "cpu", 7, False)
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(100))  # _saved_captures' first
+    assert torch.equal(stream.capture(0)["x"], x)
+
+
+def test_a_static_streams_odd_sets_are_drawn_from_the_seed_mode_and_their_own_size():
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    for final, mode in ((False, "search"), (True, "final")):
+        odd = [s for s in verify.StaticStream(sig, [], None, "cpu", 7, final) if s.kind.startswith("odd:")]
+        assert [s.kind for s in odd] == ["odd:7x64", "odd:3x63"]  # 37x64 shrunk to fit 8x64; 3x63 fits
+        for s in odd:
+            gen = torch.Generator().manual_seed(verify.seed_for(7, mode, "odd", s.sig.key()))
+            assert torch.equal(s.tensors["x"], ops.make_inputs(s.sig, "fresh", gen, "cpu")["x"]), (mode, s.kind)

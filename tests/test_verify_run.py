@@ -702,3 +702,106 @@ def test_a_second_output_within_the_magnitudes_allowance_is_nondeterministic_not
     v = verify.verify(FakeModule(off_second), cand(), [_allowance_at_large_magnitudes_only(fresh_set())], "cpu")
     assert (v.ok, v.reason) == (False, "nondeterministic")
     assert len(v.checks) == 1 and v.checks[0].passed
+
+
+# ---------------------------------------------------------------- the CUDA path of a verification run, on CPU tensors
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """verify with device "cuda" on CPU tensors: every buffer and generator it asks for on a device is
+    recorded and made on the CPU; the output preparations and device-wide synchronisations are recorded."""
+    asked = {"devices": [], "prefill": [], "syncs": 0}
+    real_like, real_empty, real_prefill, real_gen = verify.guarded_like, verify.guarded_empty, verify.prefill, torch.Generator
+
+    def on(what, device):
+        asked["devices"].append((what, device))
+        return "cpu"
+
+    def sync(*a):
+        asked["syncs"] += 1
+
+    monkeypatch.setattr(verify, "guarded_like", lambda spec, device: real_like(spec, on("out", device)))
+    monkeypatch.setattr(verify, "guarded_empty", lambda n, device: real_empty(n, on("workspace", device)))
+    monkeypatch.setattr(verify, "prefill", lambda out, mode, gen: asked["prefill"].append((mode, gen)) or
+                        real_prefill(out, mode, gen))
+    monkeypatch.setattr(torch, "Generator", lambda device=None: real_gen(device=on("generator", device)))
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+    asked["real_gen"] = real_gen
+    return asked
+
+
+def test_on_cuda_both_calls_write_one_guarded_output_sentinel_first_then_seeded_garbage(on_cuda):
+    """No fresh allocation per call on CUDA (the package's output is reused memory): the second call
+    writes the same guarded output, prepared as finite garbage from the set's seed, and each call is
+    followed by a device-wide synchronisation."""
+    s = fresh_set()
+    seen = []
+
+    def look(t, n):
+        seen.append(t["out"].clone())
+        honest(t, n)
+
+    on_cuda["devices"].clear()
+    m = FakeModule(look)
+    v = verify.verify(m, cand(workspaces=(WS,)), [s], "cuda")
+    assert (v.ok, v.reason, v.detail) == (True, "ok", "1 input sets verified")
+    (run,) = m.runs
+    assert run.n == 2 and run.outs[0] is run.outs[1]  # never retargeted
+    assert [mode for mode, _ in on_cuda["prefill"]] == ["sentinel", "stale"] and on_cuda["syncs"] == 2
+    assert [d for d in on_cuda["devices"] if d != ("workspace", "cpu")] == [
+        ("out", "cuda"), ("workspace", "cuda"), ("generator", "cuda")]
+    assert rules.count_sentinel(seen[0])[0] == 64
+    g = on_cuda["real_gen"]().manual_seed(verify.seed_for("garbage", "fresh[0]"))
+    torch.empty(64, dtype=torch.uint8).random_(0, 256, generator=g)  # the workspace's garbage for the first call
+    assert torch.equal(seen[1], torch.empty(4, 16).normal_(generator=g))
+
+
+def test_on_cuda_a_second_run_one_ulp_off_is_nondeterministic(on_cuda):
+    """The first output is copied before the second call overwrites it in place."""
+    def racy(t, n):
+        honest(t, n)
+        if n == 2:
+            t["out"][1, 1] = torch.nextafter(t["out"][1, 1], torch.tensor(2.0))
+
+    v = verify.verify(FakeModule(racy), cand(), [fresh_set()], "cuda")
+    assert (v.ok, v.reason) == (False, "nondeterministic")
+    assert v.detail.startswith("fresh[0]: two runs on the same input differ bitwise (1 elements, first at (1, 1)")
+
+
+def test_the_second_run_of_a_held_set_is_judged_against_its_reference_without_remaking_it(monkeypatch):
+    """A cached set keeps its float64 reference: only a streamed set (whose reference was dropped after
+    the first run) makes it again, once, when the second run differs from the first."""
+    held, streamed = fresh_set(), fresh_set()
+    streamed.streamed = True
+    made = []
+    real = verify.memory_plan.reference64
+    monkeypatch.setattr(verify.memory_plan, "reference64", lambda sig, t: made.append(sig) or real(sig, t))
+
+    def off_second(t, n):
+        honest(t, n)
+        if n == 2:
+            t["out"][2, 3] = 5.0
+
+    v = verify.verify(FakeModule(off_second), cand(), [held], "cpu")
+    assert (v.reason, v.checks[0].mismatches) == ("mismatch", 1) and made == []
+    s = streamed
+    v = verify.verify(FakeModule(off_second), cand(), [s], "cpu")
+    assert (v.reason, v.checks[0].mismatches) == ("mismatch", 1) and made == [SIG] and s.ref is None
+
+
+def test_a_cpu_kernel_writing_into_the_first_calls_output_on_the_second_call_is_rejected():
+    """On the CPU the second call gets a new output and the first output stays where the caller left
+    it: a kernel that writes into it later (a stale pointer) changes what the second run is compared to."""
+    kept = []
+
+    def stale(t, n):
+        honest(t, n)
+        if n == 1:
+            kept.append(t["out"])
+        else:
+            kept[0][0, 0] += 1.0
+
+    v = verify.verify(FakeModule(stale), cand(), [fresh_set()], "cpu")
+    assert (v.ok, v.reason) == (False, "nondeterministic")
+    assert v.detail.startswith("fresh[0]: two runs on the same input differ bitwise (1 elements, first at (0, 0)")

@@ -199,7 +199,6 @@ def fresh_sets(sig: Signature, device: str, seed: int, candidate_hash: str, fina
                ) -> list[InputSet]:
     """Inputs drawn for this evaluation: seeded by the candidate's own hash, so no candidate can
     have seen them, and by the mode, so the final check uses a different set than the search."""
-    op = ops.get_op(sig.op)
     sets: list[InputSet] = []
     for i in range(count):
         tensors = fresh_inputs(sig, device, seed, candidate_hash, final, i)

@@ -237,7 +237,8 @@ def epilogue_graph(chain: ConvChain) -> tuple[torch.fx.Graph, list[torch.fx.Node
     g = torch.fx.Graph()
     y = g.placeholder("y")
     b = g.placeholder("b")
-    specs = {y: y_spec, b: {"dtype": "float32", "shape": [c], "strides": [1]}}
+    bias_dtype = "float64" if out.dtype == "float64" else "float32"  # conv_fold.fold's bias
+    specs = {y: y_spec, b: {"dtype": bias_dtype, "shape": [c], "strides": [1]}}
     ops = [g.call_function(torch.ops.aten.view.default, (b, [c, 1, 1]))]
     ops.append(g.call_function(torch.ops.aten.add.Tensor, (y, ops[-1])))
     if chain.residual:
@@ -251,7 +252,7 @@ def epilogue_graph(chain: ConvChain) -> tuple[torch.fx.Graph, list[torch.fx.Node
     elif chain.activation in ("gelu", "gelu_tanh"):
         kw = {"approximate": "tanh"} if chain.activation == "gelu_tanh" else {}
         ops.append(g.call_function(torch.ops.aten.gelu.default, (ops[-1],), kw))
-    if out.dtype != "float32":
+    if out.dtype != bias_dtype:
         ops.append(g.call_function(torch.ops.aten._to_copy.default, (ops[-1],), {"dtype": getattr(torch, out.dtype)}))
     g.output(ops[-1])
     return g, ops, specs

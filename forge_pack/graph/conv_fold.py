@@ -7,7 +7,7 @@ the folded tensors as files (safetensors).
 
 computed in float64 from the model's own parameters (whatever their dtype), then rounded once: the
 weight to the convolution's dtype (the convolution runs in the model's precision), the bias kept in
-float32 (the epilogue adds it in float32). The folded chain therefore rounds differently from the
+float32 (the epilogue adds it in float32; float64 for a float64 model). The folded chain therefore rounds differently from the
 original: there the convolution's output is rounded to the model's dtype before the batch_norm, here
 ``weight * scale`` is rounded instead. It is held to the whole-model rule (``conv_check``): its error
 against the chain computed in float64 may be at most twice the original chain's own error plus one
@@ -37,7 +37,7 @@ FORMAT = "safetensors"  # or "torch" (torch.save / torch.load(weights_only=True)
 def fold(weight: torch.Tensor, conv_bias: torch.Tensor | None, bn_weight: torch.Tensor | None,
          bn_bias: torch.Tensor | None, running_mean: torch.Tensor, running_var: torch.Tensor,
          eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(folded weight in weight's dtype and memory layout, folded bias in float32)."""
+    """(folded weight in weight's dtype and memory layout, folded bias in float32, or float64 for a float64 weight)."""
     var = running_var.detach().double()
     scale = torch.rsqrt(var + eps)
     if bn_weight is not None:
@@ -51,7 +51,7 @@ def fold(weight: torch.Tensor, conv_bias: torch.Tensor | None, bn_weight: torch.
         b64 = b64 + bn_bias.detach().double()
     w = torch.empty_strided(weight.shape, weight.stride(), dtype=weight.dtype, device=weight.device)
     w.copy_(w64)
-    return w, b64.float()
+    return w, b64 if weight.dtype == torch.float64 else b64.float()
 
 
 def param_digest(params: dict[str, torch.Tensor | None]) -> str:
@@ -77,6 +77,7 @@ def _bytes(t: torch.Tensor) -> bytes:
 
 def save(path: str | Path, weight: torch.Tensor, bias: torch.Tensor) -> str:
     """Write the folded tensors (the weight's strides kept in the metadata); returns the format used."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     meta = {"weight_strides": json.dumps(list(weight.stride()))}
     tensors = {"weight": weight.detach().contiguous().cpu(), "bias": bias.detach().contiguous().cpu()}
     try:

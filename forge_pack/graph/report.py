@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge_pack.graph.capture import Graph
+from forge_pack.graph.conv_chain import epilogue_region, find_conv_chains
 from forge_pack.graph.regions import Region, find_regions, uncovered
 
 
@@ -55,19 +56,18 @@ def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
     regions = find_regions(graph) if regions is None else regions
     groups = group_regions(regions)
     covered = sum(g.time_share for g in groups)
+    chains = [c.region for c in find_conv_chains(graph)]  # their convolutions are covered too
     return {"route": graph.route, "attempts": [list(a) for a in graph.attempts], "device": graph.device,
             "time_source": graph.time_source, "profiled_fraction": graph.profiled_fraction,
             "forward_us": graph.forward_us, "attributed_us": graph.total_us, "region_share": covered,
             "output_check": graph.output_check,
-            "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions),
+            "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions + chains),
             "conv_regions": conv_groups(graph), "notes": graph.notes}
 
 
 def conv_groups(graph: Graph) -> list[dict]:
     """The convolution epilogue regions (graph/conv_chain), grouped by signature, largest first: what
     `search --regions` folds and fuses (the epilogue) and compile mode swaps for one op."""
-    from forge_pack.graph.conv_chain import epilogue_region, find_conv_chains
-
     by_key: dict[str, list] = {}
     for c in find_conv_chains(graph):
         by_key.setdefault(c.region.key, []).append(c)

@@ -50,6 +50,7 @@ class ConvChain:
     activation: str  # "" | "relu" | "silu" | "gelu" | "gelu_tanh"
     residual: bool
     conv_output: TensorSpec  # the convolution's own output (what the folded conv writes)
+    conv_us: float = 0.0  # the convolution's own time per forward (region.time_us holds the whole chain's)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -223,7 +224,7 @@ def _build(graph: Graph, members: list, stride, padding, dilation, groups, eps, 
         time_source="+".join(sorted(sources)) if sources else "estimate",
         module=graph.nodes[members[0].name].module, device=graph.device)
     return ConvChain(region, roles, tuple(_source(graph, a) for a in inputs), stride, padding, dilation, groups, eps,
-                     activation, residual, conv_spec)
+                     activation, residual, conv_spec, graph.nodes[members[0].name].time_us)
 
 
 # --- the epilogue: the pointwise region the search generates a kernel for ----------------------------
@@ -271,13 +272,15 @@ def epilogue_region(chain: ConvChain) -> Region:
         vals = [torch.empty_strided(s.shape, s.strides, dtype=getattr(torch, s.dtype)) for s in in_specs]
         res = canonical.rebuild(body, "meta")(*vals)
     out = TensorSpec(str(res.dtype).replace("torch.", ""), tuple(res.shape), tuple(res.stride()))
-    share = chain.region.time_share
+    # the epilogue kernel stands for the chain's ops after the convolution: their time, not the conv's
+    time_us = max(chain.region.time_us - chain.conv_us, 0.0)
+    share = chain.region.time_share * (time_us / chain.region.time_us if chain.region.time_us > 0 else 0.0)
     return Region(
         name=f"{pattern.replace('+', '_')}_{digest[:10]}", kind="pointwise", pattern=pattern,
         nodes=tuple(n.name for n in canonical.canonical_order(ops)),
         ops=tuple(canonical.op_name(n) for n in canonical.canonical_order(ops)),
         inputs=tuple(a.name for a in inputs), input_specs=in_specs, output_spec=out, form=body,
-        key=canonical.key(body), digest=digest, time_us=chain.region.time_us, time_share=share,
+        key=canonical.key(body), digest=digest, time_us=time_us, time_share=share,
         time_source=chain.region.time_source, module=chain.region.module, device=chain.region.device)
 
 

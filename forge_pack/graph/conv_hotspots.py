@@ -38,8 +38,10 @@ def keep_names(chains: list[ConvChain]) -> set[str]:
 
 
 def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
-                  say: Callable[[str], None] = lambda m: None) -> list[Hotspot]:
-    """One hotspot per epilogue signature of these chains (values: the graph's values by node name)."""
+                  say: Callable[[str], None] = lambda m: None, capture_bytes: int = 4 << 30) -> list[Hotspot]:
+    """One hotspot per epilogue signature of these chains (values: the graph's values by node name);
+    ``capture_bytes``: what the epilogues' captured inputs may take in the run dir (the folded tensors,
+    which the package needs, are always written)."""
     from forge_pack.evaluate import conv_check
     from forge_pack.search.families.region import coverage
 
@@ -74,20 +76,25 @@ def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
                 if i == 0:
                     entry.update(_candidates(c, ins, w, b, say))
                 if len(captures) < CAPTURES_PER_REGION and not epi.unsupported():
-                    rel_in = f"inputs/{epi.name}_{len(captures)}.safetensors"
                     tensors, res = _epilogue_capture(c, epi, ins, w, b)
-                    save_capture(Path(run_dir) / rel_in, sig, tensors, res)
-                    captures.append(rel_in)
+                    size = sum(t.numel() * t.element_size() for t in (*tensors.values(), res))
+                    if size <= capture_bytes:
+                        rel_in = f"inputs/{epi.name}_{len(captures)}.safetensors"
+                        capture_bytes -= save_capture(Path(run_dir) / rel_in, sig, tensors, res)
+                        captures.append(rel_in)
             if entry["instances"]:
                 entries.append(entry)
-        total = sum(c.region.time_us for c in group)
+        epi_instances = [epilogue_region(c) for c in group]
+        total = sum(e.time_us for e in epi_instances)
         why = epi.unsupported() or coverage(sig) or ("" if entries else "the chains' parameters were not captured")
         extra = {"region": {"name": epi.name, "kind": epi.kind, "pattern": epi.pattern, "ops": list(epi.ops),
                             "instances": len(group), "modules": sorted({c.region.module for c in group if c.region.module}),
                             "code": epi.reference("cpu").code.strip(), "bytes_moved": epi.bytes_moved()},
-                 "conv": {"epilogue_inputs": list(epi.inputs), "chains": entries}}
+                 "conv": {"epilogue_inputs": list(epi.inputs), "chains": entries,
+                          "chain_time_us": sum(c.region.time_us for c in group),
+                          "chain_time_share": sum(c.region.time_share for c in group)}}
         out.append(Hotspot(sig, ("region",), float(len(group)), total, total / len(group),
-                           sum(c.region.time_share for c in group), tuple(captures), epi.device,
+                           sum(e.time_share for e in epi_instances), tuple(captures), epi.device,
                            unsupported=why, extra=extra))
         say(f"conv epilogue {epi.name}: {len(group)} chains, {len(entries)} signatures")
     return out

@@ -83,8 +83,9 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
             written += save_capture(Path(run_dir) / rel, signature(r), tensors, out)
             captures.append(rel)
         hotspots.append(region_hotspot(g, tuple(captures)))
-    hotspots += conv_hotspots(chains, values, run_dir, say)
-    covered = sum(h.time_share for h in hotspots)
+    covered = sum(h.time_share for h in hotspots)  # a conv epilogue's ops are a batch_norm region's: not again
+    # largest first; a conv epilogue ties with the batch_norm region it holds, which stays first
+    hotspots = sorted(hotspots + conv_hotspots(chains, values, run_dir, say, CAPTURE_BYTES_TOTAL - written), key=lambda h: -h.time_share)
     say(f"{len(hotspots)} region signatures, {covered * 100:.1f}% of the attributed time; "
         f"{sum(1 for h in hotspots if h.unsupported)} not covered")
     notes = [f"regions on the {graph.route} route; times: {graph.time_source}"]

@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE / "pack"))
 sys.path.insert(0, str(HERE / "models" / "regions"))
 import compile_fakes as cf  # noqa: E402
 import conv_bn_block  # noqa: E402
+import conv_downsample_block  # noqa: E402
 import conv_variants  # noqa: E402
 
 from forge_pack.evaluate import conv_check  # noqa: E402
@@ -83,6 +84,15 @@ def test_strided_grouped_biased_conv_silu_gelu_tanh_and_add_without_activation_a
     assert "conv_bias" in chains[0].roles
     # the last conv has no batch_norm: no chain, whatever follows it
     assert sum(1 for n in g.nodes.values() if n.kind == "conv") == 4
+
+
+def test_a_shortcut_add_of_two_conv_branches_joins_the_first_chain_only():
+    model, x = conv_downsample_block.get_model().to(memory_format=CL), conv_downsample_block.get_inputs()[0]
+    _, chains, _ = _chains(model, x.contiguous(memory_format=CL))
+    assert [c.region.pattern for c in chains] == ["conv+batch_norm+relu", "conv+batch_norm+relu",
+                                                 "conv+batch_norm+add+relu", "conv+batch_norm"]
+    assert chains[1].stride == (2, 2) and chains[3].stride == (2, 2)
+    assert not set(chains[2].region.nodes) & set(chains[3].region.nodes)
 
 
 def test_make_fx_route_finds_the_same_chains():
@@ -231,6 +241,19 @@ def base_doc(tmp_path_factory):
 def _swapped(graphs) -> int:
     return sum(1 for g in graphs for n in g.graph.nodes
                if n.op == "call_function" and "forge_conv_test_" in str(n.target))
+
+
+def test_compile_mode_swaps_every_chain_of_a_downsampling_bottleneck(base_doc, tmp_path):
+    model = conv_downsample_block.get_model().to(memory_format=CL)
+    x = conv_downsample_block.get_inputs()[0].contiguous(memory_format=CL)
+    p, regions = _conv_patcher(base_doc, model, x, tmp_path)
+    cm = cf.COMPILE.CompileMode(p)
+    with torch.no_grad():
+        want = model(x)
+        fn, graphs = _aot_only(cm, model, x)
+        got = fn(x)
+    assert sum(cm.report()["regions"].values()) == 4 and _swapped(graphs) == 4
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, CL], ids=["nchw", "channels_last"])

@@ -74,11 +74,13 @@ class ConvChain:
 def find_conv_chains(graph: Graph) -> list[ConvChain]:
     """Every conv epilogue chain of the graph, in graph order of their convolutions."""
     out = []
+    claimed: set[str] = set()  # an add of two conv + batch_norm branches (a downsampling shortcut) joins the first
     for n in graph.gm.graph.nodes:
         if n.op == "call_function" and opclass.base_name(op_name(n)) in CONV_OPS:
-            chain = _chain_at(graph, n)
+            chain = _chain_at(graph, n, claimed)
             if chain is not None:
                 out.append(chain)
+                claimed.update(chain.region.nodes)
     return out
 
 
@@ -143,7 +145,7 @@ def _is_param(graph: Graph, v) -> bool:
                          and _source(graph, v).startswith(("param:", "buffer:")))
 
 
-def _chain_at(graph: Graph, conv: torch.fx.Node) -> ConvChain | None:
+def _chain_at(graph: Graph, conv: torch.fx.Node, claimed: set[str] = frozenset()) -> ConvChain | None:
     got = _conv_params(conv)
     if got is None:
         return None
@@ -165,8 +167,8 @@ def _chain_at(graph: Graph, conv: torch.fx.Node) -> ConvChain | None:
         last = sel[0]
     residual = False
     nxt = _only_user(last)
-    if nxt is not None and opclass.base_name(op_name(nxt)) == "add" and op_name(nxt).endswith("Tensor") \
-            and len(nxt.args) == 2 and nxt.kwargs.get("alpha", 1) == 1:
+    if nxt is not None and nxt.name not in claimed and opclass.base_name(op_name(nxt)) == "add" \
+            and op_name(nxt).endswith("Tensor") and len(nxt.args) == 2 and nxt.kwargs.get("alpha", 1) == 1:
         other = nxt.args[1] if nxt.args[0] is last else nxt.args[0]
         ospec, lspec = (other.meta.get("forge_spec") if isinstance(other, torch.fx.Node) else None,
                         last.meta.get("forge_spec"))
@@ -176,7 +178,8 @@ def _chain_at(graph: Graph, conv: torch.fx.Node) -> ConvChain | None:
             last, residual = nxt, True
             nxt = _only_user(last)
     activation = ""
-    if nxt is not None and opclass.base_name(op_name(nxt)) in ACTIVATIONS and len(nxt.all_input_nodes) == 1:
+    if nxt is not None and nxt.name not in claimed and opclass.base_name(op_name(nxt)) in ACTIVATIONS \
+            and len(nxt.all_input_nodes) == 1:
         act = opclass.base_name(op_name(nxt))
         approx = nxt.kwargs.get("approximate", nxt.args[1] if len(nxt.args) > 1 else "none")
         if act != "gelu" or approx in ("none", "tanh"):

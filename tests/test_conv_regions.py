@@ -104,11 +104,17 @@ def test_make_fx_route_finds_the_same_chains():
 def test_epilogue_is_a_pointwise_region_with_a_float32_bias_and_one_cast():
     _, chains, _ = _chains(*_block(CL, torch.bfloat16))
     epi = epilogue_region(chains[1])
-    assert [o["op"] for o in epi.form["ops"]] == ["aten.view.default", "aten.add.Tensor", "aten.add.Tensor",
-                                                 "aten.relu.default", "aten._to_copy.default"]
+    assert [o["op"] for o in epi.form["ops"]] == ["aten.add.Tensor", "aten.add.Tensor", "aten.relu.default",
+                                                 "aten._to_copy.default"]
+    assert epi.inputs == ("y", "b", "r")  # the activation first: the kernel iterates in its layout
     specs = dict(zip(epi.inputs, epi.input_specs))
-    assert specs["b"].dtype == "float32" and specs["y"].dtype == "bfloat16"
-    assert epi.output_spec.strides == chains[1].region.output_spec.strides and epi.output_spec.dtype == "bfloat16"
+    # channels_last: the epilogue runs over [N, H, W, C], the bias broadcast along the last dim
+    assert specs["y"].shape == (2, 8, 8, 16) and specs["y"].strides == (1024, 128, 16, 1)
+    assert specs["b"].dtype == "float32" and specs["b"].shape == (16,) and specs["y"].dtype == "bfloat16"
+    assert epi.output_spec.strides == (1024, 128, 16, 1)
+    assert epi.output_spec.dtype == "bfloat16"
+    nchw = epilogue_region(_chains(*_block())[1][1])
+    assert dict(zip(nchw.inputs, nchw.input_specs))["b"].shape == (16, 1, 1)
     assert epi.kind == "pointwise" and epi.pattern == "conv_epilogue+add+relu"
 
 
@@ -326,3 +332,37 @@ def test_cpu_build_of_the_block_ships_conv_regions_whose_compile_mode_equals_eag
         got = fn(x)
     assert cm.report()["regions"] == {conv[0]["id"]: 1, conv[1]["id"]: 1}
     assert compare_outputs(want, got)["within_tolerance"]
+
+
+# ---- the epilogue kernel on CUDA (compiled here, run on a GPU by the gpu tests)
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="nvcc not on PATH")
+def test_cuda_epilogue_kernels_compile_and_read_the_bias_per_run(tmp_path):
+    """bf16 epilogues of every chain kind (relu, add+relu, silu, gelu tanh, plain bias) at a ResNet size:
+    nvcc for sm_90 without warnings or spills; in channels_last the float32 bias is a vector operand."""
+    from forge_pack.search.templates_proposer import instantiate
+    from forge_pack.targets.region_target import signature
+
+    sources = {}
+    for mod, size in ((conv_bn_block, 28), (conv_variants, 28), (conv_downsample_block, 28)):
+        for fmt in (torch.contiguous_format, CL):
+            model = mod.get_model().to(torch.bfloat16).to(memory_format=fmt)
+            x = mod.get_inputs(size)[0].to(torch.bfloat16).contiguous(memory_format=fmt)
+            for c in _chains(model, x)[1]:
+                epi = epilogue_region(c)
+                sources[epi.name] = instantiate("region", "cuda", "pointwise", None, signature(epi)).source
+    assert {n.rsplit("_", 1)[0] for n in sources} == {
+        "conv_epilogue_relu", "conv_epilogue_add_relu", "conv_epilogue_silu", "conv_epilogue_gelu_tanh",
+        "conv_epilogue_add", "conv_epilogue"}
+    cl_add_relu = [s for n, s in sources.items() if n.startswith("conv_epilogue_add_relu")]
+    # every leaf read by 16-byte vectors in channels_last (C = 32 here), the bias once per run in NCHW
+    assert any("u0=contig, u1=contig, u2=contig; output contig" in s for s in cl_add_relu)
+    assert any("u0=contig, u1=uniform, u2=contig; output contig" in s for s in cl_add_relu)
+    for name, source in sources.items():
+        src = tmp_path / f"{name}.cu"
+        src.write_text(source)
+        res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", f"{src}.cubin",
+                              str(src)], capture_output=True, text=True)
+        log = res.stdout + res.stderr
+        assert res.returncode == 0 and "warning" not in log, log
+        assert all(" 0 bytes spill stores" in line for line in log.splitlines() if "spill" in line), log

@@ -27,7 +27,7 @@ import torch
 from forge_pack.evaluate.model_accuracy import EAGER_ERROR_FACTOR
 from forge_pack.evaluate.verdict_rules import TABLE
 from forge_pack.graph import canonical, conv_fold
-from forge_pack.graph.conv_chain import ConvChain, epilogue_region
+from forge_pack.graph.conv_chain import ConvChain, epilogue_perm, epilogue_region
 
 LIBRARY = "library:cudnn_convolution_relu"
 LIBRARY_ADD = "library:cudnn_convolution_add_relu"
@@ -48,12 +48,12 @@ def folded_candidate(chain: ConvChain, w: torch.Tensor, b: torch.Tensor,
     epi = epilogue_region(chain)
     run = epilogue if epilogue is not None else canonical.rebuild(epi.form, chain.region.device)
     ix, ir = chain.index("x"), chain.index("residual")
-    args = chain.conv_args()
+    args, perm = chain.conv_args(), epilogue_perm(chain)
 
     def call(*inputs):
         y = conv_fold.conv(inputs[ix], w, None, args)
-        by_name = {"y": y, "b": b.to(y.device), "r": inputs[ir] if ir is not None else None}
-        return run(*[by_name[n] for n in epi.inputs])
+        ins = conv_fold.epilogue_args(epi.inputs, perm, y, b.to(y.device), inputs[ir] if ir is not None else None)
+        return conv_fold.from_memory_order(run(*ins), perm)
 
     return call
 

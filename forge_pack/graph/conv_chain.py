@@ -24,7 +24,7 @@ import torch
 import torch.fx
 
 from forge_pack.core.signature import TensorSpec
-from forge_pack.graph import canonical, opclass
+from forge_pack.graph import canonical, conv_fold, opclass
 from forge_pack.graph.capture import Graph, op_name
 from forge_pack.graph.regions import Region
 
@@ -232,22 +232,34 @@ def _build(graph: Graph, members: list, stride, padding, dilation, groups, eps, 
 
 # --- the epilogue: the pointwise region the search generates a kernel for ----------------------------
 
+def epilogue_perm(chain: ConvChain) -> list[int]:
+    """The conv output's dims in memory order (``conv_fold.memory_perm``): the order the epilogue runs in."""
+    return conv_fold.memory_perm(chain.conv_output.strides)
+
+
+def _permuted(spec: TensorSpec, perm: list[int]) -> dict:
+    return {"dtype": spec.dtype, "shape": [spec.shape[d] for d in perm], "strides": [spec.strides[d] for d in perm]}
+
+
 def epilogue_graph(chain: ConvChain) -> tuple[torch.fx.Graph, list[torch.fx.Node], dict]:
-    """The epilogue as an ATen graph on (y, folded bias[, residual]): act(y + b.view(C, 1, 1) [+ r]) in
-    float32, cast once to the chain's dtype. Returns (graph, its op nodes, {placeholder: spec json})."""
+    """The epilogue as an ATen graph over the conv output in memory order (``epilogue_perm``: NCHW as it is,
+    channels_last as [N, H, W, C]): act(y + b [+ r]) in float32 with the folded bias broadcast along the
+    channel, cast once to the chain's dtype. Returns (graph, its op nodes, {placeholder: spec json})."""
     out = chain.region.output_spec
-    y_spec = chain.conv_output.to_json()
+    perm = epilogue_perm(chain)
     c = chain.conv_output.shape[1]
+    nb = len(perm) - 1 - perm.index(1)  # dims after the channel in memory order: the bias's trailing 1s
     g = torch.fx.Graph()
     y = g.placeholder("y")
     b = g.placeholder("b")
     bias_dtype = "float64" if out.dtype == "float64" else "float32"  # conv_fold.fold's bias
-    specs = {y: y_spec, b: {"dtype": bias_dtype, "shape": [c], "strides": [1]}}
-    ops = [g.call_function(torch.ops.aten.view.default, (b, [c, 1, 1]))]
-    ops.append(g.call_function(torch.ops.aten.add.Tensor, (y, ops[-1])))
+    # no view op inside: the activation is the form's first input and the kernel iterates in its order
+    specs = {y: _permuted(chain.conv_output, perm),
+             b: {"dtype": bias_dtype, "shape": [c] + [1] * nb, "strides": [1] * (nb + 1)}}
+    ops = [g.call_function(torch.ops.aten.add.Tensor, (y, b))]
     if chain.residual:
         r = g.placeholder("r")
-        specs[r] = chain.region.input_specs[chain.index("residual")].to_json()
+        specs[r] = _permuted(chain.region.input_specs[chain.index("residual")], perm)
         ops.append(g.call_function(torch.ops.aten.add.Tensor, (ops[-1], r)))
     if chain.activation == "relu":
         ops.append(g.call_function(torch.ops.aten.relu.default, (ops[-1],)))
@@ -285,10 +297,3 @@ def epilogue_region(chain: ConvChain) -> Region:
         inputs=tuple(a.name for a in inputs), input_specs=in_specs, output_spec=out, form=body,
         key=canonical.key(body), digest=digest, time_us=time_us, time_share=share,
         time_source=chain.region.time_source, module=chain.region.module, device=chain.region.device)
-
-
-def epilogue_inputs(chain: ConvChain, epi: Region, y: torch.Tensor, bias: torch.Tensor,
-                    residual: torch.Tensor | None) -> list[torch.Tensor]:
-    """The epilogue kernel's arguments in its form order (the form may order y, b, r otherwise)."""
-    by_name = {"y": y, "b": bias, "r": residual}
-    return [by_name[n] for n in epi.inputs]

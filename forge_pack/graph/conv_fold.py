@@ -121,6 +121,28 @@ def params_of(inputs: Sequence, roles: Sequence[str]) -> dict[str, torch.Tensor 
     return {role: inputs[roles.index(role)] if role in roles else None for role in PARAM_ROLES}
 
 
+def memory_perm(strides: Sequence[int]) -> list[int]:
+    """The dims in memory order, outermost first (ties, size-1 dims: logical order): NCHW [0, 1, 2, 3],
+    channels_last [0, 2, 3, 1]. The epilogue runs over the activation permuted so, a dense tensor whose
+    flat index is its memory order: the kernel's every access is then stride-1 or a broadcast."""
+    return sorted(range(len(strides)), key=lambda d: (-strides[d], d))
+
+
+def epilogue_args(names: Sequence[str], perm: Sequence[int], y: torch.Tensor, bias: torch.Tensor,
+                  residual: torch.Tensor | None) -> list:
+    """The epilogue kernel's arguments in its form order: y and the residual permuted to memory order, the
+    folded [C] bias shaped to broadcast along the channel's position there ([C, 1, 1] NCHW, [C] NHWC)."""
+    pos = list(perm).index(1)
+    by_name = {"y": y.permute(*perm), "b": bias.view([-1] + [1] * (y.dim() - 1 - pos)),
+               "r": residual.permute(*perm) if residual is not None else None}
+    return [by_name[n] for n in names]
+
+
+def from_memory_order(out: torch.Tensor, perm: Sequence[int]) -> torch.Tensor:
+    """The epilogue's output (in memory order) as the chain's logical [N, C, H, W] view."""
+    return out.permute(*[list(perm).index(d) for d in range(len(perm))])
+
+
 def conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv: dict) -> torch.Tensor:
     """The folded convolution (bias usually None: the epilogue adds the float32 bias)."""
     return torch.ops.aten.convolution.default(x, weight, bias, list(conv["stride"]), list(conv["padding"]),

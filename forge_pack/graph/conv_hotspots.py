@@ -25,7 +25,7 @@ import torch
 
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph import conv_fold
-from forge_pack.graph.conv_chain import ConvChain, epilogue_region
+from forge_pack.graph.conv_chain import ConvChain, epilogue_perm, epilogue_region
 from forge_pack.profile.capture import save_capture
 from forge_pack.targets.region_target import signature
 
@@ -61,7 +61,7 @@ def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
         entries, captures = [], []
         for ckey, instances in by_chain.items():
             first = instances[0]
-            entry = {"name": first.name, "pattern": first.region.pattern, "form": first.region.form,
+            entry = {"name": first.name, "perm": epilogue_perm(first), "pattern": first.region.pattern, "form": first.region.form,
                      "key": ckey, "output": first.region.output_spec.to_json(), "roles": list(first.roles),
                      **first.conv_args(), "eps": first.eps, "activation": first.activation,
                      "residual": first.residual, "instances": [], "modules": []}
@@ -103,8 +103,9 @@ def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
 def _epilogue_capture(c: ConvChain, epi, ins: list, w, b) -> tuple[dict, torch.Tensor]:
     with torch.no_grad():
         y = conv_fold.conv(ins[c.index("x")], w, None, c.conv_args())
-        by_name = {"y": y, "b": b, "r": ins[c.index("residual")] if c.residual else None}
-        tensors = {f"in{k}": by_name[n] for k, n in enumerate(epi.inputs)}
+        args = conv_fold.epilogue_args(epi.inputs, epilogue_perm(c), y, b,
+                                       ins[c.index("residual")] if c.residual else None)
+        tensors = {f"in{k}": t for k, t in enumerate(args)}
         res = epi.reference(str(y.device.type))(*tensors.values())
     return tensors, res
 

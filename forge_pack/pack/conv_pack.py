@@ -52,7 +52,7 @@ def conv_regions(winners: list, targets: list[dict], run_dir: Path, pkg: Path, n
                          "activation": chain["activation"], "residual": chain["residual"],
                          "pattern": chain["pattern"], "candidate": candidate, "choice": why,
                          "epilogue": {"target": target["id"], "op": target["torch_op"],
-                                      "inputs": conv["epilogue_inputs"]},
+                                      "inputs": conv["epilogue_inputs"], "perm": chain["perm"]},
                          "instances": instances, "timing": {**chain.get("timing", {}), "epilogue_kernel_us": kernel_us},
                          "checks": {k: {"ok": v.get("ok"), "reason": v.get("reason", ""), "label": v.get("label")}
                                     for k, v in checks.items()}}})

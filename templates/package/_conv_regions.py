@@ -14,7 +14,8 @@ weight, bias, running mean and variance, the residual) in the form's order. The 
    (the subgraph rebuilt from its form) and warns once;
 3. else runs the chosen candidate: cuDNN's fused convolution + bias (+ add) + ReLU (a library
    candidate, ``library:...``) or the folded convolution followed by the package's epilogue kernel
-   (``<ns>::t<N>``, the generated pointwise kernel verified by the build).
+   (``<ns>::t<N>``, the generated pointwise kernel verified by the build), run over the convolution's
+   output in memory order (channels_last as [N, H, W, C]) and viewed back.
 
 Under CUDA graphs (``mode="reduce-overhead"``) the op's Python body runs when the graph is captured:
 the digest is checked then, not on every replay. Eager ``apply()`` does not use these regions.
@@ -106,8 +107,8 @@ class ConvRegionOp:
             y = self.fold.conv(x, w, None, c)
             epi = c["epilogue"]
             ns, _, name = epi["op"].partition("::")
-            by_name = {"y": y, "b": b, "r": r}
-            out = getattr(getattr(torch.ops, ns), name).default(*[by_name[n] for n in epi["inputs"]])
+            args = self.fold.epilogue_args(epi["inputs"], epi["perm"], y, b, r)
+            out = self.fold.from_memory_order(getattr(getattr(torch.ops, ns), name).default(*args), epi["perm"])
         return self._layout(out)
 
     def original(self, inputs: tuple) -> torch.Tensor:

@@ -355,6 +355,11 @@ def main() -> None:
     models = ["conv_bn_block"] if a.smoke else a.models.split(",")
     batches = [2] if a.smoke else [int(b) for b in a.batches.split(",")]
     say = lambda m: print(f"[vision] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    import torch._inductor.config as inductor_config
+
+    # every variant compiles from scratch: compile times compare, and a graph Inductor loaded from its cache
+    # would skip the region pass's count (the compile gate does the same)
+    inductor_config.force_disable_caches = True
     rows = []
     t0 = time.perf_counter()
     for name in models:

@@ -1,7 +1,7 @@
 """Vision models with forge-pack's convolution epilogue regions in compile mode, on the GPU.
 
     python bench/vision.py [BASE] [--models resnet18,resnet50] [--batches 1,256] [--dtype bfloat16]
-                           [--region-compile 3] [--smoke]
+                           [--region-compile 2] [--smoke] [--merge A.json B.json]
 
 Per model (torchvision, built from its config with random weights and randomised batch_norm statistics,
 eval, channels_last, --dtype) and batch, one process, CUDA events (median of 30 calls after 10):
@@ -25,7 +25,12 @@ chosen, and for the --region-compile largest regions Inductor's time for the cha
 
 Max |difference| of each variant's output against the same model in float32. Writes BASE.{md,json}
 (default bench/results/vision). --smoke runs the plumbing on the CPU on tests/models/regions/conv_bn_block.py
-(the epilogue then runs eagerly). About 6-7 minutes on an H200 for the defaults.
+(the epilogue then runs eagerly). --merge joins result files of several calls.
+
+On the H200, in two device calls (estimated, dominated by Inductor's cold compiles, three per case):
+    python bench/vision.py bench/results/vision_resnet50 --models resnet50     # ~5 min
+    python bench/vision.py bench/results/vision_resnet18 --models resnet18     # ~3 min
+    python bench/vision.py --merge bench/results/vision_resnet50.json bench/results/vision_resnet18.json
 """
 
 from __future__ import annotations
@@ -281,6 +286,8 @@ def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_comp
         cm, regions, epilogues = build_package(model, x, Path(tmp), device, say)
         torch._dynamo.reset()
         measure("compile_package", cm.compile(model), True)
+        # the op's own calls count the replacements (cm.report() counts only graphs Inductor compiled
+        # anew, not those it loaded from its cache)
         row["regions_replaced"] = cm.report()["regions"]
         row["regions"] = region_rows(regions, epilogues)
         row["epilogues"] = epilogues
@@ -310,7 +317,7 @@ def markdown(doc: dict) -> str:
     lines = ["# Vision: convolution epilogue regions in compile mode", "",
              f"Command: `{doc['command']}`  ", f"Environment: {doc['environment']}", "",
              "| model | batch | eager ms | compile ms | compile freezing ms | compile+package ms | package vs compile "
-             "| vs freezing | max abs vs fp32 (eager / compile / package) | regions replaced |",
+             "| vs freezing | max abs vs fp32 (eager / compile / package) | conv regions run folded |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in doc["rows"]:
         ms, d = r["ms"], r["max_abs_vs_fp32"]
@@ -318,7 +325,7 @@ def markdown(doc: dict) -> str:
                      f"{ms['compile_freezing']:.3f} | {ms['compile_package']:.3f} | "
                      f"{r['speedup']['package_vs_compile']:.2f}x | {r['speedup']['package_vs_freezing']:.2f}x | "
                      f"{d['eager']:.3g} / {d['compile']:.3g} / {d['compile_package']:.3g} | "
-                     f"{sum(r['regions_replaced'].values())} |")
+                     f"{sum(1 for c in r['region_calls'].values() if c['folded'])} of {len(r['regions'])} |")
     lines += ["", "eager + package: not measured (eager `apply()` leaves conv regions to compile mode).", ""]
     for r in doc["rows"]:
         lines += [f"## {r['model']} batch {r['batch']}: per conv region", "",
@@ -346,20 +353,25 @@ def main() -> None:
     p.add_argument("--models", default="resnet18,resnet50")
     p.add_argument("--batches", default="1,256")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--region-compile", type=int, default=3, help="Inductor times for this many largest chains")
+    p.add_argument("--region-compile", type=int, default=2, help="Inductor times for this many largest chains")
     p.add_argument("--smoke", action="store_true", help="CPU plumbing run on tests/models/regions/conv_bn_block.py")
+    p.add_argument("--merge", nargs="+", help="join these result .json files into BASE (no measurement)")
     a = p.parse_args()
+    if a.merge:
+        import json
+
+        docs = [json.loads(Path(f).read_text()) for f in a.merge]
+        doc = {"command": " && ".join(d["command"] for d in docs), "environment": docs[0]["environment"],
+               "seconds": sum(d["seconds"] for d in docs), "rows": [r for d in docs for r in d["rows"]]}
+        _common.write(_common.out_path("vision"), doc, markdown(doc))
+        return
     base = _common.out_path("vision_smoke" if a.smoke else "vision")
     device = "cpu" if a.smoke else "cuda"
     dtype = torch.float32 if a.smoke else getattr(torch, a.dtype)
     models = ["conv_bn_block"] if a.smoke else a.models.split(",")
     batches = [2] if a.smoke else [int(b) for b in a.batches.split(",")]
     say = lambda m: print(f"[vision] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    import torch._inductor.config as inductor_config
 
-    # every variant compiles from scratch: compile times compare, and a graph Inductor loaded from its cache
-    # would skip the region pass's count (the compile gate does the same)
-    inductor_config.force_disable_caches = True
     rows = []
     t0 = time.perf_counter()
     for name in models:

@@ -298,6 +298,18 @@ def test_a_changed_running_var_runs_the_original_ops_with_a_warning(base_doc, tm
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_manifest_schema_takes_conv_regions_and_refuses_an_unknown_candidate(base_doc, tmp_path):
+    from forge_pack.pack import manifest
+
+    p, regions = _conv_patcher(base_doc, *_block(CL), tmp_path)
+    doc = copy.deepcopy(base_doc)
+    doc["regions"] = regions
+    assert manifest.problems(doc) == []  # the schema only: the integrity digest is not recomputed here
+    doc = copy.deepcopy(doc)
+    doc["regions"][0]["conv"]["candidate"] = "handwritten"
+    assert any("handwritten" in x for x in manifest.problems(doc))
+
+
 def test_library_candidate_is_chosen_only_when_verified_and_faster():
     chain = {"checks": {"library": {"ok": True, "label": conv_check.LIBRARY_ADD}},
              "timing": {"library": {"median_us": 40.0}, "folded_conv": {"median_us": 30.0}}}

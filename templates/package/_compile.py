@@ -180,10 +180,12 @@ class CompileMode:
                 "graphs": len(self.graphs)}
 
     # ---- regions
-    def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None) -> Any:
+    def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None,
+                    export: bool = False) -> Any:
         """Inductor's joint_custom_pre_pass replacing the used regions in the graph Inductor traces from `gm`
-        (None: no region can be used there); `then`: a pass of the caller's, run after it."""
-        used = [r for r in self.regions if r.id in self.use]
+        (None: no region can be used there); `then`: a pass of the caller's, run after it. ``export``: for an
+        AOTInductor package, which cannot call the conv regions' Python op: those stay Inductor's."""
+        used = [r for r in self.regions if r.id in self.use and not (export and r.conv is not None)]
         device = _graph_device(gm, example_inputs)
         if not used or device is None or device.type != self.patcher.backend:
             return None
@@ -385,7 +387,7 @@ class CompileMode:
             from torch._inductor import aoti_compile_and_package
 
             before = dict(self.matched)
-            region_pass = self.region_pass(program.graph_module, [*args, *kwargs.values()])
+            region_pass = self.region_pass(program.graph_module, [*args, *kwargs.values()], export=True)
             configs = {"joint_custom_pre_pass": region_pass} if region_pass is not None else None
             written = aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
         regions = {k: v - before.get(k, 0) for k, v in self.matched.items() if v > before.get(k, 0)}

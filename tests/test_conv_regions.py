@@ -310,6 +310,16 @@ def test_manifest_schema_takes_conv_regions_and_refuses_an_unknown_candidate(bas
     assert any("handwritten" in x for x in manifest.problems(doc))
 
 
+def test_export_leaves_conv_regions_to_inductor(base_doc, tmp_path):
+    """An AOTInductor package cannot call the conv regions' Python op: export's region pass skips them."""
+    model, x = _block(CL)
+    p, _ = _conv_patcher(base_doc, model, x, tmp_path)
+    cm = cf.COMPILE.CompileMode(p)
+    gm = torch.fx.symbolic_trace(model)
+    assert cm.region_pass(gm, [x]) is not None
+    assert cm.region_pass(gm, [x], export=True) is None
+
+
 def test_library_candidate_is_chosen_only_when_verified_and_faster():
     chain = {"checks": {"library": {"ok": True, "label": conv_check.LIBRARY_ADD}},
              "timing": {"library": {"median_us": 40.0}, "folded_conv": {"median_us": 30.0}}}

@@ -18,7 +18,9 @@ weight, bias, running mean and variance, the residual) in the form's order. The 
    output in memory order (channels_last as [N, H, W, C]) and viewed back.
 
 Under CUDA graphs (``mode="reduce-overhead"``) the op's Python body runs when the graph is captured:
-the digest is checked then, not on every replay. Eager ``apply()`` does not use these regions.
+the digest is checked then (from the warm-up run's cache: hashing copies to the host, which a capture
+forbids; parameters never seen before the capture run the original ops), not on every replay. Eager
+``apply()`` does not use these regions.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ import torch
 
 LIBS: dict[str, Any] = {}  # namespace -> torch.library.Library (kept alive: dropping it unregisters the ops)
 IMPLS: dict[str, "ConvRegionOp"] = {}  # op qualname -> its implementation
+
+
+_UNKNOWN = "unknown"  # ConvRegionOp.match: the parameters could not be hashed now
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 class ConvRegionOp:
@@ -65,6 +74,8 @@ class ConvRegionOp:
         ident = self._identity(params)
         if ident is not None and ident in self._seen:
             return self._seen[ident]
+        if _capturing(inputs[0]):
+            return _UNKNOWN  # hashing copies to the host, which a CUDA graph capture forbids
         digest = self.fold.param_digest(params)
         found = digest if digest in self.digests else None
         if ident is not None:
@@ -83,6 +94,9 @@ class ConvRegionOp:
     # ---- the op
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         digest = self.match(inputs)
+        if digest is _UNKNOWN:  # parameters first seen inside a CUDA graph capture: the original ops, unchecked
+            self.calls["original"] += 1
+            return self.original(inputs)
         if digest is None:
             self.calls["original"] += 1
             if not self._warned:

@@ -157,7 +157,10 @@ def register(entry: dict, namespace: str, package: str, here: Path, graph_rt: di
     if qual in IMPLS:
         return IMPLS[qual]
     args = ", ".join(f"Tensor in{k}" for k in range(len(entry["form"]["inputs"])))
-    lib.define(f"{name}({args}) -> Tensor")
+    # Inductor then hands the op its inputs in the traced strides: the convolution's output, hence the
+    # epilogue kernel's input, keeps the layout the kernel was verified on
+    tag = getattr(torch._C.Tag, "needs_exact_strides", None)
+    lib.define(f"{name}({args}) -> Tensor", tags=(tag,) if tag is not None else ())
     lib.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(qual, lib=lib)(impl.fake)
     IMPLS[qual] = impl

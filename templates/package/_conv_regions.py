@@ -53,7 +53,21 @@ class ConvRegionOp:
         self.canonical = graph_rt["canonical"]
         self.roles = list(self.conv["roles"])
         self.digests = {inst["digest"]: inst["file"] for inst in self.conv["instances"]}
-        self._tensors: dict[tuple[str, str], tuple] = {}  # (digest, device) -> folded (weight, bias)
+        # per call, everything below is a lookup: the op sits on every convolution of the compiled model
+        c = self.conv
+        self.param_at = [self.roles.index(r) for r in self.fold.PARAM_ROLES if r in self.roles]
+        self.ix = self.roles.index("x")
+        self.ir = self.roles.index("residual") if "residual" in self.roles else None
+        self.args = (list(c["stride"]), list(c["padding"]), list(c["dilation"]), False, [0, 0], int(c["groups"]))
+        self.library = c.get("candidate", "folded") if c.get("candidate", "folded").startswith("library:") else ""
+        epi = c.get("epilogue") or {}
+        self.perm = tuple(epi.get("perm", (0, 1, 2, 3)))
+        self.inverse = tuple(self.perm.index(d) for d in range(len(self.perm)))
+        self.epi_names = list(epi.get("inputs", ()))
+        self.epi_qualname = epi.get("op", "")
+        self.epi_op: Any = None
+        self.out_strides = tuple(entry["output"]["strides"])
+        self._tensors: dict[tuple[str, str], tuple] = {}  # (digest, device) -> folded weight, biases
         self._seen: dict[tuple, str | None] = {}  # parameter identities and versions -> matching digest
         self._reference: dict[str, Any] = {}
         self._warned = False
@@ -61,22 +75,22 @@ class ConvRegionOp:
         self.calls = {"folded": 0, "original": 0}
 
     # ---- parameters
-    def _identity(self, params: dict) -> tuple | None:
+    def _identity(self, inputs: tuple) -> tuple | None:
         try:
-            return tuple((role, t.data_ptr(), t._version, str(t.device)) if t is not None else (role,)
-                         for role, t in sorted(params.items()))
+            return (inputs[self.ix].device,) + tuple((inputs[i].data_ptr(), inputs[i]._version) for i in self.param_at)
         except RuntimeError:  # an inference tensor has no version counter: hash every call
             return None
 
     def match(self, inputs: tuple) -> str | None:
         """The digest of the build instance these parameters are (None: none is)."""
-        params = self.fold.params_of(inputs, self.roles)
-        ident = self._identity(params)
-        if ident is not None and ident in self._seen:
-            return self._seen[ident]
+        ident = self._identity(inputs)
+        if ident is not None:
+            found = self._seen.get(ident, _UNKNOWN)
+            if found is not _UNKNOWN:
+                return found
         if _capturing(inputs[0]):
             return _UNKNOWN  # hashing copies to the host, which a CUDA graph capture forbids
-        digest = self.fold.param_digest(params)
+        digest = self.fold.param_digest(self.fold.params_of(inputs, self.roles))
         found = digest if digest in self.digests else None
         if ident is not None:
             with self._lock:
@@ -84,12 +98,16 @@ class ConvRegionOp:
         return found
 
     def folded(self, digest: str, device: torch.device) -> tuple:
+        """(weight, bias shaped for the epilogue, bias in the weight's dtype for a library call) on `device`."""
         key = (digest, str(device))
-        if key not in self._tensors:
+        got = self._tensors.get(key)
+        if got is None:
             w, b = self.fold.load(self.here / self.digests[digest], device)
+            pos = self.perm.index(1)
+            got = (w, b.view([-1] + [1] * (w.dim() - 1 - pos)), b.to(w.dtype))
             with self._lock:
-                self._tensors[key] = (w, b, b.to(w.dtype))
-        return self._tensors[key]
+                self._tensors[key] = got
+        return got
 
     # ---- the op
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -106,24 +124,23 @@ class ConvRegionOp:
                               "it runs the original ops", RuntimeWarning, stacklevel=2)
             return self.original(inputs)
         self.calls["folded"] += 1
-        x = inputs[self.roles.index("x")]
-        r = inputs[self.roles.index("residual")] if "residual" in self.roles else None
+        x = inputs[self.ix]
+        r = inputs[self.ir] if self.ir is not None else None
         w, b, b_cast = self.folded(digest, x.device)
-        c = self.conv
-        cand = c.get("candidate", "folded")
-        if cand.startswith("library:") and x.device.type == "cuda":
+        a = self.args
+        if self.library and x.is_cuda:
             if r is None:
-                out = torch.cudnn_convolution_relu(x, w, b_cast, c["stride"], c["padding"], c["dilation"], c["groups"])
+                out = torch.cudnn_convolution_relu(x, w, b_cast, a[0], a[1], a[2], a[5])
             else:
-                out = torch.cudnn_convolution_add_relu(x, w, r, 1.0, b_cast, c["stride"], c["padding"],
-                                                       c["dilation"], c["groups"])
+                out = torch.cudnn_convolution_add_relu(x, w, r, 1.0, b_cast, a[0], a[1], a[2], a[5])
         else:
-            y = self.fold.conv(x, w, None, c)
-            epi = c["epilogue"]
-            ns, _, name = epi["op"].partition("::")
-            args = self.fold.epilogue_args(epi["inputs"], epi["perm"], y, b, r)
-            out = self.fold.from_memory_order(getattr(getattr(torch.ops, ns), name).default(*args), epi["perm"])
-        return self._layout(out)
+            y = torch.ops.aten.convolution.default(x, w, None, *a)
+            if self.epi_op is None:
+                ns, _, name = self.epi_qualname.partition("::")
+                self.epi_op = getattr(getattr(torch.ops, ns), name).default
+            by_name = {"y": y.permute(self.perm), "b": b, "r": r.permute(self.perm) if r is not None else None}
+            out = self.epi_op(*[by_name[n] for n in self.epi_names]).permute(self.inverse)
+        return out if out.stride() == self.out_strides else self._layout(out)
 
     def original(self, inputs: tuple) -> torch.Tensor:
         device = inputs[0].device

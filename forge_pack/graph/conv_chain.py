@@ -31,8 +31,6 @@ from forge_pack.graph.regions import Region
 CONV_OPS = ("conv2d", "convolution", "_convolution")
 BN_OPS = ("_native_batch_norm_legit_no_training", "batch_norm", "native_batch_norm")
 ACTIVATIONS = ("relu", "silu", "gelu")
-# Roles of the chain's inputs that are model parameters (folded, digested); the rest vary per call.
-PARAM_ROLES = ("weight", "conv_bias", "bn_weight", "bn_bias", "running_mean", "running_var")
 
 
 @dataclass

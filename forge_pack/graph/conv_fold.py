@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+# the chain inputs that are the model's parameters (folded, digested); the activation and residual vary per call
 PARAM_ROLES = ("weight", "conv_bias", "bn_weight", "bn_bias", "running_mean", "running_var")
 FORMAT = "safetensors"  # or "torch" (torch.save / torch.load(weights_only=True)) where safetensors is missing
 

@@ -38,7 +38,8 @@ def keep_names(chains: list[ConvChain]) -> set[str]:
 
 
 def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
-                  say: Callable[[str], None] = lambda m: None, capture_bytes: int = 4 << 30) -> list[Hotspot]:
+                  say: Callable[[str], None] = lambda m: None, capture_bytes: int = 4 << 30,
+                  captures_per_region: int = CAPTURES_PER_REGION) -> list[Hotspot]:
     """One hotspot per epilogue signature of these chains (values: the graph's values by node name);
     ``capture_bytes``: what the epilogues' captured inputs may take in the run dir (the folded tensors,
     which the package needs, are always written)."""
@@ -75,7 +76,7 @@ def conv_hotspots(chains: list[ConvChain], values: dict, run_dir: str | Path,
                 entry["instances"].append({"digest": digest, "folded": rel, "format": fmt, "module": c.region.module})
                 if i == 0:
                     entry.update(_candidates(c, ins, w, b, say))
-                if len(captures) < CAPTURES_PER_REGION and not epi.unsupported():
+                if len(captures) < captures_per_region and not epi.unsupported():
                     tensors, res = _epilogue_capture(c, epi, ins, w, b)
                     size = sum(t.numel() * t.element_size() for t in (*tensors.values(), res))
                     if size <= capture_bytes:

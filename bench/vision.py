@@ -28,9 +28,10 @@ Max |difference| of each variant's output against the same model in float32. Wri
 (the epilogue then runs eagerly). --merge joins result files of several calls.
 
 On the H200, in two device calls (estimated, dominated by Inductor's cold compiles, three per case):
-    python bench/vision.py bench/results/vision_resnet50 --models resnet50     # ~5 min
-    python bench/vision.py bench/results/vision_resnet18 --models resnet18     # ~3 min
-    python bench/vision.py --merge bench/results/vision_resnet50.json bench/results/vision_resnet18.json
+    R=bench/results
+    python bench/vision.py $R/vision_resnet50 --models resnet50     # ~5 min
+    python bench/vision.py $R/vision_resnet18 --models resnet18     # ~3 min
+    python bench/vision.py --merge $R/vision_resnet50.json $R/vision_resnet18.json    # writes $R/vision.{md,json}
 """
 
 from __future__ import annotations

@@ -80,10 +80,11 @@ def test_strided_grouped_biased_conv_silu_gelu_tanh_and_add_without_activation_a
     got = [(c.region.pattern, c.stride, c.padding, c.dilation, c.groups) for c in chains]
     assert got == [("conv+batch_norm+silu", (2, 2), (1, 1), (1, 1), 2),
                    ("conv+batch_norm+gelu_tanh", (1, 1), (0, 0), (1, 1), 1),
-                   ("conv+batch_norm+add", (1, 1), (2, 2), (2, 2), 1)]
+                   ("conv+batch_norm+add", (1, 1), (2, 2), (2, 2), 1),
+                   ("conv+batch_norm", (1, 1), (1, 1), (1, 1), 1)]  # + its own input: stops at the batch_norm
     assert "conv_bias" in chains[0].roles
-    # the last conv has no batch_norm: no chain, whatever follows it
-    assert sum(1 for n in g.nodes.values() if n.kind == "conv") == 4
+    # the fourth conv has no batch_norm: no chain, whatever follows it
+    assert sum(1 for n in g.nodes.values() if n.kind == "conv") == 5
 
 
 def test_a_shortcut_add_of_two_conv_branches_joins_the_first_chain_only():

@@ -171,7 +171,8 @@ def _chain_at(graph: Graph, conv: torch.fx.Node, claimed: set[str] = frozenset()
         ospec, lspec = (other.meta.get("forge_spec") if isinstance(other, torch.fx.Node) else None,
                         last.meta.get("forge_spec"))
         if ospec is not None and lspec is not None and tuple(ospec.shape) == tuple(lspec.shape) \
-                and ospec.dtype == lspec.dtype and other is not last:
+                and ospec.dtype == lspec.dtype and other is not last and other is not x:
+            # (`bn(conv(x)) + x` reads x twice: one input of two roles, so the chain stops at the batch_norm)
             members.append(nxt)
             last, residual = nxt, True
             nxt = _only_user(last)

@@ -1,6 +1,7 @@
 """Convolution epilogue chains beyond ResNet's: a strided grouped conv with a bias + BatchNorm + SiLU, a
 1x1 conv + BatchNorm + GELU (tanh), a dilated conv + BatchNorm added to a shortcut without an activation,
-and a conv whose output is read twice (not a chain)."""
+a conv whose output is read twice (not a chain), and a conv + BatchNorm added to its own input (the chain stops
+at the BatchNorm)."""
 
 import torch
 import torch.nn as nn
@@ -17,20 +18,23 @@ class Variants(nn.Module):
         self.dil = nn.Conv2d(2 * c, 2 * c, 3, padding=2, dilation=2, bias=False)
         self.bn_dil = nn.BatchNorm2d(2 * c)
         self.twice = nn.Conv2d(2 * c, 2 * c, 1, bias=False)
+        self.own = nn.Conv2d(2 * c, 2 * c, 3, padding=1, bias=False)
+        self.bn_own = nn.BatchNorm2d(2 * c)
 
     def forward(self, x):
         h = F.silu(self.bn_down(self.down(x)))
         g = F.gelu(self.bn_point(self.point(h)), approximate="tanh")
         s = self.bn_dil(self.dil(g)) + h
         t = self.twice(s)
-        return t * t.sigmoid()
+        u = t * t.sigmoid()
+        return torch.relu(self.bn_own(self.own(u)) + u)
 
 
 def get_model():
     torch.manual_seed(0)
     model = Variants()
     with torch.no_grad():
-        for bn in (model.bn_down, model.bn_point, model.bn_dil):
+        for bn in (model.bn_down, model.bn_point, model.bn_dil, model.bn_own):
             bn.running_mean.normal_(0.0, 0.2)
             bn.running_var.uniform_(0.5, 1.5)
             bn.weight.normal_(1.0, 0.1)

@@ -405,3 +405,15 @@ def test_cuda_epilogue_kernels_compile_and_read_the_bias_per_run(tmp_path):
         log = res.stdout + res.stderr
         assert res.returncode == 0 and "warning" not in log, log
         assert all(" 0 bytes spill stores" in line for line in log.splitlines() if "spill" in line), log
+
+
+@pytest.mark.slow  # three Inductor compiles of the block on the CPU (~1 min on 2 busy cores)
+def test_vision_bench_smoke_runs_both_chains_folded_and_within_tolerance(tmp_path):
+    root = HERE.parent
+    r = subprocess.run([sys.executable, str(root / "bench" / "vision.py"), str(tmp_path / "vision"), "--smoke"],
+                       capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (row,) = json.loads((tmp_path / "vision.json").read_text())["rows"]
+    assert sorted(row["region_calls"]) == ["c0", "c1"] and all(c["folded"] > 0 for c in row["region_calls"].values())
+    assert row["max_abs_vs_fp32"]["compile_package"] < 1e-5
+    assert [g["pattern"] for g in row["regions"]] == ["conv+batch_norm+relu", "conv+batch_norm+add+relu"]

@@ -270,7 +270,7 @@ def test_pack_ships_the_graph_runtime_verbatim_with_its_digests(tmp_path):
     doc = json.loads((pkg / "manifest.json").read_text())
     record = doc["graph_runtime"]
     src = Path(__file__).resolve().parent.parent / "forge_pack" / "graph"
-    assert sorted(record["files"]) == ["__init__.py", "canonical.py", "opclass.py", "region_match.py"]
+    assert sorted(record["files"]) == ["__init__.py", "canonical.py", "conv_fold.py", "opclass.py", "region_match.py"]
     for name, digest in record["files"].items():
         assert (pkg / "_graph" / name).read_bytes() == (src / name).read_bytes()
         assert digest == hashlib.sha256((src / name).read_bytes()).hexdigest()

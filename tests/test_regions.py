@@ -276,6 +276,9 @@ def test_cli_profile_regions_prints_the_region_table(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Regions (export graph" in r.stdout
     assert "batch_norm+add+relu: _native_batch_norm_legit_no_training getitem add relu" in r.stdout
+    assert "Convolution epilogue regions (batch_norm folded into the convolution): 2 signatures" in r.stdout
+    assert "conv+batch_norm+add+relu: stride [1, 1] padding [1, 1] groups 1" in r.stdout
+    assert "convolution: bounds a region" not in r.stdout  # both convolutions head a conv epilogue region
     r = subprocess.run([sys.executable, "-m", "forge_pack", "profile", str(MODELS / "kb_gemm_gelu_softmax.py"),
                         "--device", "cpu", "--regions", "--json", "--iterations", "1",
                         "--run-dir", str(tmp_path / "kb")],

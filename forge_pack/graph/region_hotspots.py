@@ -18,6 +18,8 @@ import torch
 
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph.capture import capture
+from forge_pack.graph.conv_chain import find_conv_chains
+from forge_pack.graph.conv_hotspots import conv_hotspots, keep_names
 from forge_pack.graph.regions import Region, find_regions
 from forge_pack.profile.capture import save_capture
 from forge_pack.profile.profiler import Profile
@@ -55,12 +57,14 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
     t0 = time.perf_counter()
     graph = capture(target.module, target.args, target.kwargs)
     regions = find_regions(graph)
+    chains = find_conv_chains(graph)
     say(f"captured on the {graph.route} route: {len(regions)} region instances ({graph.time_source} times)")
     groups: dict[str, list[Region]] = {}
     for r in regions:
         groups.setdefault(r.key, []).append(r)
     ordered = sorted(groups.values(), key=lambda g: -sum(x.time_us for x in g))
     keep = {name for g in ordered for r in g[:CAPTURES_PER_REGION] for name in (*r.inputs, r.nodes[-1])}
+    keep |= keep_names(chains)
     values = graph.run(keep=keep) if graph.values is not None else {}
     hotspots, written = [], 0
     for g in ordered:
@@ -79,7 +83,9 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
             written += save_capture(Path(run_dir) / rel, signature(r), tensors, out)
             captures.append(rel)
         hotspots.append(region_hotspot(g, tuple(captures)))
-    covered = sum(h.time_share for h in hotspots)
+    covered = sum(h.time_share for h in hotspots)  # a conv epilogue's ops are a batch_norm region's: not again
+    # largest first; a conv epilogue ties with the batch_norm region it holds, which stays first
+    hotspots = sorted(hotspots + conv_hotspots(chains, values, run_dir, say, CAPTURE_BYTES_TOTAL - written), key=lambda h: -h.time_share)
     say(f"{len(hotspots)} region signatures, {covered * 100:.1f}% of the attributed time; "
         f"{sum(1 for h in hotspots if h.unsupported)} not covered")
     notes = [f"regions on the {graph.route} route; times: {graph.time_source}"]

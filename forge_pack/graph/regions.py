@@ -355,7 +355,7 @@ def uncovered(graph: Graph, regions: list[Region]) -> list[dict[str, Any]]:
 
 REASONS = {
     "matmul": "matmul: compute-bound, bounds a region (left to cuBLAS / Inductor)",
-    "conv": "convolution: bounds a region (conv + epilogue regions are not built yet)",
+    "conv": "convolution: bounds a region (one followed by an inference batch_norm is a conv epilogue region)",
     "attention": "attention (sdpa): bounds a region (attention regions are not built yet)",
     "layout_view": "layout-changing view (permute / transpose / slice): bounds a region",
     "view": "view outside any region",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge_pack.graph.capture import Graph
+from forge_pack.graph.conv_chain import epilogue_region, find_conv_chains
 from forge_pack.graph.regions import Region, find_regions, uncovered
 
 
@@ -55,12 +56,30 @@ def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
     regions = find_regions(graph) if regions is None else regions
     groups = group_regions(regions)
     covered = sum(g.time_share for g in groups)
+    chains = [c.region for c in find_conv_chains(graph)]  # their convolutions are covered too
     return {"route": graph.route, "attempts": [list(a) for a in graph.attempts], "device": graph.device,
             "time_source": graph.time_source, "profiled_fraction": graph.profiled_fraction,
             "forward_us": graph.forward_us, "attributed_us": graph.total_us, "region_share": covered,
             "output_check": graph.output_check,
-            "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions),
-            "notes": graph.notes}
+            "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions + chains),
+            "conv_regions": conv_groups(graph), "notes": graph.notes}
+
+
+def conv_groups(graph: Graph) -> list[dict]:
+    """The convolution epilogue regions (graph/conv_chain), grouped by signature, largest first: what
+    `search --regions` folds and fuses (the epilogue) and compile mode swaps for one op."""
+    by_key: dict[str, list] = {}
+    for c in find_conv_chains(graph):
+        by_key.setdefault(c.region.key, []).append(c)
+    out = []
+    for chains in sorted(by_key.values(), key=lambda cs: -sum(c.region.time_us for c in cs)):
+        c = chains[0]
+        out.append({"name": c.name, "pattern": c.region.pattern, "calls": len(chains),
+                    "time_us": sum(x.region.time_us for x in chains),
+                    "time_share": sum(x.region.time_share for x in chains),
+                    "modules": sorted({x.region.module for x in chains if x.region.module}),
+                    "epilogue": epilogue_region(c).name, "chain": c.to_json()})
+    return out
 
 
 def _us(us: float) -> str:
@@ -87,6 +106,15 @@ def format_regions(graph: Graph, regions: list[Region] | None = None, top: int =
     if len(doc["regions"]) > top:
         rest = sum(g["time_share"] for g in doc["regions"][top:])
         lines.append(f"    ... {len(doc['regions']) - top} more signatures, {rest * 100:.1f}% together")
+    if doc["conv_regions"]:
+        lines.append(f"Convolution epilogue regions (batch_norm folded into the convolution): "
+                     f"{len(doc['conv_regions'])} signatures")
+        for i, g in enumerate(doc["conv_regions"][:top], 1):
+            c = g["chain"]
+            lines.append(f"{i:>2}  {g['time_share'] * 100:5.1f}%  {_us(g['time_us']):>9}  {g['calls']:>5}  "
+                         f"{'conv':<9}  {g['pattern']}: stride {c['stride']} padding {c['padding']} groups "
+                         f"{c['groups']}  [{_spec_text(c['region']['input_specs'][0])} -> "
+                         f"{_spec_text(c['region']['output_spec'])}]")
     if doc["uncovered"]:
         lines.append("Not covered by any region:")
         for u in doc["uncovered"]:

@@ -466,7 +466,10 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
                   "sources": ["csrc/binding.cpp"] + [c.launcher_file for c in codes]},
         "targets": targets, "dropped": dropped, "model_result": None,
     }
-    regions = _compile_regions(targets)
+    from forge_pack.pack.conv_pack import conv_regions
+
+    # conv chains first: compile mode tries regions in this order, and a chain holds a batch_norm region
+    regions = conv_regions(winners, targets, info.run_dir, pkg, namespace) + _compile_regions(targets)
     if regions:
         doc["regions"] = regions
     _copy_static(stage, name, doc)
@@ -528,7 +531,8 @@ def _copy_static(stage: Path, name: str, doc: dict) -> None:
     for src, dest in (("pyproject.toml", "pyproject.toml"), ("setup.py", "setup.py"), ("MANIFEST.in", "MANIFEST.in"),
                       ("__init__.py", f"{name}/__init__.py"), ("_patch.py", f"{name}/_patch.py"),
                       ("__main__.py", f"{name}/__main__.py"), ("_integrity.py", f"{name}/_integrity.py"),
-                      ("_compile.py", f"{name}/_compile.py"), ("_bench.py", f"{name}/_bench.py")):
+                      ("_compile.py", f"{name}/_compile.py"), ("_bench.py", f"{name}/_bench.py"),
+                      ("_conv_regions.py", f"{name}/_conv_regions.py")):
         text = (t / src).read_text()
         for k, v in subs.items():
             text = text.replace(k, v)
@@ -583,7 +587,7 @@ def vendor_targets(pkg: Path) -> dict:
 # only, relative imports), copied verbatim into <pkg>/_graph/.
 GRAPH_SOURCE = Path(__file__).resolve().parent.parent / "graph"
 GRAPH_DIR = "_graph"
-GRAPH_RUNTIME_MODULES = ("__init__", "opclass", "canonical", "region_match")
+GRAPH_RUNTIME_MODULES = ("__init__", "opclass", "canonical", "region_match", "conv_fold")
 
 
 def vendor_graph(pkg: Path) -> dict:

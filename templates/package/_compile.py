@@ -95,6 +95,8 @@ class _Region:
         op = r.get("op") or r["id"]
         self.qualname: str = op if "::" in op else f"{namespace}::{op}"
         self.output: dict | None = r.get("output")  # {dtype, shape, strides} the kernel returns
+        self.conv: dict | None = r.get("conv")  # a conv epilogue region: its op is defined by _conv_regions.py
+        self.raw = r
         self.fn: Any = None
 
     def bind(self) -> Any:
@@ -178,10 +180,12 @@ class CompileMode:
                 "graphs": len(self.graphs)}
 
     # ---- regions
-    def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None) -> Any:
+    def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None,
+                    export: bool = False) -> Any:
         """Inductor's joint_custom_pre_pass replacing the used regions in the graph Inductor traces from `gm`
-        (None: no region can be used there); `then`: a pass of the caller's, run after it."""
-        used = [r for r in self.regions if r.id in self.use]
+        (None: no region can be used there); `then`: a pass of the caller's, run after it. ``export``: for an
+        AOTInductor package, which cannot call the conv regions' Python op: those stay Inductor's."""
+        used = [r for r in self.regions if r.id in self.use and not (export and r.conv is not None)]
         device = _graph_device(gm, example_inputs)
         if not used or device is None or device.type != self.patcher.backend:
             return None
@@ -213,6 +217,8 @@ class CompileMode:
             try:
                 from torch._inductor.decomposition import select_decomp_table
 
+                if r.conv is not None:
+                    _register_conv_region(r, self.patcher)
                 got = _load_graph_runtime().respell(r.form, device.type, select_decomp_table())
                 if r.output is not None and got.output != r.output:
                     why = f"traced, its output is {got.output}, not the kernel's {r.output}"
@@ -381,7 +387,7 @@ class CompileMode:
             from torch._inductor import aoti_compile_and_package
 
             before = dict(self.matched)
-            region_pass = self.region_pass(program.graph_module, [*args, *kwargs.values()])
+            region_pass = self.region_pass(program.graph_module, [*args, *kwargs.values()], export=True)
             configs = {"joint_custom_pre_pass": region_pass} if region_pass is not None else None
             written = aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
         regions = {k: v - before.get(k, 0) for k, v in self.matched.items() if v > before.get(k, 0)}
@@ -398,6 +404,23 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         if isinstance(v, torch.Tensor):
             return v.device
     return None
+
+
+def _register_conv_region(r: _Region, patcher: Any) -> None:
+    """Define a conv epilogue region's op (``_conv_regions.py`` beside this file: the folded convolution and
+    the epilogue kernel, or the original ops when the model's parameters are not the ones folded)."""
+    here = Path(__file__).resolve().parent
+    name = f"{__package__}._conv_regions" if __package__ else f"{__name__}_conv_regions"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, here / "_conv_regions.py")
+        if spec is None or spec.loader is None:
+            raise ImportError(f"_conv_regions.py is missing beside {Path(__file__).name}: the package is incomplete")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    match = _load_graph_runtime()
+    runtime = {m: importlib.import_module(f"{match.__package__}.{m}") for m in ("conv_fold", "canonical")}
+    sys.modules[name].register(r.raw, patcher.namespace, patcher.package, here, runtime)
 
 
 def _bind_region_op(r: _Region, output: dict) -> None:

@@ -181,7 +181,8 @@ ext, extra = extension(ABI3)
 setup(
     # _targets: the target registry the runtime binds calls with; _graph: the region matcher of compile mode
     packages=[PACKAGE, PACKAGE + "._targets", PACKAGE + "._graph"],
-    package_data={PACKAGE: ["manifest.json", "manifest.schema.json", "_build_info.json", "fixtures/*.safetensors"]},
+    package_data={PACKAGE: ["manifest.json", "manifest.schema.json", "_build_info.json", "fixtures/*.safetensors",
+                          "conv/*.safetensors"]},
     ext_modules=[ext],
     # exactly this torch (version and build, e.g. 2.14.1+cu130): the extension refuses any other
     install_requires=[f"torch=={torch.__version__}", "jsonschema>=4.0", "safetensors>=0.4"],

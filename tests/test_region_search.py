@@ -139,7 +139,7 @@ def test_search_regions_end_to_end_stores_resumes_and_packs_the_region(tmp_path,
     searched = [o for o in summary.outcomes if not o.skipped]
     assert [o.hotspot.op for o in searched] == ["region"]
     region = searched[0].hotspot.extra["region"]
-    assert searched[0].hotspot.id == region["name"] and region["name"].startswith("batch_norm_")
+    assert searched[0].hotspot.id == region["name"] and region["name"].startswith(("batch_norm_", "conv_epilogue_"))  # the larger share of the two
     assert searched[0].hotspot.captures  # the real inputs, saved from the graph's own run
     with Store(run_dir) as store:
         ids = {r["id"] for r in store.hotspots()}

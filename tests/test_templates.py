@@ -207,7 +207,7 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
 
 def test_the_family_registry_and_proposer_import_without_torch():
     code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
-            "assert len(r.backend_families('cuda')) == 30 and len(r.backend_families('cpu')) == 14; "
+            "assert len(r.backend_families('cuda')) == 31 and len(r.backend_families('cpu')) == 15; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 

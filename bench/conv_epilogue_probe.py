@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
 # (in_channels, out_channels, kernel, stride, H = W of the input, residual after it)
 LAYERS = [
@@ -36,15 +37,11 @@ LAYERS = [
 
 
 def fold(conv, bn):
-    """(weight, bias) of the convolution with the eval batch_norm folded in, in float32."""
-    import torch
+    """(weight, bias) of the convolution with the eval batch_norm folded in: the package's own folding
+    (forge_pack/graph/conv_fold.py), so the probe times the weights a package would ship."""
+    from forge_pack.graph.conv_fold import fold as fold_params
 
-    scale = bn.weight.float() / torch.sqrt(bn.running_var.float() + bn.eps)
-    w = conv.weight.float() * scale.reshape(-1, 1, 1, 1)
-    b = bn.bias.float() - bn.running_mean.float() * scale
-    if conv.bias is not None:
-        b = b + conv.bias.float() * scale
-    return w, b
+    return fold_params(conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps)
 
 
 def time_ms(fn, reps: int = 50, warm: int = 10) -> float:

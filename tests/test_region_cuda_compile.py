@@ -1,4 +1,4 @@
-"""Generated CUDA region kernels compile with nvcc for sm_90, and the pointwise skeleton's vector
+"""Generated CUDA region kernels compile for sm_90 with nvcc and with NVRTC (the evaluator's compiler), and the pointwise skeleton's vector
 path is what the layout allows: vector loads for stride-1 operands, one load per run for
 broadcasts, per-element reads otherwise (no GPU needed: the code and the PTX are inspected).
 
@@ -63,11 +63,22 @@ def _bn_block_signature(size: int = 56, dtype: str = "bfloat16", channels_last: 
 
 
 def _nvcc(source: str, folder: str, name: str) -> tuple[int, str]:
+    """Compile with nvcc (what the package's setup.py build uses) and, where libnvrtc is found, with
+    NVRTC as the evaluator does (``compile._compile_cuda``): the two accept different sources
+    (NVRTC has no ``__builtin_memcpy``, for one), and a kernel must build both ways."""
+    from forge_pack.evaluate import compile as fcompile
+
     src = Path(folder) / f"{name}.cu"
     src.write_text(source)
     res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", f"{src}.cubin", str(src)],
                          capture_output=True, text=True)
-    return res.returncode, res.stdout + res.stderr
+    rc, log = res.returncode, res.stdout + res.stderr
+    rtc = fcompile.nvrtc()
+    if rtc is not None:
+        options = ["--gpu-architecture=sm_90", *fcompile.NVRTC_FLAGS, *[f"-I{d}" for d in rtc.include_dirs]]
+        ok, rtc_log, _ = rtc.compile(source, "kernel.cu", options)
+        rc, log = rc or (0 if ok else 1), log + "\n[nvrtc]\n" + rtc_log
+    return rc, log
 
 
 def _spills(log: str) -> bool:

@@ -91,7 +91,7 @@ template <int V, typename T> FP_FN void fp_ldv(const T* p, float* y) {
   for (int a = 0; a < V / S::per; ++a) {
     const W w = __ldg(reinterpret_cast<const W*>(p) + a);
     T e[S::per];
-    __builtin_memcpy(e, &w, S::bytes);
+    memcpy(e, &w, S::bytes);
 #pragma unroll
     for (int i = 0; i < S::per; ++i) y[a * S::per + i] = fp_f(e[i]);
   }
@@ -106,7 +106,7 @@ template <int V, typename T> FP_FN void fp_stv(T* p, const float* y) {
 #pragma unroll
     for (int i = 0; i < S::per; ++i) fp_to(y[a * S::per + i], e[i]);
     W w;
-    __builtin_memcpy(&w, e, S::bytes);
+    memcpy(&w, e, S::bytes);
     reinterpret_cast<W*>(p)[a] = w;
   }
 }

@@ -18,13 +18,13 @@ FP_FN long long fp_max_ll(long long a, long long b) { return a > b ? a : b; }
 FP_FN unsigned int fp_pack2(float a, float b, const __nv_bfloat16*) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   unsigned int w;
-  __builtin_memcpy(&w, &v, 4);
+  memcpy(&w, &v, 4);
   return w;
 }
 FP_FN unsigned int fp_pack2(float a, float b, const __half*) {
   const __half2 v = __floats2half2_rn(a, b);
   unsigned int w;
-  __builtin_memcpy(&w, &v, 4);
+  memcpy(&w, &v, 4);
   return w;
 }
 FP_FN unsigned int fp_pack2(float a, float b, const float*) { return __float_as_uint(a); }  // unused: fp32 is one per word

@@ -306,7 +306,10 @@ def _model(name: str, device: str, dtype, smoke: bool):
     return m.eval().to(device).to(memory_format=torch.channels_last), m
 
 
-def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_compile: int, say) -> dict:
+def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_compile: int, say,
+             progress=lambda row: None) -> dict:
+    """One model at one batch. ``progress(row)`` is called with the row so far after each step, so a
+    run cut short (a time-limited device call) still leaves what it measured."""
     import torch
 
     m32, _ = _model(name, device, torch.float32, smoke)
@@ -332,7 +335,9 @@ def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_comp
         row["max_abs_vs_fp32"][label] = (out.double() - gold).abs().max().item()
         with torch.no_grad():
             row["ms"][label] = time_ms(lambda: fn(x), device)
-        say(f"{name} B{batch} {label}: {row['ms'][label]:.3f} ms")
+        took = f" (compiled in {row['compile_s'][label]:.1f} s)" if compile_first else ""
+        say(f"{name} B{batch} {label}: {row['ms'][label]:.3f} ms{took}")
+        progress(row)
 
     measure("eager", model)
     torch._dynamo.reset()
@@ -341,6 +346,9 @@ def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_comp
     measure("compile_freezing", torch.compile(model, options={"freezing": True}), True)
     with tempfile.TemporaryDirectory() as tmp:
         cm, regions, epilogues = build_package(model, x, Path(tmp), device, say)
+        row["regions"] = region_rows(regions, epilogues)
+        progress(row)
+        say(f"{name} B{batch} compile_package: compiling")
         torch._dynamo.reset()
         measure("compile_package", cm.compile(model), True)
         # the op's own calls count the replacements (cm.report() counts only graphs Inductor compiled
@@ -431,12 +439,21 @@ def main() -> None:
 
     rows = []
     t0 = time.perf_counter()
+    partial = Path(f"{base}.partial.json")
+
+    def progress(row):
+        import json
+
+        partial.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "complete": False,
+                                       "rows": rows + [row]}, indent=1, default=str))
+
     for name in models:
         for batch in batches:
-            rows.append(run_case(name, batch, device, dtype, a.smoke, a.region_compile, say))
+            rows.append(run_case(name, batch, device, dtype, a.smoke, a.region_compile, say, progress))
     doc = {"command": "python " + " ".join(sys.argv), "environment": _common.environment(),
            "seconds": time.perf_counter() - t0, "rows": rows}
     _common.write(base, doc, markdown(doc))
+    partial.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def test_an_average_counting_excluded_padding_is_rejected(evaluator):
     """count_include_pad=False divides a border window by its cells inside the input; dividing by
     the cells up to the padded edge is wrong there."""
     region = _regions(pool_variants)["avg_pool2d+mul+add"]
-    bad = _mutated(region, "fp_max_ll(h0, 0LL)", "h0")
+    bad = _mutated(region, "fp_max_idx(h0, 0)", "h0")
     e = evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
@@ -151,7 +151,7 @@ def test_a_ceil_window_divided_by_the_whole_kernel_is_rejected(evaluator):
     """avg_pool2d(2, ceil_mode=True) on 9 rows: the last window starts at row 8 and ends past the
     input (no padding), so count_include_pad divides it by the one row inside, not by 2."""
     region = _regions(pool_variants)["avg_pool2d"]
-    bad = _mutated(region, "(fp_min_ll(h0 + 2LL, 9LL) - h0)", "2LL")
+    bad = _mutated(region, "(fp_min_idx(h0 + 2, 9) - h0)", "2")
     e = evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 

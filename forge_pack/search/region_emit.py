@@ -9,7 +9,9 @@ parallel split and the reductions; the code here gives them, for one region:
 - ``fp_out_value(args, r, c, red)`` and ``fp_out_offset(r, c)``: the output element and where it goes;
 - ``FP_INIT<j>``, ``FP_COMBINE<j>``, ``FP_FINAL<j>``, ``FP_SUM<j>``: how reduction j accumulates;
 - the sizes (``NUMEL``, ``ROWS``, ``COLS``, ``NRED``, ``PER_ROW``), all compile-time constants: a
-  region's key fixes every shape and stride, so the kernel is specialised to them.
+  region's key fixes every shape and stride, so the kernel is specialised to them;
+- index math in ``fp_idx`` (the skeleton's typedef of ``FP_IDX_T``: ``int`` where every offset fits,
+  see ``index_type``), with unsuffixed constants (C++ gives a constant too large for int a wider type).
 
 Inputs are read at the strides the lowering found, split into a row part (hoisted out of the
 column loop by the compiler) and a column part; dims that are contiguous with each other are
@@ -56,11 +58,11 @@ def _groups(sizes: tuple[int, ...], strides: tuple[int, ...]) -> list[tuple[int,
 def _offset(var: str, total: int, groups: list[tuple[int, int, int]]) -> str:
     terms = []
     for size, stride, div in groups:
-        idx = var if div == 1 else f"({var} / {div}LL)"
+        idx = var if div == 1 else f"({var} / {div})"
         if size * div < total:
-            idx = f"({idx} % {size}LL)"
-        terms.append(idx if stride == 1 else f"{idx} * {stride}LL")
-    return " + ".join(terms) if terms else "0LL"
+            idx = f"({idx} % {size})"
+        terms.append(idx if stride == 1 else f"{idx} * {stride}")
+    return " + ".join(terms) if terms else "0"
 
 
 class Emitter:
@@ -98,7 +100,7 @@ class Emitter:
         rows_total, cols_total = _prod(row_sizes), _prod(col_sizes)
         row_off = _offset("r", rows_total, _groups(row_sizes, row_st))
         col_off = _offset("c", cols_total, _groups(col_sizes, col_st))
-        off = col_off if row_off == "0LL" else (row_off if col_off == "0LL" else f"{row_off} + {col_off}")
+        off = col_off if row_off == "0" else (row_off if col_off == "0" else f"{row_off} + {col_off}")
         dtype = self.p.input_dtypes[k]
         if dtype in ("float32", "bfloat16", "float16"):
             return f"fp_ld(in{k} + ({off}))"
@@ -114,7 +116,7 @@ class Emitter:
         params, args = self.params()
         lines = [f"// generated for ops: {' '.join(p.ops)}",
                  f"#define REGION_PARAMS {params}", f"#define REGION_ARGS {args}"]
-        sig = "(REGION_PARAMS, long long r, long long c, const float* red)"
+        sig = "(REGION_PARAMS, fp_idx r, fp_idx c, const float* red)"
         unused = "(void)r; (void)c; (void)red;"
         for j, red in enumerate(p.reductions):
             expr = self.value(red.val, p.space, self.split)
@@ -133,7 +135,7 @@ class Emitter:
             out_expr = self.value(p.out, p.space, self.split)
             out_off = self.offset_rc(p.out_strides)
         lines.append(f"FP_FN float fp_out_value{sig} {{ {unused} return {out_expr}; }}")
-        lines.append(f"FP_FN long long fp_out_offset(long long r, long long c) {{ (void)r; (void)c; return {out_off}; }}")
+        lines.append(f"FP_FN fp_idx fp_out_offset(fp_idx r, fp_idx c) {{ (void)r; (void)c; return {out_off}; }}")
         rows, cols = _prod(p.space[:self.split]), _prod(p.space[self.split:])
         defines = {"NUMEL": f"{p.numel}LL", "ROWS": f"{rows}LL", "COLS": f"{cols}LL",
                    "NRED": len(p.reductions), "PER_ROW": int(p.per_row)}
@@ -143,7 +145,7 @@ class Emitter:
         space, split = self.p.space, self.split
         row = _offset("r", _prod(space[:split]), _groups(space[:split], strides[:split]))
         col = _offset("c", _prod(space[split:]), _groups(space[split:], strides[split:]))
-        return col if row == "0LL" else (row if col == "0LL" else f"{row} + {col}")
+        return col if row == "0" else (row if col == "0" else f"{row} + {col}")
 
 
 def _prod(xs) -> int:
@@ -151,6 +153,19 @@ def _prod(xs) -> int:
     for x in xs:
         out *= int(x)
     return out
+
+
+INDEX_LIMIT = 1 << 30  # 32-bit index math below this many elements (half of int's range: room for a window's +k)
+
+
+def index_type(numel: int, tensors) -> str:
+    """The C type of the generated index math (``FP_IDX_T``): ``int`` when the iteration space and
+    every tensor's furthest element (``tensors``: (shape, strides) pairs) lie below ``INDEX_LIMIT``,
+    else ``long long``. On a GPU, 64-bit division by a constant is a long emulated sequence: with it
+    an index-heavy region (a 3x3 window over 200 M elements) is bound by integer instructions."""
+    furthest = max([int(numel)] + [1 + sum((int(n) - 1) * abs(int(st)) for n, st in zip(shape, strides) if int(n) > 0)
+                                   for shape, strides in tensors])
+    return "int" if furthest < INDEX_LIMIT else "long long"
 
 
 def window_code(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:

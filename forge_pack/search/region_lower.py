@@ -43,6 +43,9 @@ class Val:
     expr: str  # C float expression; {i} is the i-th leaf
     leaves: list[Leaf]
     dtype: str
+    # the value is representable in ``dtype`` (an input read in its dtype, or a value just rounded to
+    # it): an op that picks or negates such values (relu, max, abs ...) needs no rounding of its own
+    exact: bool = False
 
 
 @dataclass
@@ -252,7 +255,9 @@ def _combine(template: str, vals: list[Val], dtype: str, shape: tuple[int, ...] 
         parts.append("(" + _shift(v.expr, len(leaves), len(v.leaves)) + ")")
         leaves.extend(moved)
     expr = template.format(**{f"a{i}": p for i, p in enumerate(parts)})
-    return Val(out_shape, space, _rounded(expr, dtype), leaves, dtype)
+    if not (template in _EXACT and all(v.exact and v.dtype == dtype for v in vals)):
+        expr = _rounded(expr, dtype)
+    return Val(out_shape, space, expr, leaves, dtype, True)
 
 
 def _constant_val(x: Any, dtype: str) -> Val:
@@ -267,14 +272,14 @@ def _view(v: Val, new_shape) -> Val:
     if v.space != v.shape:
         if _prod(new_shape) != _prod(v.shape):
             raise Uncovered("a view of a re-spaced value")
-        return Val(new_shape, v.space, v.expr, v.leaves, v.dtype)
+        return Val(new_shape, v.space, v.expr, v.leaves, v.dtype, v.exact)
     leaves = []
     for leaf in v.leaves:
         st = view_strides(v.shape, leaf.strides, new_shape)
         if st is None:
             raise Uncovered(f"a view {v.shape} -> {new_shape} that needs a copy")
         leaves.append(Leaf(leaf.source, st))
-    return Val(new_shape, new_shape, v.expr, leaves, v.dtype)
+    return Val(new_shape, new_shape, v.expr, leaves, v.dtype, v.exact)
 
 
 def _expand(v: Val, sizes) -> Val:
@@ -300,7 +305,7 @@ def _respace(v: Val, space: tuple[int, ...]) -> Val:
         if st is None:
             raise Uncovered(f"shape {v.shape} cannot be read as {space}")
         leaves.append(Leaf(leaf.source, st))
-    return Val(v.shape, space, v.expr, leaves, v.dtype)
+    return Val(v.shape, space, v.expr, leaves, v.dtype, v.exact)
 
 
 # ------------------------------------------------------------------ the op table
@@ -320,6 +325,9 @@ _POINTWISE = {
     "where": "({a0} != 0.0f ? {a1} : {a2})", "masked_fill": "({a1} != 0.0f ? {a2} : {a0})",
     "logical_not": "({a0} == 0.0f ? 1.0f : 0.0f)", "hardtanh": "fp_clamp({a0}, {a1}, {a2})",
 }
+# ops whose result is one of their operands (or its negation / magnitude): exact in the operands'
+# dtype when the operands are, so eager's rounding after them is the identity
+_EXACT = {_POINTWISE[k] for k in ("relu", "neg", "abs", "maximum", "minimum")}
 _COMPARE = ("eq", "ne", "gt", "ge", "lt", "le", "logical_not")
 _IDENTITY = ("clone", "contiguous", "alias", "lift_fresh_copy", "detach", "dropout")
 _VIEWS = ("view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "flatten")
@@ -345,7 +353,7 @@ class Lowering:
         if isinstance(a, dict) and "in" in a:
             spec = self.inputs[a["in"]]
             shape = tuple(spec["shape"])
-            return Val(shape, shape, "{0}", [Leaf(("in", a["in"]), tuple(spec["strides"]))], spec["dtype"])
+            return Val(shape, shape, "{0}", [Leaf(("in", a["in"]), tuple(spec["strides"]))], spec["dtype"], True)
         if isinstance(a, dict) and "n" in a:
             return self.made[a["n"]]
         return a
@@ -443,12 +451,12 @@ class Lowering:
                 raise Uncovered(f"not covered: {name} without a dtype")
             v = self.arg(args[0])
             d = dt["dtype"]
-            expr = _rounded(v.expr, d)
+            expr = v.expr if v.exact and v.dtype == d else _rounded(v.expr, d)  # a cast to its own dtype: as is
             if d in ("bool",):
                 expr = f"({v.expr} != 0.0f ? 1.0f : 0.0f)"
             elif d not in FLOAT_DTYPES:
                 expr = f"fp_trunc({v.expr})"
-            return Val(v.shape, v.space, expr, v.leaves, d)
+            return Val(v.shape, v.space, expr, v.leaves, d, d in FLOAT_DTYPES)
         if name in _VIEWS:
             return self.view_op(name, args)
         if name in ("sum", "mean", "amax", "amin", "max", "min") and len(args) > 1:
@@ -619,7 +627,7 @@ class Lowering:
             y = _combine("{a0} * {a1}", [y, w], "float32")
         if b is not None:
             y = _combine("{a0} + {a1}", [y, b], "float32")
-        return Val(y.shape, y.space, _rounded(y.expr, dtype), y.leaves, dtype)
+        return Val(y.shape, y.space, _rounded(y.expr, dtype), y.leaves, dtype, True)
 
     def group_norm_op(self, name: str, args: list) -> Any:
         x = self.arg(args[0])
@@ -667,7 +675,7 @@ class Lowering:
             y = _combine("{a0} * {a1}", [y, chan(w)], "float32")
         if chan(b) is not None:
             y = _combine("{a0} + {a1}", [y, chan(b)], "float32")
-        out = Val(y.shape, y.space, _rounded(y.expr, x.dtype), y.leaves, x.dtype)
+        out = Val(y.shape, y.space, _rounded(y.expr, x.dtype), y.leaves, x.dtype, True)
         return (out, None, None)
 
     def window_op(self, name: str, args: list, kwargs: dict) -> Val:
@@ -706,7 +714,9 @@ class Lowering:
         j = len(self.reductions)
         xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
         self.reductions.append(Reduction("max" if win.mode == "max" else "sum", xf))
-        return Val(out_shape, out_shape, _rounded("{0}", x.dtype), [Leaf(("red", j), contiguous(out_shape))], x.dtype)
+        picked = win.mode == "max" and x.exact  # the max of values exact in x.dtype is one of them
+        return Val(out_shape, out_shape, "{0}" if picked else _rounded("{0}", x.dtype),
+                   [Leaf(("red", j), contiguous(out_shape))], x.dtype, True)
 
     # -- the result
     def program(self, out: Val) -> Program:

@@ -78,7 +78,7 @@ class VectorWriter:
         rs, cs = self.space[:self.split], self.space[self.split:]
         row = _offset("r", _prod(rs), _groups(rs, strides[:self.split]))
         col = _offset(cvar, _prod(cs), _groups(cs, strides[self.split:]))
-        return col if row == "0LL" else (row if col == "0LL" else f"{row} + {col}")
+        return col if row == "0" else (row if col == "0" else f"{row} + {col}")
 
     def function(self, name: str, val) -> tuple[list[str], str]:
         """``name(REGION_PARAMS, r, c0, red, y)``: y[j] = the value at column c0 + j, j < vec."""
@@ -114,9 +114,9 @@ class VectorWriter:
                         self.aligned.append(f"fp_aligned<{vec}>(in{k})")
             tokens.append(names[key] if classes[names[key]] == "uniform" else f"{names[key]}[j]")
         expr = val.expr.format(*tokens)
-        lines = [f"FP_FN void {name}(REGION_PARAMS, long long r, long long c0, const float* red, float* y) {{",
+        lines = [f"FP_FN void {name}(REGION_PARAMS, fp_idx r, fp_idx c0, const float* red, float* y) {{",
                  "  (void)r; (void)red;", *loads, "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
-                 "    const long long c = c0 + j; (void)c;", f"    y[j] = {expr};", "  }", "}"]
+                 "    const fp_idx c = c0 + j; (void)c;", f"    y[j] = {expr};", "  }", "}"]
         summary = ", ".join(f"{q}={c}" for q, c in classes.items()) or "none"
         return lines, summary
 
@@ -130,7 +130,7 @@ class VectorWriter:
             cls = "lane"
             body = (f"#pragma unroll\n  for (int j = 0; j < {self.vec}; ++j) "
                     f"forge_store(out + fp_out_offset(r, c0 + j), y[j]);")
-        return ["FP_FN void fp_store_vec(REGION_PARAMS, long long r, long long c0, const float* y) {",
+        return ["FP_FN void fp_store_vec(REGION_PARAMS, fp_idx r, fp_idx c0, const float* y) {",
                 "  (void)r; (void)c0;", body, "}"], cls
 
     def aligned_check(self) -> list[str]:

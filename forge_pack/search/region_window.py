@@ -95,8 +95,8 @@ class WindowWriter:
         for d in dims:
             st = strides[d]
             if st != 0 and sizes[d] != 1:
-                terms.append(idx(d) if st == 1 else f"{idx(d)} * {st}LL")
-        return " + ".join(terms) if terms else "0LL"
+                terms.append(idx(d) if st == 1 else f"{idx(d)} * {st}")
+        return " + ".join(terms) if terms else "0"
 
     def _read(self, k: int, off: str) -> str:
         dtype = self.p.input_dtypes[k]
@@ -122,10 +122,10 @@ class WindowWriter:
             a = "hw"[axis]
             if w.mode == "adaptive":
                 o = self.space[i]
-                lines += [f"  const long long {a}s = (i{i} * {n}LL) / {o}LL;",
-                          f"  const long long {a}e = ((i{i} + 1) * {n}LL + {o - 1}LL) / {o}LL;"]
+                lines += [f"  const fp_idx {a}s = (i{i} * {n}) / {o};",
+                          f"  const fp_idx {a}e = ((i{i} + 1) * {n} + {o - 1}) / {o};"]
             else:
-                lines.append(f"  const long long {a}0 = i{i} * {w.stride[axis]}LL - {w.pad[axis]}LL;")
+                lines.append(f"  const fp_idx {a}0 = i{i} * {w.stride[axis]} - {w.pad[axis]};")
         return lines
 
     def _divisor(self) -> str:
@@ -138,10 +138,10 @@ class WindowWriter:
             return f"(float){w.divisor}"
         h, wd = w.in_shape[-2], w.in_shape[-1]
         if w.count_include_pad:  # the window up to the padded edge (pad cells count, cells past it do not)
-            return (f"(float)((fp_min_ll(h0 + {w.kernel[0]}LL, {h + w.pad[0]}LL) - h0) * "
-                    f"(fp_min_ll(w0 + {w.kernel[1]}LL, {wd + w.pad[1]}LL) - w0))")
-        return (f"(float)((fp_min_ll(h0 + {w.kernel[0]}LL, {h}LL) - fp_max_ll(h0, 0LL)) * "
-                f"(fp_min_ll(w0 + {w.kernel[1]}LL, {wd}LL) - fp_max_ll(w0, 0LL)))")
+            return (f"(float)((fp_min_idx(h0 + {w.kernel[0]}, {h + w.pad[0]}) - h0) * "
+                    f"(fp_min_idx(w0 + {w.kernel[1]}, {wd + w.pad[1]}) - w0))")
+        return (f"(float)((fp_min_idx(h0 + {w.kernel[0]}, {h}) - fp_max_idx(h0, 0)) * "
+                f"(fp_min_idx(w0 + {w.kernel[1]}, {wd}) - fp_max_idx(w0, 0)))")
 
     def _loops(self, body: list[str]) -> list[str]:
         """The window loops around ``body`` (statements at input row ``ih``, column ``iw``; ``ok``
@@ -152,24 +152,24 @@ class WindowWriter:
         w = self.w
         h, wd = w.in_shape[-2], w.in_shape[-1]
         if w.mode == "adaptive":
-            return ["  for (long long ih = hs; ih < he; ++ih) {", "    for (long long iw = ws; iw < we; ++iw) {",
+            return ["  for (fp_idx ih = hs; ih < he; ++ih) {", "    for (fp_idx iw = ws; iw < we; ++iw) {",
                     "      const bool ok = true;", *["  " + b for b in body], "    }", "  }"]
         return ["  FP_WIN_UNROLL", f"  for (int kh = 0; kh < {w.kernel[0]}; ++kh) {{",
-                f"    const long long ih = h0 + (long long)kh * {w.dilation[0]}LL;",
-                f"    const bool ok_h = ih >= 0 && ih < {h}LL;",
+                f"    const fp_idx ih = h0 + (fp_idx)kh * {w.dilation[0]};",
+                f"    const bool ok_h = ih >= 0 && ih < {h};",
                 "    FP_WIN_UNROLL", f"    for (int kw = 0; kw < {w.kernel[1]}; ++kw) {{",
-                f"      const long long iw = w0 + (long long)kw * {w.dilation[1]}LL;",
-                f"      const bool ok = ok_h && iw >= 0 && iw < {wd}LL;", *["  " + b for b in body], "    }", "  }"]
+                f"      const fp_idx iw = w0 + (fp_idx)kw * {w.dilation[1]};",
+                f"      const bool ok = ok_h && iw >= 0 && iw < {wd};", *["  " + b for b in body], "    }", "  }"]
 
     def _coords(self, order: list[int], var: str) -> list[str]:
-        lines = [f"  long long t = {var};"]
+        lines = [f"  fp_idx t = {var};"]
         live = [d for d in order if self.space[d] != 1]
-        lines += [f"  const long long i{d} = 0;" for d in range(self.nd) if self.space[d] == 1]
+        lines += [f"  const fp_idx i{d} = 0;" for d in range(self.nd) if self.space[d] == 1]
         for pos, d in enumerate(reversed(live)):
             if pos == len(live) - 1:
-                lines.append(f"  const long long i{d} = t;")
+                lines.append(f"  const fp_idx i{d} = t;")
             else:
-                lines.append(f"  const long long i{d} = t % {self.space[d]}LL; t /= {self.space[d]}LL;")
+                lines.append(f"  const fp_idx i{d} = t % {self.space[d]}; t /= {self.space[d]};")
         lines.append("  (void)t; " + " ".join(f"(void)i{d};" for d in range(self.nd)))
         return lines
 
@@ -177,9 +177,9 @@ class WindowWriter:
         st_h, st_w = leaf.strides[-2], leaf.strides[-1]
         off = base
         if self.w.in_shape[-2] != 1 and st_h:
-            off += " + ih" + (f" * {st_h}LL" if st_h != 1 else "")
+            off += " + ih" + (f" * {st_h}" if st_h != 1 else "")
         if self.w.in_shape[-1] != 1 and st_w:
-            off += " + iw" + (f" * {st_w}LL" if st_w != 1 else "")
+            off += " + iw" + (f" * {st_w}" if st_w != 1 else "")
         return off
 
     def _invariant(self, leaf: Leaf) -> bool:
@@ -196,9 +196,9 @@ class WindowWriter:
         leaves = self._window_leaves()
         name = {leaf: f"b{n}" for n, leaf in enumerate(leaves)}
         plain = lambda d: f"i{d}"  # noqa: E731
-        lines = ["FP_FN float fp_window_value(REGION_PARAMS, long long e, long long* o) {",
+        lines = ["FP_FN float fp_window_value(REGION_PARAMS, fp_idx e, fp_idx* o) {",
                  *self._coords(order, "e"), *self._bounds(),
-                 *[f"  const long long {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
+                 *[f"  const fp_idx {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
                  *[f"  float acc{j} = {INIT[red.combine]};" for j, red in enumerate(p.reductions)]]
         # a read the window does not move (a per-channel parameter) is loaded once, before the loops
         lines += [f"  const float x{name[leaf][1:]} = {self._read(leaf.source[1], name[leaf])};"
@@ -245,9 +245,9 @@ class WindowWriter:
         leaves = self._window_leaves()
         cls = {leaf: self._class(leaf.strides, self.w.in_shape, vd, vec, leaf.source[1]) for leaf in leaves}
         name = {leaf: f"b{n}" for n, leaf in enumerate(leaves)}
-        lines = [f"FP_FN void fp_window_vec(REGION_PARAMS, long long e0, float* y) {{",
+        lines = [f"FP_FN void fp_window_vec(REGION_PARAMS, fp_idx e0, float* y) {{",
                  *self._coords(order, "e0"), *self._bounds(),
-                 *[f"  const long long {name[leaf]} = {self._lead(leaf, plain)};  // {cls[leaf]}" for leaf in leaves],
+                 *[f"  const fp_idx {name[leaf]} = {self._lead(leaf, plain)};  // {cls[leaf]}" for leaf in leaves],
                  *[f"  float acc{j}[{vec}];" for j in range(len(p.reductions))],
                  "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
                  *[f"    acc{j}[j] = {INIT[red.combine]};" for j, red in enumerate(p.reductions)], "  }"]
@@ -270,7 +270,7 @@ class WindowWriter:
                 read = self._read(k, off) if hoist else f"(ok ? {self._read(k, off)} : 0.0f)"
                 (lines if hoist else body).append(f"  const float x{len(vals) - 1} = {read};")
             else:
-                read = self._read(k, f"({name[leaf]} + j * {leaf.strides[vd]}LL)" + off[len(name[leaf]):])
+                read = self._read(k, f"({name[leaf]} + j * {leaf.strides[vd]})" + off[len(name[leaf]):])
                 vals[leaf] = read if hoist else f"(ok ? {read} : 0.0f)"
         body += ["#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{"]
         for j, red in enumerate(p.reductions):
@@ -308,7 +308,7 @@ class WindowWriter:
         else:
             store = (f"#pragma unroll\n  for (int j = 0; j < {vec}; ++j) "
                      f"forge_store(out + ({self._offset(p.out_strides, p.space, range(self.nd), lane)}), y[j]);")
-        lines += ["FP_FN void fp_window_store_vec(REGION_PARAMS, long long e0, const float* y) {",
+        lines += ["FP_FN void fp_window_store_vec(REGION_PARAMS, fp_idx e0, const float* y) {",
                   *self._coords(order, "e0"), store, "}",
                   "FP_FN bool fp_window_vec_ok(REGION_PARAMS) {",
                   f"  return {' && '.join(aligned) if aligned else 'true'};", "}"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from forge_pack.core.signature import Signature
-from forge_pack.search.region_emit import emit
+from forge_pack.search.region_emit import emit, index_type
 from forge_pack.search.region_lower import Program, Uncovered, lower
 from forge_pack.search.region_vector import leaf_class
 from forge_pack.search.region_window import vector_dim
@@ -87,9 +87,11 @@ def _code(sig: Signature, backend: str, vec: int = 1) -> tuple[str, dict] | str:
     if isinstance(prog, str):
         return prog
     try:
-        return emit(prog, backend, vec)
+        code, defines = emit(prog, backend, vec)
     except Uncovered as e:
         return str(e)
+    tensors = [(s.shape, s.strides) for _, s in sig.inputs if s is not None] + [(sig.output.shape, sig.output.strides)]
+    return code, {**defines, "FP_IDX_T": index_type(prog.numel, tensors)}
 
 
 def _args(sig: Signature) -> list[str]:

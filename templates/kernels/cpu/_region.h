@@ -1,6 +1,13 @@
 // forge-pack region kernels (CPU): the math the generated expressions call (region_lower's op
 // table), in fp32 as eager computes 16-bit dtypes, with NaN propagated as PyTorch does.
 #define FP_FN static inline
+// The generated code's index type: FP_IDX_T is int where the iteration space and every operand's
+// furthest element lie below 2^30 (set per region by search/families/region.py), so that index
+// division by the constant sizes is 32-bit; long long otherwise (and when no define is given).
+#ifndef FP_IDX_T
+#define FP_IDX_T long long
+#endif
+typedef FP_IDX_T fp_idx;
 #define FP_INF INFINITY
 #define FP_NAN NAN
 

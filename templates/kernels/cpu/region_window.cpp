@@ -5,15 +5,15 @@
 //{{INCLUDE _cpu_prelude.h}}
 //{{INCLUDE _region.h}}
 #define FP_WIN_UNROLL
-static inline long long fp_min_ll(long long a, long long b) { return a < b ? a : b; }
-static inline long long fp_max_ll(long long a, long long b) { return a > b ? a : b; }
+static inline fp_idx fp_min_idx(fp_idx a, fp_idx b) { return a < b ? a : b; }
+static inline fp_idx fp_max_idx(fp_idx a, fp_idx b) { return a > b ? a : b; }
 //{{CODE}}
 
 extern "C" void region_window(REGION_PARAMS) {
 #pragma omp parallel for schedule(static, CHUNK)
   for (long long e = 0; e < NUMEL; ++e) {
-    long long o;
-    const float v = fp_window_value(REGION_ARGS, e, &o);
+    fp_idx o;
+    const float v = fp_window_value(REGION_ARGS, (fp_idx)e, &o);
     forge_store(out + o, v);
   }
 }

@@ -4,6 +4,13 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #define FP_FN __device__ __forceinline__
+// The generated code's index type: FP_IDX_T is int where the iteration space and every operand's
+// furthest element lie below 2^30 (set per region by search/families/region.py), so that index
+// division by the constant sizes is 32-bit; long long otherwise (and when no define is given).
+#ifndef FP_IDX_T
+#define FP_IDX_T long long
+#endif
+typedef FP_IDX_T fp_idx;
 #define FP_RESTRICT __restrict__
 #define FP_INF __int_as_float(0x7f800000)
 #undef FP_NAN  // <math.h>'s classification constant under nvcc; here the NaN value

@@ -18,18 +18,18 @@
   {                                                                                         \
     float acc = FP_INIT##j;                                                                 \
     if (live && vector_ok) {                                                                \
-      _Pragma("unroll 2") for (long long c0 = (long long)lane * VEC; c0 < COLS_VEC;         \
-                               c0 += (long long)GROUP * VEC) {                             \
+      _Pragma("unroll 2") for (fp_idx c0 = (fp_idx)lane * VEC; c0 < COLS_VEC;                   \
+                               c0 += (fp_idx)GROUP * VEC) {                                \
         float e[VEC];                                                                       \
         fp_elem_vec##j(REGION_ARGS, r, c0, red, e);                                         \
         _Pragma("unroll") for (int k = 0; k < VEC; ++k) acc = FP_COMBINE##j(acc, e[k]);      \
       }                                                                                     \
-      for (long long c = COLS_VEC + lane; c < COLS; c += GROUP)                             \
+      for (fp_idx c = COLS_VEC + lane; c < COLS; c += GROUP)                                \
         acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));                      \
     } else if (live) { /* misaligned: the cold path, kept small (not unrolled) */            \
-      for (long long c0 = lane; c0 < COLS; c0 += (long long)GROUP * VEC) {                  \
+      for (fp_idx c0 = lane; c0 < COLS; c0 += (fp_idx)GROUP * VEC) {                        \
         _Pragma("unroll 1") for (int k = 0; k < VEC; ++k) {                                 \
-          const long long c = c0 + (long long)k * GROUP;                                    \
+          const fp_idx c = c0 + (fp_idx)k * GROUP;                                          \
           if (c < COLS) acc = FP_COMBINE##j(acc, fp_elem##j(REGION_ARGS, r, c, red));      \
         }                                                                                   \
       }                                                                                     \
@@ -43,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) region_row(REGION_PARAM
   const int lane = threadIdx.x % GROUP;
   const bool vector_ok = fp_vec_aligned(REGION_ARGS);
   for (long long r0 = (long long)blockIdx.x * ROWS_PER_BLOCK; r0 < ROWS; r0 += (long long)gridDim.x * ROWS_PER_BLOCK) {
-    const long long r = r0 + threadIdx.x / GROUP;
+    const fp_idx r = (fp_idx)(r0 + threadIdx.x / GROUP);
     const bool live = r < ROWS;
     float red[NRED + 1];
 #if NRED > 0
@@ -75,14 +75,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) region_row(REGION_PARAM
     if (lane == 0) forge_store(out + fp_out_offset(r, 0), fp_out_value(REGION_ARGS, r, 0, red));
 #else
     if (vector_ok) {
-      for (long long c0 = (long long)lane * VEC; c0 < COLS_VEC; c0 += (long long)GROUP * VEC) {
+      for (fp_idx c0 = (fp_idx)lane * VEC; c0 < COLS_VEC; c0 += (fp_idx)GROUP * VEC) {
         float y[VEC];
         fp_out_vec(REGION_ARGS, r, c0, red, y);
         fp_store_vec(REGION_ARGS, r, c0, y);
       }
-      for (long long c = COLS_VEC + lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+      for (fp_idx c = COLS_VEC + lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
     } else {
-      for (long long c = lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
+      for (fp_idx c = lane; c < COLS; c += GROUP) forge_store(out + fp_out_offset(r, c), fp_out_value(REGION_ARGS, r, c, red));
     }
 #endif
   }

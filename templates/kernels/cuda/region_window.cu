@@ -9,8 +9,8 @@
 //{{PARAMS}}
 //{{INCLUDE _region.cuh}}
 #define FP_WIN_UNROLL _Pragma("unroll")
-FP_FN long long fp_min_ll(long long a, long long b) { return a < b ? a : b; }
-FP_FN long long fp_max_ll(long long a, long long b) { return a > b ? a : b; }
+FP_FN fp_idx fp_min_idx(fp_idx a, fp_idx b) { return a < b ? a : b; }
+FP_FN fp_idx fp_max_idx(fp_idx a, fp_idx b) { return a > b ? a : b; }
 
 // The vector path's store: VEC outputs as one word of up to 16 bytes, 16-bit pairs converted
 // together (one cvt per pair). Written with __stwb (a plain write-back store): a plain assignment
@@ -70,8 +70,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) region_window(REGION_PA
     for (int k = 0; k < VEC * ILP; ++k) {
       const long long e = tile + (long long)k * THREADS + threadIdx.x;
       if (e < NUMEL) {
-        long long o;
-        const float v = fp_window_value(REGION_ARGS, e, &o);
+        fp_idx o;
+        const float v = fp_window_value(REGION_ARGS, (fp_idx)e, &o);
         forge_store(out + o, v);
       }
     }

@@ -15,6 +15,8 @@ folding failed its check gets no region.
 
 from __future__ import annotations
 
+import hashlib
+
 import shutil
 from pathlib import Path
 
@@ -43,6 +45,7 @@ def conv_regions(winners: list, targets: list[dict], run_dir: Path, pkg: Path, n
                 (pkg / CONV_DIR).mkdir(exist_ok=True)
                 shutil.copy2(Path(run_dir) / inst["folded"], pkg / rel)
                 instances.append({"digest": inst["digest"], "file": rel, "format": inst.get("format", "safetensors"),
+                                  "sha256": hashlib.sha256((pkg / rel).read_bytes()).hexdigest(),
                                   "module": inst.get("module", "")})
             out.append({
                 "id": cid, "name": chain["name"], "form": chain["form"], "op": f"{namespace}_conv::{cid}",

@@ -406,7 +406,7 @@ def _graph_device(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
     return None
 
 
-def _register_conv_region(r: _Region, patcher: Any) -> None:
+def _register_conv_region(r: _Region, patcher: Any) -> Any:
     """Define a conv epilogue region's op (``_conv_regions.py`` beside this file: the folded convolution and
     the epilogue kernel, or the original ops when the model's parameters are not the ones folded)."""
     here = Path(__file__).resolve().parent
@@ -420,7 +420,7 @@ def _register_conv_region(r: _Region, patcher: Any) -> None:
         spec.loader.exec_module(mod)
     match = _load_graph_runtime()
     runtime = {m: importlib.import_module(f"{match.__package__}.{m}") for m in ("conv_fold", "canonical")}
-    sys.modules[name].register(r.raw, patcher.namespace, patcher.package, here, runtime)
+    return sys.modules[name].register(r.raw, patcher.namespace, patcher.package, here, runtime)
 
 
 def _bind_region_op(r: _Region, output: dict) -> None:

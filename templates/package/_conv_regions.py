@@ -9,7 +9,8 @@ weight, bias, running mean and variance, the residual) in the form's order. The 
    tensor identity and version counter, so an in-place change such as ``load_state_dict`` or
    ``bn.running_var.fill_()`` is seen, and an unchanged model pays for the hash once) and looks for
    the build's instance with that digest: each layer of a model has its own folded tensors, stored
-   in ``conv/<id>_<i>.safetensors`` beside this file;
+   in ``conv/<id>_<i>.safetensors`` beside this file, whose sha256 the manifest records (a file that
+   differs runs the original ops, with a warning; ``verify`` fails it);
 2. no instance matches (the model's weights changed after the build): runs the chain's original ops
    (the subgraph rebuilt from its form) and warns once;
 3. else runs the chosen candidate: cuDNN's fused convolution + bias (+ add) + ReLU (a library
@@ -25,6 +26,7 @@ forbids; parameters never seen before the capture run the original ops), not on 
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import warnings
 from pathlib import Path
@@ -37,6 +39,10 @@ IMPLS: dict[str, "ConvRegionOp"] = {}  # op qualname -> its implementation
 
 
 _UNKNOWN = "unknown"  # ConvRegionOp.match: the parameters could not be hashed now
+
+
+class CorruptFolded(RuntimeError):
+    """A folded-tensor file whose sha256 is not the one the manifest records."""
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -53,6 +59,7 @@ class ConvRegionOp:
         self.canonical = graph_rt["canonical"]
         self.roles = list(self.conv["roles"])
         self.digests = {inst["digest"]: inst["file"] for inst in self.conv["instances"]}
+        self.file_sha256 = {inst["digest"]: inst.get("sha256") for inst in self.conv["instances"]}
         # per call, everything below is a lookup: the op sits on every convolution of the compiled model
         c = self.conv
         self.param_at = [self.roles.index(r) for r in self.fold.PARAM_ROLES if r in self.roles]
@@ -102,7 +109,12 @@ class ConvRegionOp:
         key = (digest, str(device))
         got = self._tensors.get(key)
         if got is None:
-            w, b = self.fold.load(self.here / self.digests[digest], device)
+            path = self.here / self.digests[digest]
+            want = self.file_sha256.get(digest)
+            if want and hashlib.sha256(path.read_bytes()).hexdigest() != want:
+                raise CorruptFolded(f"{path.name} is not the file of folded tensors the build wrote (its sha256 differs "
+                                    "from the manifest's): reinstall the package")
+            w, b = self.fold.load(path, device)
             pos = self.perm.index(1)
             got = (w, b.view([-1] + [1] * (w.dim() - 1 - pos)), b.to(w.dtype))
             with self._lock:
@@ -123,9 +135,21 @@ class ConvRegionOp:
                               "convolution / batch_norm parameters are not the ones the package folded at build time; "
                               "it runs the original ops", RuntimeWarning, stacklevel=2)
             return self.original(inputs)
+        try:
+            out = self.run_folded(digest, inputs[self.ix], inputs[self.ir] if self.ir is not None else None)
+        except CorruptFolded as e:
+            self.calls["original"] += 1
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"{self.package}: region {self.entry['id']}: {e}; it runs the original ops",
+                              RuntimeWarning, stacklevel=2)
+            return self.original(inputs)
         self.calls["folded"] += 1
-        x = inputs[self.ix]
-        r = inputs[self.ir] if self.ir is not None else None
+        return out
+
+    def run_folded(self, digest: str, x: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+        """The chosen candidate on the folded tensors of build instance ``digest`` (what a matched call runs;
+        ``python -m <pkg> verify`` checks it against the float64 chain of the same tensors)."""
         w, b, b_cast = self.folded(digest, x.device)
         a = self.args
         if self.library and x.is_cuda:

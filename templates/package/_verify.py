@@ -13,6 +13,16 @@ Per target this runs the same input kinds as the build's final check:
   flips) of a captured set, or of a fresh one where the target ships no fixture, seeded per run;
 - ``adversarial:<kind>``: the same generators (large values, large offsets, -inf rows, constants).
 
+Conv epilogue regions (compile mode: conv -> batch_norm folded at build time (-> add) (-> activation)):
+per region the compile gate kept and per build instance (one folded weight file each), the path the
+op runs (cuDNN's fused call, or the folded convolution and the package's epilogue kernel) on fresh
+activations, against the same folded tensors computed in float64. The bound is a forward error
+bound of that computation (``conv_bound``): the convolution's accumulation over its K products, the
+roundings of the output dtype, the activation's slope. A wrong, missing or misplaced bias, residual,
+activation, channel or layout exceeds it. (That the folding equals the original chain was checked
+by the build on the model's own tensors; at run time a model whose parameters differ from the
+folded ones runs the original ops.)
+
 The build also tries odd sizes; the package's guard sends every call whose shape is not the
 verified one to the original op, so no odd size can ever reach a shipped kernel and none is run.
 
@@ -362,7 +372,137 @@ def run(device: str, fresh: int = 3, seed: int | None = None, say=print) -> int:
                 + ("PASS" if ok else f"FAIL {r['reason']}: {r['detail']}"))
             if r.get("binding") is not None:
                 say(f"{'':<7} {'':<24} {explain(r['binding'])}")
+    conv_checks, conv_failures = _verify_conv_regions(m, device, seed, say)
+    checks, failures = checks + conv_checks, failures + conv_failures
     n = len(m["targets"])
     say(f"{'PASS' if failures == 0 else 'FAIL'}: {n} kernel{'s' if n != 1 else ''}, {failures} failing checks on "
         f"{device} ({checks} input sets, seed {seed})")
     return 0 if failures == 0 else 1
+
+
+# ---------------------------------------------------------------- conv epilogue regions
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24}
+TF32_ROUNDOFF = 2.0 ** -11  # an fp32 convolution on a GPU may round its inputs to TF32 (cudnn.allow_tf32)
+ACTIVATION_SLOPE = {"": 1.0, "relu": 1.0, "silu": 1.1, "gelu": 1.13, "gelu_tanh": 1.13}  # max |f'|, rounded up
+EPILOGUE_ROUNDINGS = 3  # (y + b), (+ r) and the activation, each at most once in the output dtype
+
+
+def _activation64(name: str, z: torch.Tensor) -> torch.Tensor:
+    if name == "relu":
+        return z.clamp_min(0.0)
+    if name == "silu":
+        return torch.nn.functional.silu(z)
+    if name in ("gelu", "gelu_tanh"):
+        return torch.nn.functional.gelu(z, approximate="tanh" if name == "gelu_tanh" else "none")
+    if name:
+        raise ValueError(f"unknown activation {name!r}")
+    return z
+
+
+def conv_bound(op, digest: str, x: torch.Tensor, r: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float64 chain, per-element error bound) of conv region ``op`` on the folded tensors of ``digest``:
+    z = conv(x, w) + b (+ r), out = act(z), all in float64; the bound is
+    atol + slope * (u * ROUNDINGS * (|conv| + |b| + |r|) + (K * 2^-24 + tf32) * conv(|x|, |w|)) + u * |out|,
+    u the output dtype's unit roundoff, K the products per output element."""
+    w, b, _ = op.folded(digest, x.device)
+    a = op.args
+    conv = torch.ops.aten.convolution.default
+    y = conv(x.double(), w.double(), None, *a)
+    mag = conv(x.double().abs(), w.double().abs(), None, *a)
+    shape = [1, -1] + [1] * (y.dim() - 2)
+    b64 = b.reshape(-1).double().view(shape)
+    z = y + b64
+    size = y.abs() + b64.abs()
+    if r is not None:
+        z = z + r.double()
+        size = size + r.double().abs()
+    out = _activation64(op.conv["activation"], z)
+    dtype = op.entry["output"]["dtype"]
+    u = UNIT_ROUNDOFF[dtype]
+    k = w[0].numel()
+    tf32 = TF32_ROUNDOFF if (x.dtype == torch.float32 and x.is_cuda and torch.backends.cudnn.allow_tf32) else 0.0
+    slope = ACTIVATION_SLOPE[op.conv["activation"]]
+    bound = rules.TABLE[dtype].atol + slope * (u * EPILOGUE_ROUNDINGS * size + (k * 2.0 ** -24 + 2 * tf32) * mag) \
+        + u * out.abs()
+    return out, bound
+
+
+def _drawn(spec: dict, gen: torch.Generator, device: str) -> torch.Tensor:
+    t = torch.empty_strided(tuple(spec["shape"]), tuple(spec["strides"]), dtype=DTYPES[spec["dtype"]], device=device)
+    return t.copy_(torch.randn(tuple(spec["shape"]), generator=gen, device=device))
+
+
+def check_conv_instance(op, digest: str, device: str, seed: int) -> dict:
+    """{reason (None: pass), detail, max_abs, excess}: the op's path for build instance ``digest`` on one fresh
+    draw of the activation (and residual), checked as the build checks a kernel: layout, every input unchanged,
+    NaN/Inf where the float64 chain has them, each element within ``conv_bound``."""
+    form = op.entry["form"]["inputs"]
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = _drawn(form[op.ix], gen, device)
+    r = _drawn(form[op.ir], gen, device) if op.ir is not None else None
+    saved = [t.clone() for t in (x, r) if t is not None]
+    row = {"reason": None, "detail": "", "max_abs": None, "excess": None}
+    try:
+        with torch.no_grad():
+            got = op.run_folded(digest, x, r)
+            _sync(device)
+    except Exception as e:  # a folded file that is not the build's (CorruptFolded), or the call failing
+        row.update(reason="integrity" if type(e).__name__ == "CorruptFolded" else "error",
+                   detail=f"{type(e).__name__}: {e}")
+        return row
+    with torch.no_grad():
+        want, bound = conv_bound(op, digest, x, r)
+    o = op.entry["output"]
+    if got.dtype != DTYPES[o["dtype"]] or tuple(got.shape) != tuple(o["shape"]) or \
+            tuple(got.stride()) != tuple(o["strides"]):
+        row.update(reason="layout", detail=f"{got.dtype} {tuple(got.shape)} strides {tuple(got.stride())}, the region's "
+                                           f"{o['dtype']} {tuple(o['shape'])} strides {tuple(o['strides'])}")
+        return row
+    if any(not torch.equal(a, b) for a, b in zip([t for t in (x, r) if t is not None], saved)):
+        row.update(reason="input_mutated", detail="an input changed")
+        return row
+    g = got.double()
+    finite = torch.isfinite(want)
+    if not torch.equal(finite, torch.isfinite(g)):
+        row.update(reason="nan", detail="NaN/Inf where the float64 chain has none, or the other way round")
+        return row
+    err = (g - want).abs()[finite]
+    row["max_abs"] = err.max().item() if err.numel() else 0.0
+    over = (err - bound[finite])
+    row["excess"] = over.max().item() if over.numel() else float("-inf")
+    if row["excess"] > 0:
+        i = int(over.argmax())
+        row.update(reason="mismatch", detail=f"|out - ref| {err[i].item():.4g} above its bound {bound[finite][i].item():.4g} "
+                                             f"(ref {want[finite][i].item():.4g}, out {g[finite][i].item():.4g})")
+    return row
+
+
+def _verify_conv_regions(m: dict, device: str, seed: int, say=print) -> tuple[int, int]:
+    """(checks, failures) over the manifest's conv regions (module docstring); a row per instance."""
+    regions = [r for r in (m.get("regions") or []) if r.get("conv")]
+    if not regions:
+        return 0, 0
+    from . import _compile
+
+    checks = failures = 0
+    for r in regions:
+        if not (r.get("compile") or {}).get("use", True):
+            say(f"{r['id']:<7} {'conv region':<24} skipped: not used ({(r.get('compile') or {}).get('reason', '')})")
+            continue
+        try:
+            op = _compile._register_conv_region(_compile._Region(r, _PATCHER.namespace), _PATCHER)
+        except Exception as e:  # a package whose conv runtime does not load: one failing row, not a traceback
+            failures += 1
+            say(f"{r['id']:<7} {'conv region':<24} FAIL load: {type(e).__name__}: {e}")
+            continue
+        for i, inst in enumerate(r["conv"]["instances"]):
+            checks += 1
+            row = check_conv_instance(op, inst["digest"], device, _seed(seed, r["id"], i))
+            ok = row["reason"] is None
+            failures += not ok
+            label = f"{r['conv']['candidate']} #{i}"
+            say(f"{r['id']:<7} {label[:24]:<24} {_fmt(row['max_abs'], 9)}  "
+                + ("PASS" if ok else f"FAIL {row['reason']}: {row['detail']}")
+                + f"  ({r['conv']['pattern']}, {inst.get('module') or inst['digest'][:12]})")
+    return checks, failures

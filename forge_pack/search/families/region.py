@@ -105,40 +105,33 @@ def _cpu_pw_defaults(sig: Signature, gpu: Gpu) -> dict:
     return {"chunk": 4096}
 
 
-def _cpu_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    made = _code(sig, "cpu")
-    if isinstance(made, str):
-        return made
-    code, defines = made
-    return Built(dict(p), {**defines, "CHUNK": f"{p['chunk']}LL"},
-                 spec([launch("region_pointwise", _args(sig), [1], [1])]), code)
-
-
 def _cpu_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     prog = program(sig)
     rows = 1 if isinstance(prog, str) else max(prog.rows, 1)
     return {"grain": grain_default(rows)}
 
 
-def _cpu_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    made = _code(sig, "cpu")
-    if isinstance(made, str):
-        return made
-    code, defines = made
-    return Built(dict(p), {**defines, "GRAIN": p["grain"]}, spec([launch("region_row", _args(sig), [1], [1])]), code)
-
-
 def _cpu_win_defaults(sig: Signature, gpu: Gpu) -> dict:
     return {"chunk": 256}
 
 
-def _cpu_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    made = _code(sig, "cpu")
-    if isinstance(made, str):
-        return made
-    code, defines = made
-    return Built(dict(p), {**defines, "CHUNK": p["chunk"]}, spec([launch("region_window", _args(sig), [1], [1])]),
-                 code)
+def _cpu_build(entry: str, knob: str, suffix: str = ""):
+    """The build of a CPU skeleton: the generated code, its size defines and the knob as ``knob.upper()``
+    (``suffix``: the C literal's, "LL" where the skeleton compares it with 64-bit indices)."""
+    def build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+        made = _code(sig, "cpu")
+        if isinstance(made, str):
+            return made
+        code, defines = made
+        return Built(dict(p), {**defines, knob.upper(): f"{p[knob]}{suffix}"},
+                     spec([launch(entry, _args(sig), [1], [1])]), code)
+
+    return build
+
+
+_cpu_pw_build = _cpu_build("region_pointwise", "chunk", "LL")
+_cpu_row_build = _cpu_build("region_row", "grain")
+_cpu_win_build = _cpu_build("region_window", "chunk")
 
 
 CPU = (

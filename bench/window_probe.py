@@ -6,7 +6,8 @@ The region is captured on CUDA from conv 7x7/2 + BatchNorm + ReLU + MaxPool(3, 2
 channels at 224x224 (the pool reads 112x112, writes 56x56), NCHW and channels_last, and the
 generated `window` kernel is verified and timed by the evaluator (its timing protocol, L2
 flushed) at a few knob settings, against eager and torch.compile of the region (Inductor's fused
-kernel); {} is the defaults (channels_last: vec 8 along C for 16-bit, 4 for fp32; NCHW: vec 1).
+kernel); {} is the defaults (channels_last: vec 8 along C for 16-bit, 4 for fp32; NCHW: vec 1);
+NCHW also at wrun 2 and 4 (runs along W: the overlapping windows' input cells read once).
 Writes BASE.{md,json} (default bench/results/window). About 2-4 minutes on an H200 (two compile
 baselines, eight evaluations).
 """
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "models" / "regions"))
 
-KNOBS = {False: [{}, {"ilp": 2}, {"threads": 128, "ilp": 4}],
+KNOBS = {False: [{}, {"ilp": 2}, {"threads": 128, "ilp": 4}, {"wrun": 2}, {"wrun": 4}, {"wrun": 4, "ilp": 2}],
          True: [{}, {"vec": 8, "ilp": 2}, {"vec": 4, "ilp": 2}, {"vec": 2, "ilp": 4}, {"vec": 1, "ilp": 1}]}
 
 

@@ -185,7 +185,7 @@ def test_window_vector_path_loads_each_cell_once_per_channel_run(tmp_path):
     rsqrt once per lane (8) plus the scalar path's one, not once per cell; one 16-byte store."""
     sig = _stem_signature()
     cand = instantiate("region", "cuda", "window", None, sig)
-    assert cand.params == {"threads": 256, "vec": 8, "ilp": 1}
+    assert cand.params == {"threads": 256, "vec": 8, "ilp": 1, "wrun": 1}
     assert "window reads in0 contig, in3 contig, in4 contig, in1 contig, in2 contig; output contig" in cand.source
     src = tmp_path / "stem.cu"
     src.write_text(cand.source)
@@ -212,3 +212,24 @@ def test_window_knob_extremes_compile_without_warnings(tmp_path):
         results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, str(tmp_path), it[0])), items))
     bad = [(name, log[-1500:]) for name, (rc, log) in results if rc != 0 or "warning" in log or _spills(log)]
     assert not bad, bad
+
+
+@needs_nvcc
+@pytest.mark.parametrize("wrun,cells", [(1, 9), (2, 15), (4, 27)])
+def test_window_runs_along_w_read_each_cell_of_the_overlapping_windows_once(tmp_path, wrun, cells):
+    """bf16 NCHW stem (3x3 / 2): a run of wrun outputs along W reads 3 rows of (wrun - 1) * 2 + 3
+    columns, each once (9, 15, 27 loads), the 4 per-channel parameters once, one rsqrt, wrun stores;
+    and it compiles without warnings or spills with nvcc and NVRTC at the knobs' extremes."""
+    sig = _stem_signature(64, "bfloat16", False)
+    cand = instantiate("region", "cuda", "window", {"wrun": wrun}, sig)
+    src = tmp_path / "stem.cu"
+    src.write_text(cand.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-std=c++17", "-o", f"{src}.ptx", str(src)], check=True)
+    ptx = Path(f"{src}.ptx").read_text()
+    assert len(re.findall(r"ld\.global\.nc\.\w+", ptx)) == cells + 4
+    assert len(re.findall(r"rsqrt\.approx", ptx)) == 1
+    assert len(re.findall(r"st\.global\.\w+", ptx)) == wrun
+    for ilp, threads in ((1, 64), (4, 1024)):
+        knobs = {"wrun": wrun, "ilp": ilp, "threads": threads}
+        rc, log = _nvcc(instantiate("region", "cuda", "window", knobs, sig).source, str(tmp_path), f"w{wrun}_{ilp}")
+        assert rc == 0 and "warning" not in log and not _spills(log), log[-2000:]

@@ -183,3 +183,61 @@ def test_window_region_forms_are_found_in_inductors_graph(mod, channels_last):
     counts = {r.pattern: len(region_match.find(graphs[0].graph, region_match.respell(r.form, "cpu", select_decomp_table())))
               for r in regions}
     assert counts == {p: 1 for p in (["batch_norm+relu+max_pool2d"] if mod is resnet_stem else POOL_PATTERNS)}
+
+
+# ---- runs along W (NCHW): wrun outputs per call, the overlapping windows' cells read once
+
+def _even_regions(mod, size: int, dtype=torch.float32):
+    model = mod.get_model().to(dtype)
+    x = mod.get_inputs(size)[0].to(dtype)
+    return {r.pattern: r for r in find_regions(capture(model, (x,), profile=False))}
+
+
+# pooled W = 8 (a multiple of 2 and 4); the stem's 15-wide input and the ceil-mode pools have a last
+# window that reaches past the input, so the runs' last windows take the padding paths
+WRUN_CASES = [(resnet_stem, 30, "batch_norm+relu+max_pool2d", torch.float32),
+              (resnet_stem, 30, "batch_norm+relu+max_pool2d", torch.bfloat16),
+              (pool_variants, 15, "avg_pool2d+mul+add", torch.float32),  # count_include_pad=False, an epilogue input
+              (pool_variants, 15, "avg_pool2d", torch.float32),  # 2x2 / 2: windows do not overlap
+              (pool_variants, 15, "silu+avg_pool2d", torch.float32)]  # stride 1, divisor_override
+
+
+@pytest.mark.parametrize("wrun", [2, 4])
+@pytest.mark.parametrize("mod,size,pattern,dtype", WRUN_CASES,
+                         ids=[f"{c[2]}-{str(c[3]).replace('torch.', '')}" for c in WRUN_CASES])
+def test_runs_along_w_verify(evaluator, mod, size, pattern, dtype, wrun):
+    region = _even_regions(mod, size, dtype)[pattern]
+    cand = instantiate("region", "cpu", "window", {"wrun": wrun}, signature(region))
+    assert f"fp_window_wrun(REGION_ARGS" in cand.source and f"#define WRUN {wrun}" in cand.source
+    e = evaluator.evaluate(cand, _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+def test_a_run_combining_a_cell_into_the_wrong_window_is_rejected(evaluator):
+    """The stem at wrun 2 (3x3 / 2): column 2 of a run belongs to both windows; leaving it out of the
+    second one changes that output wherever column 2 holds its window's max."""
+    region = _even_regions(resnet_stem, 30)["batch_norm+relu+max_pool2d"]
+    cand = instantiate("region", "cpu", "window", {"wrun": 2}, signature(region))
+    head, generated = cand.source.split("// generated for ops:")
+    shared = "      acc0_1 = ok ? fp_maxnan(acc0_1, v0) : acc0_1;\n"
+    first = generated.index("const fp_idx iw = w0 + 2;")
+    assert generated.index(shared, first) < generated.index("const fp_idx iw = w0 + 3;")
+    bad_src = generated[:first] + generated[first:].replace(shared, "", 1)
+    bad = type(cand)(cand.op, cand.backend, head + "// generated for ops:" + bad_src, cand.spec, cand.family,
+                     dict(cand.params), "user")
+    e = evaluator.evaluate(bad, _hotspot(region))
+    assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
+
+
+def test_runs_along_w_need_a_fixed_window_and_a_pooled_w_that_they_divide():
+    adaptive = _even_regions(pool_variants, 15)["sub+relu+adaptive_avg_pool2d"]
+    with pytest.raises(ValueError, match="wrun 2: needs a fixed window"):
+        instantiate("region", "cpu", "window", {"wrun": 2}, signature(adaptive))
+    odd = _regions(resnet_stem)["batch_norm+relu+max_pool2d"]  # pooled W = 5
+    with pytest.raises(ValueError, match="a multiple of 2"):
+        instantiate("region", "cpu", "window", {"wrun": 2}, signature(odd))
+    cl = _regions(resnet_stem, channels_last=True)["batch_norm+relu+max_pool2d"]  # C innermost
+    with pytest.raises(ValueError, match="innermost output dim"):
+        instantiate("region", "cuda", "window", {"wrun": 2, "vec": 1}, signature(cl))
+    with pytest.raises(ValueError, match="vec and wrun together"):
+        instantiate("region", "cuda", "window", {"wrun": 2, "vec": 4}, signature(cl))

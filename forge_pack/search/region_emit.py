@@ -168,7 +168,7 @@ def index_type(numel: int, tensors) -> str:
     return "int" if furthest < INDEX_LIMIT else "long long"
 
 
-def window_code(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
+def window_code(prog: Program, backend: str, vec: int = 1, wrun: int = 1) -> tuple[str, dict]:
     """A window region's code (``region_window``) with the kernel's parameters."""
     em = Emitter(prog, backend)
     params, args = em.params()
@@ -176,16 +176,16 @@ def window_code(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
         raise Uncovered(f"{len(prog.reductions)} reductions (the skeletons run {MAX_REDUCTIONS} passes at most)")
     head = [f"// generated for ops: {' '.join(prog.ops)}", f"#define REGION_PARAMS {params}",
             f"#define REGION_ARGS {args}"]
-    body, defines = WindowWriter(prog, em.types).code(vec if backend == "cuda" else 1)
+    body, defines = WindowWriter(prog, em.types).code(vec if backend == "cuda" else 1, wrun)
     return "\n".join(head) + "\n" + body, defines
 
 
-def emit(prog: Program, backend: str, vec: int = 1) -> tuple[str, dict]:
+def emit(prog: Program, backend: str, vec: int = 1, wrun: int = 1) -> tuple[str, dict]:
     """(the generated code, the size defines) for a skeleton; ``Uncovered`` when it cannot be.
     ``vec``: on CUDA, also the code that handles ``vec`` consecutive elements at once
-    (``region_vector``)."""
+    (``region_vector``); ``wrun``: a window region's runs along W (``region_window.WindowWriter.wrun``)."""
     if prog.kind == "window":
-        return window_code(prog, backend, vec)
+        return window_code(prog, backend, vec, wrun)
     code, defines = Emitter(prog, backend).code()
     if backend == "cuda":
         code += vector_code(prog, vec)

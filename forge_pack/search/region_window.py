@@ -15,7 +15,9 @@ With fixed windows (max_pool2d, avg_pool2d) the window loops have compile-time t
 computed bounds. On CUDA, ``vec`` > 1 also emits ``fp_window_vec``: ``vec`` consecutive elements of
 the innermost output dim when that dim is not a pooled one (channels_last's C), each input read as
 ``region_vector`` names it: uniform (once per run), contig (a vector of up to 16 bytes) or lane
-(per element). Pure Python, no torch import.
+(per element). ``wrun`` > 1 (both backends) emits ``fp_window_wrun``: ``wrun`` consecutive outputs
+along the pooled W (NCHW), each input cell of their overlapping windows read and its prologue
+computed once. Pure Python, no torch import.
 """
 
 from __future__ import annotations
@@ -315,6 +317,76 @@ class WindowWriter:
         return [f"// vector path: runs of {vec} elements along dim {vd}; window reads "
                 + ", ".join(f"in{leaf.source[1]} {cls[leaf]}" for leaf in leaves) + f"; output {out_cls}"] + lines
 
+    # ---- runs along W (NCHW)
+    def wrun(self, r: int) -> list[str]:
+        """``fp_window_wrun(REGION_PARAMS, e0, y, o)``: the ``r`` consecutive outputs from e0 (a multiple of
+        ``r``) along the pooled W, the innermost output dim (NCHW), and their offsets. The r windows
+        overlap where the stride is below the kernel: each input cell of their union (SPAN columns
+        per kernel row) is read and its prologue computed once, then combined into every window that
+        holds it (a 3x3 / 2 max pool: 15 cells for 2 outputs, 27 for 4, instead of 9 each)."""
+        p, w = self.p, self.w
+        wdim = self.nd - 1
+        order = iteration_order(p.space, p.out_strides)
+        live = [d for d in order if p.space[d] != 1]
+        if w.mode == "adaptive" or not live or live[-1] != wdim or p.space[wdim] % r:
+            raise Uncovered(f"wrun {r}: needs a fixed window whose pooled W is the innermost output dim "
+                            f"and a multiple of {r}")
+        (kh, kw), sw, (dh, dw) = w.kernel, w.stride[1], w.dilation
+        h, wd = w.in_shape[-2], w.in_shape[-1]
+        span = (r - 1) * sw + (kw - 1) * dw + 1
+        plain = lambda d: f"i{d}"  # noqa: E731
+        leaves = self._window_leaves()
+        name = {leaf: f"b{n}" for n, leaf in enumerate(leaves)}
+        lines = [f"FP_FN void fp_window_wrun(REGION_PARAMS, fp_idx e0, float* y, fp_idx* o) {{",
+                 *self._coords(order, "e0"), *self._bounds(),
+                 f"  const fp_idx i{wdim}_run = i{wdim}, w0_run = w0; (void)i{wdim}_run; (void)w0_run;",
+                 *[f"  const fp_idx {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
+                 *[f"  float acc{j}_{q} = {INIT[red.combine]};" for j, red in enumerate(p.reductions) for q in range(r)]]
+        lines += [f"  const float x{name[leaf][1:]} = {self._read(leaf.source[1], name[leaf])};"
+                  for leaf in leaves if self._invariant(leaf)]
+        values = []
+        for j, red in enumerate(p.reductions):
+            toks = [f"x{name[leaf][1:]}" if self._invariant(leaf) else
+                    f"(ok ? {self._read(leaf.source[1], self._in_offset(leaf, name[leaf]))} : 0.0f)"
+                    for leaf in red.val.leaves]
+            expr, calls = hoist_calls(red.val.expr, {n for n, leaf in enumerate(red.val.leaves) if self._invariant(leaf)})
+            for n, call in enumerate(calls):
+                lines.append(f"  const float h{j}_{n} = {call.format(*toks)};")
+                expr = expr.replace(f"@HOIST{n}@", f"h{j}_{n}")
+            values.append(expr.format(*toks))
+        body = []
+        for c in range(span):  # column c of the run's union: output q holds it when c - q * stride is a tap
+            owners = [q for q in range(r) if 0 <= c - q * sw <= (kw - 1) * dw and (c - q * sw) % dw == 0]
+            if not owners:
+                continue  # between windows (a stride above the kernel): never read
+            body += ["    {", f"      const fp_idx iw = w0 + {c};", f"      const bool ok = ok_h && iw >= 0 && iw < {wd};"]
+            for j, red in enumerate(p.reductions):
+                body.append(f"      const float v{j} = {values[j]};")
+                body += [f"      acc{j}_{q} = ok ? {COMBINE[red.combine].format(a=f'acc{j}_{q}', b=f'v{j}')} : acc{j}_{q};"
+                         for q in owners]
+            body.append("    }")
+        lines += ["  FP_WIN_UNROLL", f"  for (int kh = 0; kh < {kh}; ++kh) {{",
+                  f"    const fp_idx ih = h0 + (fp_idx)kh * {dh};", f"    const bool ok_h = ih >= 0 && ih < {h};",
+                  *body, "  }"]
+        div = self._divisor()
+        toks = []
+        for leaf in p.out.leaves:
+            kind, k = leaf.source
+            if kind == "red":
+                if leaf.strides != contiguous(p.space):
+                    raise Uncovered("a window result read other than once per pooled element")
+                toks.append(f"red[{k}]")
+            else:
+                toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), plain)))
+        for q in range(r):  # output q: its coordinate along W and its window's first column, shadowed
+            lines += ["  {", f"    const fp_idx i{wdim} = i{wdim}_run + {q}, w0 = w0_run + {q * sw}; "
+                             f"(void)i{wdim}; (void)w0;",
+                      f"    float red[{len(p.reductions)}];",
+                      *[f"    red[{j}] = acc{j}_{q}" + (f" / {div};" if div else ";") for j in range(len(p.reductions))],
+                      f"    o[{q}] = {self._offset(p.out_strides, p.space, range(self.nd), plain)};",
+                      f"    y[{q}] = {p.out.expr.format(*toks)};", "  }"]
+        return [f"// W runs: {r} outputs along the pooled W per call, {span} input columns per kernel row"] + lines + ["}"]
+
     def _class(self, strides, sizes, vd: int, vec: int, k) -> str:
         """uniform / contig / lane of a read over a run of ``vec`` along dim ``vd`` (the other dims fixed)."""
         if k is not None and self.p.input_dtypes[k] not in VEC_FLOATS:
@@ -326,7 +398,7 @@ class WindowWriter:
             return "contig"
         return "lane"
 
-    def code(self, vec: int = 1) -> tuple[str, dict]:
+    def code(self, vec: int = 1, wrun: int = 1) -> tuple[str, dict]:
         p, w = self.p, self.w
         order = iteration_order(p.space, p.out_strides)
         head = (f"// window: {w.mode} pool of {list(w.in_shape)} to {list(p.space)}, kernel {list(w.kernel)}, "
@@ -336,5 +408,9 @@ class WindowWriter:
         if vec > 1:
             lines += [f"static_assert(VEC == {vec}, \"the vector code is generated for one vector width\");",
                       *self.vector(vec)]
-        defines = {"NUMEL": f"{p.numel}LL", "NRED": len(p.reductions)}
+        if wrun > 1:
+            if vec > 1:
+                raise Uncovered("vec and wrun together (a run is along C or along W, not both)")
+            lines += self.wrun(wrun)
+        defines = {"NUMEL": f"{p.numel}LL", "NRED": len(p.reductions), "WRUN": wrun}
         return "\n".join(lines) + "\n", defines

@@ -34,6 +34,8 @@ ROW_THREADS = Knob("threads", (32, 64, 128, 256, 512, 1024), "threads per block"
 WIN_CHUNK = Knob("chunk", (16, 64, 256, 1024, 4096), "pooled elements per OpenMP chunk")
 WIN_VEC = Knob("vec", (1, 2, 4, 8), "consecutive outputs along a non-pooled innermost dim per thread (channels_last C)")
 WIN_ILP = Knob("ilp", (1, 2, 4), "runs of vec outputs per thread in flight")
+WIN_WRUN = Knob("wrun", (1, 2, 4), "consecutive outputs along a pooled innermost W per call (NCHW), each input "
+                "cell of their overlapping windows read and its prologue computed once")
 MAX_GRID = 1 << 20  # blocks at most: the kernels stride over the rest (grid-stride loops)
 
 
@@ -82,12 +84,12 @@ def _applicable(kind: str):
     return check
 
 
-def _code(sig: Signature, backend: str, vec: int = 1) -> tuple[str, dict] | str:
+def _code(sig: Signature, backend: str, vec: int = 1, wrun: int = 1) -> tuple[str, dict] | str:
     prog = program(sig)
     if isinstance(prog, str):
         return prog
     try:
-        code, defines = emit(prog, backend, vec)
+        code, defines = emit(prog, backend, vec, wrun)
     except Uncovered as e:
         return str(e)
     tensors = [(s.shape, s.strides) for _, s in sig.inputs if s is not None] + [(sig.output.shape, sig.output.strides)]
@@ -112,7 +114,7 @@ def _cpu_row_defaults(sig: Signature, gpu: Gpu) -> dict:
 
 
 def _cpu_win_defaults(sig: Signature, gpu: Gpu) -> dict:
-    return {"chunk": 256}
+    return {"chunk": 256, "wrun": 1}
 
 
 def _cpu_build(entry: str, knob: str, suffix: str = ""):
@@ -131,7 +133,13 @@ def _cpu_build(entry: str, knob: str, suffix: str = ""):
 
 _cpu_pw_build = _cpu_build("region_pointwise", "chunk", "LL")
 _cpu_row_build = _cpu_build("region_row", "grain")
-_cpu_win_build = _cpu_build("region_window", "chunk")
+def _cpu_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    made = _code(sig, "cpu", 1, p["wrun"])
+    if isinstance(made, str):
+        return made
+    code, defines = made
+    return Built(dict(p), {**defines, "CHUNK": p["chunk"]}, spec([launch("region_window", _args(sig), [1], [1])]),
+                 code)
 
 
 CPU = (
@@ -141,7 +149,7 @@ CPU = (
     Family(OPS, "cpu", "row", "region_row.cpp", (GRAIN,),
            "rows in parallel; one pass per reduction with the generated prologue, then the epilogue",
            _applicable("row"), _cpu_row_defaults, _cpu_row_build, first),
-    Family(OPS, "cpu", "window", "region_window.cpp", (WIN_CHUNK,),
+    Family(OPS, "cpu", "window", "region_window.cpp", (WIN_CHUNK, WIN_WRUN),
            "pooled elements in the output's memory order, chunks in parallel; per element its window "
            "with the generated prologue, every reduction, the epilogue",
            _applicable("window"), _cpu_win_defaults, _cpu_win_build, first),
@@ -220,19 +228,21 @@ def _cuda_win_defaults(sig: Signature, gpu: Gpu) -> dict:
     vec = 1
     if not isinstance(prog, str) and (vd := vector_dim(prog)) is not None:
         vec = next((v for v in (8, 4, 2) if v * _out_bytes(sig) <= 16 and prog.space[vd] % v == 0), 1)
-    return {"threads": 256, "vec": vec, "ilp": 1}
+    return {"threads": 256, "vec": vec, "ilp": 1, "wrun": 1}
 
 
 def _cuda_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     if p["vec"] * _out_bytes(sig) > 16:
         return f"vec {p['vec']} moves {p['vec'] * _out_bytes(sig)} bytes of output per access (16 at most)"
-    made = _code(sig, "cuda", p["vec"])
+    if p["vec"] > 1 and p["wrun"] > 1:
+        return "vec and wrun together (a run is along C or along W, not both)"
+    made = _code(sig, "cuda", p["vec"], p["wrun"])
     if isinstance(made, str):
         return made
     code, defines = made
     prog = program(sig)
     assert not isinstance(prog, str)
-    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"] * p["ilp"]), 1, MAX_GRID)
+    grid = clamp(cdiv(prog.numel, p["threads"] * p["vec"] * p["ilp"] * p["wrun"]), 1, MAX_GRID)
     defines = {**defines, "THREADS": p["threads"], "VEC": p["vec"], "ILP": p["ilp"], "FAST_MATH": 0}
     return Built(dict(p), defines, spec([launch("region_window", _args(sig), [grid], [p["threads"]])]), code)
 
@@ -246,9 +256,10 @@ CUDA = (
            "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
            "(shuffles, shared memory); epilogue",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
-    Family(OPS, "cuda", "window", "region_window.cu", (THREADS, WIN_VEC, WIN_ILP),
+    Family(OPS, "cuda", "window", "region_window.cu", (THREADS, WIN_VEC, WIN_ILP, WIN_WRUN),
            "one pooled element per thread (or vec along channels_last's C, vector loads of the window's "
-           "inputs), generated prologue per window element, epilogue; scalar tail",
+           "inputs; or wrun along NCHW's W, each input cell read once for the overlapping windows), "
+           "generated prologue per window element, epilogue; scalar tail",
            _applicable("window"), _cuda_win_defaults, _cuda_win_build, first),
 )
 

@@ -5,7 +5,9 @@
 // one (channels_last's C): the window's bounds are shared by the run and each input is read as the
 // generated fp_window_vec says (a vector load of up to 16 bytes, once per run, or per element).
 // A partial last tile, or an operand whose base pointer is not aligned to its vector access, takes
-// the scalar path (one element per fp_window_value). Grid-stride over the tiles.
+// the scalar path (one element per fp_window_value). WRUN > 1 (NCHW): each thread computes runs of
+// WRUN outputs along the pooled W (fp_window_wrun), the overlapping windows' input cells read once.
+// Grid-stride over the tiles.
 //{{PARAMS}}
 //{{INCLUDE _region.cuh}}
 #define FP_WIN_UNROLL _Pragma("unroll")
@@ -44,7 +46,7 @@ template <int V, typename T> FP_FN void fp_window_stv(T* p, const float* y) {
 }
 //{{CODE}}
 
-#define TILE ((long long)THREADS * VEC * ILP)
+#define TILE ((long long)THREADS * VEC * ILP * WRUN)
 
 // min blocks 1: as the other region skeletons, so that ptxas does not cap the registers and spill
 extern "C" __global__ void __launch_bounds__(THREADS, 1) region_window(REGION_PARAMS) {
@@ -52,6 +54,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) region_window(REGION_PA
   const bool vector_ok = fp_window_vec_ok(REGION_ARGS);
 #endif
   for (long long tile = (long long)blockIdx.x * TILE; tile < NUMEL; tile += (long long)gridDim.x * TILE) {
+#if WRUN > 1
+    // runs of WRUN outputs along the pooled W (NUMEL and W are multiples of WRUN: a run stays in its row)
+#pragma unroll
+    for (int k = 0; k < ILP; ++k) {
+      const long long e = tile + ((long long)k * THREADS + threadIdx.x) * WRUN;
+      if (e < NUMEL) {
+        fp_idx o[WRUN];
+        float y[WRUN];
+        fp_window_wrun(REGION_ARGS, (fp_idx)e, y, o);
+#pragma unroll
+        for (int q = 0; q < WRUN; ++q) forge_store(out + o[q], y[q]);
+      }
+    }
+#else
 #if VEC > 1
     if (vector_ok && tile + TILE <= NUMEL) {
       float y[ILP][VEC];
@@ -75,5 +91,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) region_window(REGION_PA
         forge_store(out + o, v);
       }
     }
+#endif
   }
 }

@@ -204,6 +204,10 @@ WINDOW_CASES = [
     ("bfloat16", 224, False, {}),
     ("float32", 224, False, {"ilp": 4}),
     ("bfloat16", 30, True, {"vec": 8}),
+    # runs along NCHW's W (the pooled output is 56 wide at 224, 8 at 30)
+    ("bfloat16", 224, False, {"wrun": 2}),
+    ("bfloat16", 224, False, {"wrun": 4, "ilp": 2}),
+    ("float32", 30, False, {"wrun": 4, "threads": 64}),
 ]
 
 
@@ -226,6 +230,23 @@ def test_pool_variant_windows_verify(evaluator, dtype, cl):
         if not e.verdict.ok:
             failures.append((sig.slug(), e.verdict.reason, e.verdict.detail[:300]))
     assert not failures, failures
+
+
+def test_pool_variant_windows_verify_in_runs_along_w(evaluator):
+    """The fixed-window pools of pool_variants (NCHW, 15x15 input: pooled W 8) at wrun 2 and 4: the
+    ceil-mode last windows, the count without padding, the divisor override, the epilogue input."""
+    failures, runs = [], 0
+    for sig, h in _window_region(pool_variants, "bfloat16", False, size=15):
+        for wrun in (2, 4):
+            try:
+                cand = instantiate("region", "cuda", "window", {"wrun": wrun}, sig)
+            except ValueError:
+                continue  # the adaptive pool: windows of varying size
+            runs += 1
+            e = evaluator.evaluate(cand, h)
+            if not e.verdict.ok:
+                failures.append((sig.slug(), wrun, e.verdict.reason, e.verdict.detail[:300]))
+    assert runs >= 8 and not failures, (runs, failures)
 
 
 def test_a_misaligned_window_input_takes_the_scalar_path_and_verifies(tmp_path):

@@ -86,3 +86,21 @@ def test_a_region_kernel_verifies_with_either_index_type(evaluator, mod, pattern
                       cand.spec, cand.family, dict(cand.params), "user")
     e = evaluator.evaluate(cand, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu"))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+def test_an_adaptive_window_whose_bounds_overflow_int_indexes_in_64_bits():
+    """adaptive_avg_pool2d of a 1 x 60000 row to 1 x 40000: few elements, but a window's end
+    ((o + 1) * 60000 + ...) passes 2^31 before the division; a 1 x 60 row to 1 x 40 stays in int."""
+    import torch
+
+    from forge_pack.search.families.region import _index_extent, program
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.adaptive_avg_pool2d(x, (1, x.shape[-1] * 2 // 3))
+
+    for width, want in ((60000, "long long"), (60, "int")):
+        (region,) = find_regions(capture(Pool(), (torch.randn(1, 1, 1, width),), profile=False))
+        sig = signature(region)
+        assert _index_extent(program(sig)) == (width + 1) * (width * 2 // 3)
+        assert f"#define FP_IDX_T {want}\n" in instantiate("region", "cpu", "window", None, sig).source

@@ -93,7 +93,16 @@ def _code(sig: Signature, backend: str, vec: int = 1, wrun: int = 1) -> tuple[st
     except Uncovered as e:
         return str(e)
     tensors = [(s.shape, s.strides) for _, s in sig.inputs if s is not None] + [(sig.output.shape, sig.output.strides)]
-    return code, {**defines, "FP_IDX_T": index_type(prog.numel, tensors)}
+    return code, {**defines, "FP_IDX_T": index_type(_index_extent(prog), tensors)}
+
+
+def _index_extent(prog: Program) -> int:
+    """The largest index the generated code forms besides the tensors' offsets: the iteration space, and an
+    adaptive window's bounds ((o + 1) * H before its division by the pooled size)."""
+    w = prog.window
+    if w is None or w.mode != "adaptive":
+        return prog.numel
+    return max(prog.numel, (w.in_shape[-2] + 1) * prog.space[-2], (w.in_shape[-1] + 1) * prog.space[-1])
 
 
 def _args(sig: Signature) -> list[str]:

@@ -60,6 +60,7 @@ class ConvRegionOp:
         self.roles = list(self.conv["roles"])
         self.digests = {inst["digest"]: inst["file"] for inst in self.conv["instances"]}
         self.file_sha256 = {inst["digest"]: inst.get("sha256") for inst in self.conv["instances"]}
+        self._corrupt: set[str] = set()  # digests whose file failed its sha256
         # per call, everything below is a lookup: the op sits on every convolution of the compiled model
         c = self.conv
         self.param_at = [self.roles.index(r) for r in self.fold.PARAM_ROLES if r in self.roles]
@@ -111,7 +112,8 @@ class ConvRegionOp:
         if got is None:
             path = self.here / self.digests[digest]
             want = self.file_sha256.get(digest)
-            if want and hashlib.sha256(path.read_bytes()).hexdigest() != want:
+            if digest in self._corrupt or (want and hashlib.sha256(path.read_bytes()).hexdigest() != want):
+                self._corrupt.add(digest)  # hashed once: later calls fail at once
                 raise CorruptFolded(f"{path.name} is not the file of folded tensors the build wrote (its sha256 differs "
                                     "from the manifest's): reinstall the package")
             w, b = self.fold.load(path, device)

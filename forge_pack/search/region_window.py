@@ -202,11 +202,25 @@ class WindowWriter:
                  *self._coords(order, "e"), *self._bounds(),
                  *[f"  const fp_idx {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
                  *[f"  float acc{j} = {INIT[red.combine]};" for j, red in enumerate(p.reductions)]]
-        # a read the window does not move (a per-channel parameter) is loaded once, before the loops
+        values = self._cell_values(leaves, name, lines)
+        body = [f"    acc{j} = ok ? {COMBINE[red.combine].format(a=f'acc{j}', b=values[j])} : acc{j};"
+                for j, red in enumerate(p.reductions)]
+        lines += self._loops(body)
+        div = self._divisor()
+        lines.append(f"  float red[{len(p.reductions)}];")
+        lines += [f"  red[{j}] = acc{j}" + (f" / {div};" if div else ";") for j in range(len(p.reductions))]
+        lines.append(f"  *o = {self._offset(p.out_strides, p.space, range(self.nd), plain)};")
+        return lines + [f"  return {p.out.expr.format(*self._out_tokens(plain))};", "}"]
+
+    def _cell_values(self, leaves: list[Leaf], name: dict, lines: list[str]) -> list[str]:
+        """Per reduction, its value at one window cell (row ``ih``, column ``iw``; reads predicated on
+        ``ok``). Appends to ``lines`` what is computed once per window, before the loops: the reads the
+        window does not move (a per-channel parameter, ``x<n>``) and the calls on those alone (the
+        affine's rsqrt, ``h<j>_<n>``)."""
         lines += [f"  const float x{name[leaf][1:]} = {self._read(leaf.source[1], name[leaf])};"
                   for leaf in leaves if self._invariant(leaf)]
-        body = []
-        for j, red in enumerate(p.reductions):
+        values = []
+        for j, red in enumerate(self.p.reductions):
             toks = [f"x{name[leaf][1:]}" if self._invariant(leaf) else
                     f"(ok ? {self._read(leaf.source[1], self._in_offset(leaf, name[leaf]))} : 0.0f)"
                     for leaf in red.val.leaves]
@@ -214,13 +228,13 @@ class WindowWriter:
             for n, call in enumerate(calls):
                 lines.append(f"  const float h{j}_{n} = {call.format(*toks)};")
                 expr = expr.replace(f"@HOIST{n}@", f"h{j}_{n}")
-            combined = COMBINE[red.combine].format(a=f"acc{j}", b=expr.format(*toks))
-            body.append(f"    acc{j} = ok ? {combined} : acc{j};")
-        lines += self._loops(body)
-        div = self._divisor()
-        lines.append(f"  float red[{len(p.reductions)}];")
-        lines += [f"  red[{j}] = acc{j}" + (f" / {div};" if div else ";") for j in range(len(p.reductions))]
-        lines.append(f"  *o = {self._offset(p.out_strides, p.space, range(self.nd), plain)};")
+            values.append(expr.format(*toks))
+        return values
+
+    def _out_tokens(self, idx) -> list[str]:
+        """The epilogue's operands for one output element: ``red[k]`` for reduction k, other inputs read at
+        the output's coordinates (``idx(d)``)."""
+        p = self.p
         toks = []
         for leaf in p.out.leaves:
             kind, k = leaf.source
@@ -229,8 +243,8 @@ class WindowWriter:
                     raise Uncovered("a window result read other than once per pooled element")
                 toks.append(f"red[{k}]")
             else:
-                toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), plain)))
-        return lines + [f"  return {p.out.expr.format(*toks)};", "}"]
+                toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), idx)))
+        return toks
 
     # ---- the vector function (CUDA)
     def vector(self, vec: int) -> list[str]:
@@ -342,18 +356,7 @@ class WindowWriter:
                  f"  const fp_idx i{wdim}_run = i{wdim}, w0_run = w0; (void)i{wdim}_run; (void)w0_run;",
                  *[f"  const fp_idx {name[leaf]} = {self._lead(leaf, plain)};" for leaf in leaves],
                  *[f"  float acc{j}_{q} = {INIT[red.combine]};" for j, red in enumerate(p.reductions) for q in range(r)]]
-        lines += [f"  const float x{name[leaf][1:]} = {self._read(leaf.source[1], name[leaf])};"
-                  for leaf in leaves if self._invariant(leaf)]
-        values = []
-        for j, red in enumerate(p.reductions):
-            toks = [f"x{name[leaf][1:]}" if self._invariant(leaf) else
-                    f"(ok ? {self._read(leaf.source[1], self._in_offset(leaf, name[leaf]))} : 0.0f)"
-                    for leaf in red.val.leaves]
-            expr, calls = hoist_calls(red.val.expr, {n for n, leaf in enumerate(red.val.leaves) if self._invariant(leaf)})
-            for n, call in enumerate(calls):
-                lines.append(f"  const float h{j}_{n} = {call.format(*toks)};")
-                expr = expr.replace(f"@HOIST{n}@", f"h{j}_{n}")
-            values.append(expr.format(*toks))
+        values = self._cell_values(leaves, name, lines)
         body = []
         for c in range(span):  # column c of the run's union: output q holds it when c - q * stride is a tap
             owners = [q for q in range(r) if 0 <= c - q * sw <= (kw - 1) * dw and (c - q * sw) % dw == 0]
@@ -369,15 +372,7 @@ class WindowWriter:
                   f"    const fp_idx ih = h0 + (fp_idx)kh * {dh};", f"    const bool ok_h = ih >= 0 && ih < {h};",
                   *body, "  }"]
         div = self._divisor()
-        toks = []
-        for leaf in p.out.leaves:
-            kind, k = leaf.source
-            if kind == "red":
-                if leaf.strides != contiguous(p.space):
-                    raise Uncovered("a window result read other than once per pooled element")
-                toks.append(f"red[{k}]")
-            else:
-                toks.append(self._read(k, self._offset(leaf.strides, p.space, range(self.nd), plain)))
+        toks = self._out_tokens(plain)
         for q in range(r):  # output q: its coordinate along W and its window's first column, shadowed
             lines += ["  {", f"    const fp_idx i{wdim} = i{wdim}_run + {q}, w0 = w0_run + {q * sw}; "
                              f"(void)i{wdim}; (void)w0;",

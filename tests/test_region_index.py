@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -11,8 +10,6 @@ from pathlib import Path
 import pytest
 
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import find_regions
 from forge_pack.search.region_emit import INDEX_LIMIT, index_type
@@ -56,35 +53,20 @@ def test_generated_kernels_of_small_regions_index_in_32_bits(backend):
         assert "long long" not in generated and not re.search(r"\dLL\b", generated), generated
 
 
-@pytest.fixture(scope="module")
-def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=TimingConfig(warmup=1, reps=3, flush=False,
-                                                                        compile_baseline=False),
-                   log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
-
-
 CASES = [(resnet_stem, None, "window"), (pool_variants, "avg_pool2d+mul+add", "window"),
          (llama_regions, "div+add+softmax+cast", "row"), (llama_regions, "silu+mul", "pointwise")]
 
 
 @pytest.mark.parametrize("index", ["int", "long long"])
 @pytest.mark.parametrize("mod,pattern,family", CASES, ids=[f"{c[0].__name__}-{c[2]}" for c in CASES])
-def test_a_region_kernel_verifies_with_either_index_type(evaluator, mod, pattern, family, index):
+def test_a_region_kernel_verifies_with_either_index_type(cpu_evaluator, mod, pattern, family, index):
     region = _region(mod, pattern)
     sig = signature(region)
     cand = instantiate("region", "cpu", family, None, sig)
     assert "#define FP_IDX_T int\n" in cand.source
     cand = type(cand)(cand.op, cand.backend, cand.source.replace("#define FP_IDX_T int\n", f"#define FP_IDX_T {index}\n"),
                       cand.spec, cand.family, dict(cand.params), "user")
-    e = evaluator.evaluate(cand, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu"))
+    e = cpu_evaluator.evaluate(cand, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu"))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 

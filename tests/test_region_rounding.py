@@ -4,14 +4,11 @@ are already exact in the dtype), and the kernel still verifies."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import find_regions
 from forge_pack.search.families.region import program
@@ -61,26 +58,11 @@ def test_a_max_pool_of_exact_values_is_not_rounded_again_but_an_average_is():
     assert avg.out.expr == "fp_round_bf16({0})", avg.out.expr
 
 
-@pytest.fixture(scope="module")
-def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=TimingConfig(warmup=1, reps=3, flush=False,
-                                                                        compile_baseline=False),
-                   log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
-
-
 @pytest.mark.parametrize("case", ["chain", "pool"])
-def test_the_kernels_without_the_identity_roundings_verify(evaluator, case):
+def test_the_kernels_without_the_identity_roundings_verify(cpu_evaluator, case):
     x, w = _inputs()
     sig = _sig(Chain(), x, w) if case == "chain" else _sig(Pool(), torch.randn(2, 8, 9, 9).to(torch.bfloat16))
     (fam,) = applicable_families(sig, "cpu")
-    e = evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig),
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig),
                            Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu"))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)

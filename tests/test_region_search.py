@@ -3,15 +3,12 @@ a wrong generated expression is rejected, and an op outside the table is reporte
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import find_regions
 from forge_pack.search.families.region import coverage, program
@@ -24,21 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
 import llama_regions  # noqa: E402
 import vae_resblock  # noqa: E402
-
-FAST = TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
-
-
-@pytest.fixture(scope="module")
-def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=FAST, log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
 
 
 def _regions(mod):
@@ -55,18 +37,18 @@ CASES = [(llama_regions, "rms_norm", "row"), (llama_regions, "silu+mul", "pointw
 
 
 @pytest.mark.parametrize("mod,pattern,family", CASES, ids=[c[1] for c in CASES])
-def test_generated_region_kernel_verifies_on_every_input_set(evaluator, mod, pattern, family):
+def test_generated_region_kernel_verifies_on_every_input_set(cpu_evaluator, mod, pattern, family):
     region = _regions(mod)[pattern]
     sig = signature(region)
     assert coverage(sig) == ""
     assert [f.name for f in applicable_families(sig, "cpu")] == [family]
-    e = evaluator.evaluate(instantiate("region", "cpu", family, None, sig), _hotspot(region))
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", family, None, sig), _hotspot(region))
     assert e.verdict.ok, e.verdict.detail
     kinds = {c.input_kind for c in e.verdict.checks}
     assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
 
 
-def test_a_mutated_generated_expression_is_rejected_as_mismatch(evaluator):
+def test_a_mutated_generated_expression_is_rejected_as_mismatch(cpu_evaluator):
     region = _regions(llama_regions)["rms_norm"]
     cand = instantiate("region", "cpu", "row", None, signature(region))
     head, generated = cand.source.split("// generated for ops:")
@@ -74,7 +56,7 @@ def test_a_mutated_generated_expression_is_rejected_as_mismatch(evaluator):
     source = head + "// generated for ops:" + generated.replace("fp_rsqrt(", "fp_sqrt(")
     bad = type(cand)(cand.op, cand.backend, source, cand.spec,
                      cand.family, dict(cand.params), "user")
-    e = evaluator.evaluate(bad, _hotspot(region))
+    e = cpu_evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 

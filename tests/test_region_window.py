@@ -5,7 +5,6 @@ padding in an average that excludes it is rejected."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,8 +12,6 @@ import pytest
 import torch
 
 from forge_pack.core.hotspot import Hotspot
-from forge_pack.evaluate.evaluator import Evaluator
-from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import find_regions
 from forge_pack.search.families.region import coverage, program
@@ -27,22 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import pool_variants  # noqa: E402
 import resnet_stem  # noqa: E402
 
-FAST = TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False)
 POOL_PATTERNS = {"batch_norm+max_pool2d", "avg_pool2d+mul+add", "avg_pool2d", "silu+avg_pool2d",
                  "sub+relu+adaptive_avg_pool2d"}
-
-
-@pytest.fixture(scope="module")
-def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30, timing=FAST, log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
 
 
 def _regions(mod, channels_last: bool = False, dtype=torch.float32, **kw):
@@ -111,9 +94,9 @@ CASES = [(resnet_stem, "batch_norm+relu+max_pool2d", False, torch.float32),
 
 @pytest.mark.parametrize("mod,pattern,cl,dtype", CASES,
                          ids=[f"{c[1]}-{'cl' if c[2] else 'nchw'}-{str(c[3])[6:]}" for c in CASES])
-def test_generated_window_kernel_verifies_against_float64(evaluator, mod, pattern, cl, dtype):
+def test_generated_window_kernel_verifies_against_float64(cpu_evaluator, mod, pattern, cl, dtype):
     region = _regions(mod, cl, dtype)[pattern]
-    e = evaluator.evaluate(instantiate("region", "cpu", "window", None, signature(region)), _hotspot(region))
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", "window", None, signature(region)), _hotspot(region))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
     kinds = {c.input_kind for c in e.verdict.checks}
     assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
@@ -128,31 +111,30 @@ def _mutated(region, old: str, new: str):
                       cand.spec, cand.family, dict(cand.params), "user")
 
 
-def test_a_max_pool_padded_with_zero_is_rejected(evaluator):
+def test_a_max_pool_padded_with_zero_is_rejected(cpu_evaluator):
     """batch_norm + max_pool2d without a ReLU: border windows hold negative values, so a pad of 0
     instead of -inf changes them."""
     region = _regions(pool_variants)["batch_norm+max_pool2d"]
     bad = _mutated(region, ": acc0;", ": fp_maxnan(acc0, 0.0f);")  # a cell outside the input counts as 0
-    e = evaluator.evaluate(bad, _hotspot(region))
+    e = cpu_evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 
-def test_an_average_counting_excluded_padding_is_rejected(evaluator):
+def test_an_average_counting_excluded_padding_is_rejected(cpu_evaluator):
     """count_include_pad=False divides a border window by its cells inside the input; dividing by
     the cells up to the padded edge is wrong there."""
     region = _regions(pool_variants)["avg_pool2d+mul+add"]
     bad = _mutated(region, "fp_max_idx(h0, 0)", "h0")
-    e = evaluator.evaluate(bad, _hotspot(region))
+    e = cpu_evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 
-
-def test_a_ceil_window_divided_by_the_whole_kernel_is_rejected(evaluator):
+def test_a_ceil_window_divided_by_the_whole_kernel_is_rejected(cpu_evaluator):
     """avg_pool2d(2, ceil_mode=True) on 9 rows: the last window starts at row 8 and ends past the
     input (no padding), so count_include_pad divides it by the one row inside, not by 2."""
     region = _regions(pool_variants)["avg_pool2d"]
     bad = _mutated(region, "(fp_min_idx(h0 + 2, 9) - h0)", "2")
-    e = evaluator.evaluate(bad, _hotspot(region))
+    e = cpu_evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 
@@ -205,15 +187,15 @@ WRUN_CASES = [(resnet_stem, 30, "batch_norm+relu+max_pool2d", torch.float32),
 @pytest.mark.parametrize("wrun", [2, 4])
 @pytest.mark.parametrize("mod,size,pattern,dtype", WRUN_CASES,
                          ids=[f"{c[2]}-{str(c[3]).replace('torch.', '')}" for c in WRUN_CASES])
-def test_runs_along_w_verify(evaluator, mod, size, pattern, dtype, wrun):
+def test_runs_along_w_verify(cpu_evaluator, mod, size, pattern, dtype, wrun):
     region = _even_regions(mod, size, dtype)[pattern]
     cand = instantiate("region", "cpu", "window", {"wrun": wrun}, signature(region))
     assert f"fp_window_wrun(REGION_ARGS" in cand.source and f"#define WRUN {wrun}" in cand.source
-    e = evaluator.evaluate(cand, _hotspot(region))
+    e = cpu_evaluator.evaluate(cand, _hotspot(region))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
-def test_a_run_combining_a_cell_into_the_wrong_window_is_rejected(evaluator):
+def test_a_run_combining_a_cell_into_the_wrong_window_is_rejected(cpu_evaluator):
     """The stem at wrun 2 (3x3 / 2): column 2 of a run belongs to both windows; leaving it out of the
     second one changes that output wherever column 2 holds its window's max."""
     region = _even_regions(resnet_stem, 30)["batch_norm+relu+max_pool2d"]
@@ -225,7 +207,7 @@ def test_a_run_combining_a_cell_into_the_wrong_window_is_rejected(evaluator):
     bad_src = generated[:first] + generated[first:].replace(shared, "", 1)
     bad = type(cand)(cand.op, cand.backend, head + "// generated for ops:" + bad_src, cand.spec, cand.family,
                      dict(cand.params), "user")
-    e = evaluator.evaluate(bad, _hotspot(region))
+    e = cpu_evaluator.evaluate(bad, _hotspot(region))
     assert not e.verdict.ok and e.verdict.reason == "mismatch", (e.verdict.reason, e.verdict.detail)
 
 

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import compile_fakes as cf  # noqa: E402
+from compile_fakes import aot_only  # noqa: E402
 import helpers  # noqa: E402
 import llama_regions  # noqa: E402
 
@@ -61,34 +62,6 @@ def _pick(regions: list) -> list:
 
 def _ids(chosen: list) -> dict:
     return {r.pattern: rid for rid, r in chosen}
-
-
-def aot_only(cm, model, *inputs):
-    """torch.compile up to Inductor's joint-graph passes: AOTAutograd with Inductor's decompositions, the
-    package's region pass on the forward graph, which then runs eagerly. Returns (output, graphs)."""
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._inductor.decomposition import select_decomp_table
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        cm.rewrite(gm, example_inputs)
-        region_pass = cm.region_pass(gm, example_inputs)
-
-        def forward_compiler(fgm, _inputs):
-            if region_pass is not None:
-                region_pass(fgm.graph)
-                fgm.recompile()
-            graphs.append(fgm)
-            return fgm.forward
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
-                                     decompositions=select_decomp_table())
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        out = torch.compile(model, backend=backend)(*inputs)
-    return out, graphs
 
 
 def _region_nodes(graphs: list, namespace_prefix: str = "forge_cm_region_") -> dict:

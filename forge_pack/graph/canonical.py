@@ -77,9 +77,12 @@ def canonical_order(nodes: list[torch.fx.Node]) -> list[torch.fx.Node]:
     return done
 
 
-def form(nodes: list[torch.fx.Node], input_specs: dict[torch.fx.Node, dict]) -> tuple[dict, list[torch.fx.Node]]:
-    """(the canonical form, the region's input nodes in form order) of these region nodes."""
-    order = canonical_order(nodes)
+def form(nodes: list[torch.fx.Node], input_specs: dict[torch.fx.Node, dict],
+         order: list[torch.fx.Node] | None = None) -> tuple[dict, list[torch.fx.Node]]:
+    """(the canonical form, the region's input nodes in form order) of these region nodes; ``order``: the
+    nodes in a given op order instead of ``canonical_order``'s (a matcher that has paired each node with
+    an op of a known form, whose tie-breaks between independent branches came from another tracer)."""
+    order = canonical_order(nodes) if order is None else order
     index = {n: j for j, n in enumerate(order)}
     inputs: list[torch.fx.Node] = []
 

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 
 from forge_pack.core.hotspot import Hotspot
+from forge_pack.graph.attention_chain import find_attention_chains
+from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names as attention_keep
 from forge_pack.graph.capture import capture
 from forge_pack.graph.conv_chain import find_conv_chains
 from forge_pack.graph.conv_hotspots import conv_hotspots, keep_names
@@ -58,13 +60,15 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
     graph = capture(target.module, target.args, target.kwargs)
     regions = find_regions(graph)
     chains = find_conv_chains(graph)
-    say(f"captured on the {graph.route} route: {len(regions)} region instances ({graph.time_source} times)")
+    attention = find_attention_chains(graph)
+    say(f"captured on the {graph.route} route: {len(regions)} region instances, {len(attention)} attention chains "
+        f"({graph.time_source} times)")
     groups: dict[str, list[Region]] = {}
     for r in regions:
         groups.setdefault(r.key, []).append(r)
     ordered = sorted(groups.values(), key=lambda g: -sum(x.time_us for x in g))
     keep = {name for g in ordered for r in g[:CAPTURES_PER_REGION] for name in (*r.inputs, r.nodes[-1])}
-    keep |= keep_names(chains)
+    keep |= keep_names(chains) | attention_keep(attention)
     values = graph.run(keep=keep) if graph.values is not None else {}
     hotspots, written = [], 0
     for g in ordered:
@@ -85,6 +89,8 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
         hotspots.append(region_hotspot(g, tuple(captures)))
     covered = sum(h.time_share for h in hotspots)  # a conv epilogue's ops are a batch_norm region's: not again
     # largest first; a conv epilogue ties with the batch_norm region it holds, which stays first
+    # an attention chain holds a softmax region, and is searched as the attention target (attention_hotspots)
+    hotspots = hotspots + attention_hotspots(attention, values, run_dir, say, CAPTURE_BYTES_TOTAL - written)
     hotspots = sorted(hotspots + conv_hotspots(chains, values, run_dir, say, CAPTURE_BYTES_TOTAL - written), key=lambda h: -h.time_share)
     say(f"{len(hotspots)} region signatures, {covered * 100:.1f}% of the attributed time; "
         f"{sum(1 for h in hotspots if h.unsupported)} not covered")

@@ -174,7 +174,9 @@ def _match_at(anchor: torch.fx.Node, region: Respelled, position: dict) -> Match
     specs = {v: canonical.tensor_spec(v.meta.get("val")) for v in input_of.values()}
     if any(s is None for s in specs.values()):
         return None
-    body, ins = canonical.form(nodes, specs)
+    # in the form's own op order: the pairing above fixed which node is which op, and canonical_order's
+    # tie-break between independent branches (attention's key and value paths) follows the tracer's order
+    body, ins = canonical.form(nodes, specs, order=[node_of[j] for j in range(len(ops))])
     if canonical.key(body) != region.key:
         return None
     ordered: list[Any] = [None] * len(ins)

@@ -451,7 +451,8 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
                         "vs_compile": comp_t.median_us / kernel_t.median_us if comp_t else None},
             "time_share": min(max(w.hotspot.time_share, 0.0), 1.0), "calls_per_forward": w.hotspot.calls_per_forward,
             "search": {**w.stats, "best_node_id": w.node_id}, "fixtures": fixtures,
-            "confirmed": source == "confirm", **_region_entry(sig, f"{namespace}::{tid}")})
+            "confirmed": source == "confirm",
+            **(_attention_entry(w.hotspot, f"{namespace}::{tid}") or _region_entry(sig, f"{namespace}::{tid}"))})
     (csrc / "binding.cpp").write_text(binding.binding_source(codes, name, namespace, version))
     flags = build_flags(backend, cpu_isa)
     doc = {
@@ -484,8 +485,25 @@ def stage_package(stage: Path, name: str, info: RunInfo, winners: list[Winner], 
 def _compile_regions(targets: list[dict]) -> list[dict]:
     """The manifest's ``regions`` (what compile mode's graph pass swaps, docs/package.md): one per region
     target, under the target's id, so the compile gate's record for that id decides both."""
-    return [{"id": t["id"], "name": t["region"]["name"], "form": t["region"]["form"], "op": t["region"]["entry"],
-             "output": t["region"]["output"]} for t in targets if t.get("region")]
+    entries = [{"id": t["id"], "name": t["region"]["name"], "form": t["region"]["form"], "op": t["region"]["entry"],
+                "output": t["region"]["output"], **({"args": t["region"]["args"]} if "args" in t["region"] else {})}
+               for t in targets if t.get("region")]
+    # an attention chain holds a softmax region: tried first, or that region's swap would break the chain's match
+    return sorted(entries, key=lambda e: "args" not in e)
+
+
+def _attention_entry(hotspot, torch_op: str) -> dict:
+    """An attention target found as an eager attention chain (``graph/attention_hotspots``): its region for
+    compile mode, the op taking the form's inputs reordered by ``args`` (op argument j is form input args[j])."""
+    att = (hotspot.extra or {}).get("attention")
+    if not att:
+        return {}
+    import json
+
+    return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
+                       "key": json.dumps(att["form"], sort_keys=True, separators=(",", ":")), "form": att["form"],
+                       "entry": torch_op, "inputs": [n for n, spec in hotspot.signature.inputs if spec is not None],
+                       "args": list(att["abi_order"]), "output": att["output"]}}
 
 
 def _region_entry(sig, torch_op: str) -> dict:

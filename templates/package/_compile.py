@@ -96,6 +96,9 @@ class _Region:
         self.qualname: str = op if "::" in op else f"{namespace}::{op}"
         self.output: dict | None = r.get("output")  # {dtype, shape, strides} the kernel returns
         self.conv: dict | None = r.get("conv")  # a conv epilogue region: its op is defined by _conv_regions.py
+        # the op's arguments as form inputs (op argument j is form input args[j]): an attention chain's op is
+        # the attention target's (x, k, v[, mask]); None: the form's own order
+        self.args: list[int] | None = r.get("args")
         self.raw = r
         self.fn: Any = None
 
@@ -244,6 +247,8 @@ class CompileMode:
             renamed: dict = {}  # a match's output replaced earlier, read by a later match of the same form
             for m in found:
                 m.inputs = [renamed.get(v, v) for v in m.inputs]
+                if r.args is not None:
+                    m.inputs = [m.inputs[i] for i in r.args]
                 renamed[m.output] = match.replace(graph, m, r.bind())
                 with self._lock:
                     self.matched[r.id] = self.matched.get(r.id, 0) + 1

@@ -109,3 +109,31 @@ def region_patcher(doc: dict, regions: list, use: list[str] | None = None, wrong
             entry["compile"] = {"use": rid in use, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}
         doc["regions"].append(entry)
     return PATCH.Patcher(doc, "cm_region_pkg", lambda: None)
+
+
+def aot_only(cm, model, *inputs):
+    """torch.compile up to Inductor's joint-graph passes: AOTAutograd with Inductor's decompositions, the
+    package's region pass on the forward graph, which then runs eagerly. Returns (output, graphs)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        cm.rewrite(gm, example_inputs)
+        region_pass = cm.region_pass(gm, example_inputs)
+
+        def forward_compiler(fgm, _inputs):
+            if region_pass is not None:
+                region_pass(fgm.graph)
+                fgm.recompile()
+            graphs.append(fgm)
+            return fgm.forward
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
+                                     decompositions=select_decomp_table())
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend=backend)(*inputs)
+    return out, graphs

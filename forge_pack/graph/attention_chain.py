@@ -1,0 +1,329 @@
+"""Attention regions: ``softmax(q k^T * scale [soft-capped] [+ mask]) v`` written as eager ops.
+
+Model code that does not call SDPA (HF transformers' eager attention, hand-written blocks) computes
+attention as separate ops: a matmul of the query with the transposed keys, a scaling (``* s`` or
+``/ c``), optionally Gemma's soft-capping (``tanh(w / cap) * cap``), optionally an additive mask, a
+softmax over the keys (usually in float32, cast back), a matmul with the values, and the
+``transpose(1, 2).contiguous()`` that puts heads next to channels. Grouped-query attention repeats
+each key/value head (``repeat_kv``: unsqueeze, expand, clone, reshape) before the matmuls. Under
+torch.compile that chain still writes and reads the full score matrix; one flash-attention kernel
+computes it without.
+
+``find_attention_chains`` recognises the chain in a captured ATen graph (the export route's spelling:
+``matmul``, ``softmax``, ``_to_copy``/``to``), from the query, the keys and values *before* any
+repetition, and the mask operand of the add, to the contiguous [B, L, H, D] output. Every value
+inside has exactly one reader, the next op of the chain, so one op can stand for the whole chain.
+The chain is then the attention target's computation with ``composite=True`` (plain softmax: a row
+whose logits are all -inf is NaN, as eager's is; the output [B, L, H, D]), with the scale, soft cap
+and key/value groups read from the ops. ``check`` proves that reading on the chain's own subgraph:
+the form rebuilt in float64 must equal the target's float64 reference on random inputs, or the chain
+is not used.
+
+Its canonical form (``canonical.form``) is its identity, as for every region: compile mode finds it
+in Inductor's graph with ``region_match`` and calls the package's attention op in its place, the
+form's inputs reordered to the op's (``abi_order``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from forge_pack.core.signature import Signature, TensorSpec
+from forge_pack.graph import canonical, opclass
+from forge_pack.graph.capture import Graph, op_name
+from forge_pack.graph.regions import Region
+
+MATMUL = ("matmul",)
+SOFTMAX = ("softmax", "_softmax")  # plain softmax; _safe_softmax (0 for an all -inf row) is SDPA's math path
+CASTS = ("_to_copy", "to")
+VIEWS = ("view", "_unsafe_view", "reshape")
+ABI = ("x", "k", "v", "mask")
+# A float64 rebuild of the chain against the target's float64 reference: both compute the same
+# exact-arithmetic function, so they differ by float64 rounding only (~1e-15 relative), far below this.
+CHECK_RTOL = 1e-9
+
+
+@dataclass
+class AttentionChain:
+    """One eager attention chain of a captured graph."""
+
+    region: Region  # kind "attention": the chain as a region (form, key, name, specs, time)
+    roles: tuple[str, ...]  # per form input: x | k | v | mask
+    scale: float
+    softcap: float | None
+    groups: int  # query heads per key/value head
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.region.name
+
+    def spec(self, role: str) -> TensorSpec | None:
+        return self.region.input_specs[self.roles.index(role)] if role in self.roles else None
+
+    def abi_order(self) -> list[int]:
+        """Form-input indices in the attention op's argument order (x, k, v[, mask])."""
+        return [self.roles.index(r) for r in ABI if r in self.roles]
+
+    def params(self) -> dict:
+        return {"scale": self.scale, "causal": False, "softcap": self.softcap, "enable_gqa": self.groups > 1,
+                "composite": True}
+
+    def signature(self) -> Signature:
+        """The attention target's signature of this chain (what the search, verify and the package see)."""
+        inputs = tuple((r, self.spec(r)) for r in ABI)
+        return Signature("attention", inputs, tuple(sorted(self.params().items())), self.region.output_spec)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "roles": list(self.roles), "scale": self.scale, "softcap": self.softcap,
+                "groups": self.groups, "abi_order": self.abi_order(), "region": self.region.to_json(),
+                "notes": self.notes}
+
+
+def find_attention_chains(graph: Graph) -> list[AttentionChain]:
+    """Every eager attention chain of the graph, in graph order of their outputs."""
+    out = []
+    for n in graph.gm.graph.nodes:
+        if n.op == "call_function" and _base(n) in MATMUL:
+            chain = _chain_at(graph, n)
+            if chain is not None:
+                out.append(chain)
+    return out
+
+
+def _base(n) -> str:
+    return opclass.base_name(op_name(n)) if isinstance(n, torch.fx.Node) and n.op == "call_function" else ""
+
+
+def _only_user(n: torch.fx.Node) -> torch.fx.Node | None:
+    users = list(n.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _val(n) -> torch.Tensor | None:
+    v = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _number(a) -> float | None:
+    return float(a) if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+
+
+def _cast_dtype(n: torch.fx.Node):
+    """The dtype a pure dtype cast converts to (None for any other op or a cast that also moves or
+    changes layout)."""
+    if _base(n) not in CASTS:
+        return None
+    kw = dict(n.kwargs)
+    if _base(n) == "to" and len(n.args) >= 2 and isinstance(n.args[1], torch.dtype):
+        kw.setdefault("dtype", n.args[1])
+    elif len(n.args) != 1:
+        return None
+    if set(kw) - {"dtype", "copy", "non_blocking", "layout", "device"} or kw.get("memory_format") is not None:
+        return None
+    v, src = _val(n), _val(n.args[0])
+    if v is None or src is None or v.device != src.device or v.stride() != src.stride():
+        return None
+    return kw.get("dtype")
+
+
+def _is_dim(d, ndim: int, want: int) -> bool:
+    return isinstance(d, int) and not isinstance(d, bool) and d % ndim == want
+
+
+def _transpose_last2(n: torch.fx.Node) -> torch.fx.Node | None:
+    """The tensor whose last two dims `n` swaps (transpose(-2, -1) or (2, 3) of a 4-d tensor)."""
+    if _base(n) != "transpose" or len(n.args) != 3 or not isinstance(n.args[0], torch.fx.Node):
+        return None
+    dims = {a % 4 for a in n.args[1:] if isinstance(a, int)}
+    return n.args[0] if dims == {2, 3} and _val(n) is not None and _val(n).dim() == 4 else None
+
+
+def _unrepeat(n: torch.fx.Node, members: list) -> tuple[torch.fx.Node, int]:
+    """(the key/value heads before ``repeat_kv``, the repetition) of a [B, H, S, D] operand; the
+    repetition's ops join `members`. An operand that is not repeated is itself, once."""
+    view = n
+    if _base(view) not in VIEWS or _only_user(view) is None:
+        return n, 1
+    inner = view.args[0]
+    chain = [view]
+    if _base(inner) == "clone" and _only_user(inner) is view:
+        chain.append(inner)
+        inner = inner.args[0]
+    if _base(inner) != "expand" or _only_user(inner) is not chain[-1]:
+        return n, 1
+    expand = inner
+    chain.append(expand)
+    unsq = expand.args[0]
+    if _base(unsq) != "unsqueeze" or _only_user(unsq) is not expand or not _is_dim(unsq.args[1], 5, 2):
+        return n, 1
+    chain.append(unsq)
+    src, e, out = unsq.args[0], _val(expand), _val(view)
+    s = _val(src)
+    if s is None or e is None or out is None or s.dim() != 4 or e.dim() != 5:
+        return n, 1
+    b, hkv, slen, d = s.shape
+    rep = e.shape[2]
+    if tuple(e.shape) != (b, hkv, rep, slen, d) or tuple(out.shape) != (b, hkv * rep, slen, d):
+        return n, 1
+    members.extend(chain)
+    return src, int(rep)
+
+
+def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
+    """The chain whose value matmul is `m2` (None when the ops around it are not one)."""
+    if len(m2.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in m2.args):
+        return None
+    out2 = _val(m2)
+    if out2 is None or out2.dim() != 4:
+        return None
+    # the end: transpose(1, 2) then a contiguous copy, the composite's [B, L, H, D]
+    t = _only_user(m2)
+    if t is None or _base(t) != "transpose" or {a % 4 for a in t.args[1:] if isinstance(a, int)} != {1, 2}:
+        return None
+    end = _only_user(t)
+    if end is None or _base(end) not in ("clone", "contiguous") or end.kwargs.get("memory_format") not in (
+            None, torch.contiguous_format) or _val(end) is None or not _val(end).is_contiguous():
+        return None
+    members = [end, t, m2]
+    probs, vrep = m2.args
+    # probabilities: softmax over the keys, then casts (back to the input dtype) and eval dropout
+    n = probs
+    while _base(n) in (*CASTS, "dropout", "alias") and _only_user(n) is not None:
+        if _base(n) == "dropout" and not (len(n.args) >= 3 and n.args[2] is False):
+            return None  # dropout in training draws a mask: not this computation
+        if _base(n) in CASTS and _cast_dtype(n) is None:
+            return None
+        members.append(n)
+        n = n.args[0]
+    if _base(n) not in SOFTMAX or _only_user(n) is None or not _is_dim(n.args[1], 4, 3):
+        return None
+    softmax = n
+    members.append(softmax)
+    n = softmax.args[0]
+    if _base(n) in CASTS and _only_user(n) is softmax and _cast_dtype(n) is not None:
+        members.append(n)
+        n = n.args[0]
+    mask = None
+    if _base(n) == "add" and _only_user(n) is not None and len(n.args) == 2 and not n.kwargs:
+        a, b = n.args
+        if not (isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node)):
+            return None
+        members.append(n)
+        mask, n = b, a
+    softcap = None
+    if (_base(n) == "mul" and _only_user(n) is not None and _number(n.args[1]) is not None
+            and _base(n.args[0]) == "tanh" and _only_user(n.args[0]) is n
+            and _base(n.args[0].args[0]) == "div" and _only_user(n.args[0].args[0]) is n.args[0]
+            and _number(n.args[0].args[0].args[1]) == _number(n.args[1])):
+        tanh, div = n.args[0], n.args[0].args[0]
+        softcap = _number(n.args[1])
+        members.extend([n, tanh, div])
+        n = div.args[0]
+    scale = 1.0
+    if _base(n) in ("mul", "div") and _only_user(n) is not None and len(n.args) == 2 and _number(n.args[1]):
+        c = _number(n.args[1])
+        scale = c if _base(n) == "mul" else 1.0 / c
+        members.append(n)
+        n = n.args[0]
+    if _base(n) not in MATMUL or _only_user(n) is None or len(n.args) != 2:
+        return None
+    m1 = n
+    members.append(m1)
+    q, kt = m1.args
+    if not isinstance(q, torch.fx.Node) or not isinstance(kt, torch.fx.Node) or _only_user(kt) is not m1:
+        return None
+    krep = _transpose_last2(kt)
+    if krep is None:
+        return None
+    members.append(kt)
+    k, gk = _unrepeat(krep, members)
+    v, gv = _unrepeat(vrep, members) if vrep is not krep else (None, 0)
+    if v is None or gk != gv:
+        return None
+    return _build(graph, members, q, k, v, mask, scale, softcap, gk)
+
+
+def _build(graph: Graph, members: list, q, k, v, mask, scale: float, softcap: float | None,
+           groups: int) -> AttentionChain | None:
+    vals = [_val(x) for x in (q, k, v)]
+    if any(x is None or x.dim() != 4 for x in vals):
+        return None
+    qv, kv, vv = vals
+    if not (qv.dtype == kv.dtype == vv.dtype) or qv.shape[1] != kv.shape[1] * groups or kv.shape != vv.shape:
+        return None
+    if mask is not None and (_val(mask) is None or not _val(mask).is_floating_point()):
+        return None
+    inside = set(members)
+    if len(inside) != len(members) or {q, k, v, mask} & inside:
+        return None
+    for m in members[1:]:  # every value but the output is read inside the chain only
+        if any(u not in inside for u in m.users):
+            return None
+    specs: dict[torch.fx.Node, dict] = {}
+    for m in members:
+        for a in m.all_input_nodes:
+            if a not in inside and a not in specs:
+                spec = a.meta.get("forge_spec")
+                if spec is None:
+                    return None
+                specs[a] = spec.to_json()
+    role_of = {q: "x", k: "k", v: "v"}
+    if mask is not None:
+        role_of[mask] = "mask"
+    if set(specs) != set(role_of):
+        return None  # the chain reads something else: not this computation
+    order = canonical.canonical_order(members)
+    body, inputs = canonical.form(order, specs)
+    digest = canonical.digest(body)
+    labels = ["attention"] + (["softcap"] if softcap else []) + (["mask"] if mask is not None else []) + (
+        [f"gqa{groups}"] if groups > 1 else [])
+    pattern = "+".join(labels)
+    nodes = [graph.nodes[n.name] for n in order]
+    time_us = sum(x.time_us for x in nodes)
+    total = graph.total_us
+    sources = {x.time_source for x in nodes if x.time_source}
+    end = members[0]
+    region = Region(
+        name=f"{pattern.replace('+', '_')}_{digest[:10]}", kind="attention", pattern=pattern,
+        nodes=tuple(n.name for n in order), ops=tuple(op_name(n) for n in order), inputs=tuple(a.name for a in inputs),
+        input_specs=tuple(a.meta["forge_spec"] for a in inputs), output_spec=end.meta.get("forge_spec"), form=body,
+        key=canonical.key(body), digest=digest, time_us=time_us, time_share=time_us / total if total > 0 else 0.0,
+        time_source="+".join(sorted(sources)) if sources else "estimate",
+        module=graph.nodes[end.name].module, device=graph.device)
+    return AttentionChain(region, tuple(role_of[a] for a in inputs), float(scale), softcap, int(groups))
+
+
+def check(chain: AttentionChain, device: str | None = None, seed: int = 0) -> str | None:
+    """Why the chain's own subgraph is not the attention target's computation with the chain's parameters
+    (None when it is): both in float64 on random inputs of the chain's shapes and strides, the mask
+    random too (any additive values), compared element by element."""
+    from forge_pack.targets import registry
+
+    dev = device or chain.region.device
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for s in chain.region.input_specs:
+        base = torch.randn(s.numel, generator=gen, dtype=torch.float64)
+        t = torch.empty_strided(tuple(s.shape), tuple(s.strides), dtype=torch.float64)
+        t.copy_(base.reshape(tuple(s.shape)))
+        tensors.append(t.to(dev))
+    try:
+        got = chain.region.reference_f64(dev)(*tensors)
+        sig = chain.signature()
+        spec = registry.spec_for(sig)
+        named = {r: tensors[chain.roles.index(r)] for r in chain.roles}
+        want = spec.reference64(dict(sig.params), named)
+    except Exception as e:  # noqa: BLE001 - a chain that cannot be rebuilt or referenced is not used
+        return f"the chain could not be checked against the attention reference: {type(e).__name__}: {e}"
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+        return f"the chain computes a {tuple(getattr(got, 'shape', ()))} tensor, not the attention's {tuple(want.shape)}"
+    err = (got - want).abs().max().item()
+    bound = CHECK_RTOL * max(want.abs().max().item(), 1.0)
+    if not math.isfinite(err) or err > bound:
+        return f"the chain differs from softmax(q k^T * {chain.scale:g} ...) v by {err:.3g} in float64"
+    return None

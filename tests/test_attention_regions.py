@@ -1,0 +1,241 @@
+"""Eager attention chains as regions (graph/attention_chain, graph/attention_hotspots): found in the
+forms model code writes, read with the right scale, soft cap, mask and key/value groups (and proven
+so on the chain's own subgraph), captured as attention hotspots, packed as compile-mode regions, and
+swapped into the graph Inductor compiles with the op's arguments in the attention op's order."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "models"))
+import attention_block  # noqa: E402
+import compile_fakes as cf  # noqa: E402
+import gemma_attention  # noqa: E402
+import helpers  # noqa: E402
+import llama_regions  # noqa: E402
+
+from forge_pack.graph import region_match  # noqa: E402
+from forge_pack.graph.attention_chain import check, find_attention_chains  # noqa: E402
+from forge_pack.graph.capture import capture  # noqa: E402
+from forge_pack.pack import packager  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
+from forge_pack.profile.capture import load_capture  # noqa: E402
+from forge_pack.targets import registry  # noqa: E402
+
+
+def _chains(model, inputs):
+    return find_attention_chains(capture(model, inputs, profile=False, routes=("export",)))
+
+
+def _bf16(module):
+    model = module.get_model().to(torch.bfloat16)
+    inputs = tuple(t.to(torch.bfloat16) for t in module.get_inputs())
+    return model, inputs
+
+
+@pytest.fixture(scope="module")
+def block_chain():
+    chains = _chains(*_bf16(attention_block))
+    assert len(chains) == 1  # the SDPA layer calls one op: no chain
+    return chains[0]
+
+
+def test_hf_eager_attention_is_one_chain_with_its_scale_mask_and_groups(block_chain):
+    c = block_chain
+    assert (c.scale, c.softcap, c.groups) == (0.25, None, 2)
+    assert sorted(c.roles) == ["k", "mask", "v", "x"]
+    sig = c.signature()
+    assert sig.op == "attention" and sig.param("composite") is True and sig.param("enable_gqa") is True
+    # the kernel reads the key/value heads before repeat_kv, the mask operand of the add, and writes [B, L, H, D]
+    assert sig.input("k").shape == (1, 2, 48, 16) and sig.input("v").shape == (1, 2, 48, 16)
+    assert sig.input("mask").shape == (1, 1, 48, 48)
+    assert sig.output.shape == (1, 48, 4, 16) and sig.output.strides == (3072, 64, 16, 1)
+    ops = [o.split(".")[1] for o in c.region.ops]
+    assert ops.count("matmul") == 2 and ops.count("expand") == 2 and "softmax" in ops
+    assert [c.roles[i] for i in c.abi_order()] == ["x", "k", "v", "mask"]
+    assert c.region.kind == "attention" and c.region.pattern == "attention+mask+gqa2"
+    assert check(c) is None
+
+
+def test_gemma_softcap_sliced_mask_and_eval_dropout_are_read(tmp_path):
+    (c,) = _chains(gemma_attention.get_model(), gemma_attention.get_inputs())
+    assert c.scale == gemma_attention.SCALING and c.softcap == gemma_attention.SOFTCAP and c.groups == 2
+    assert c.spec("mask").shape == (1, 1, 40, 40) and c.spec("mask").strides[-2] == gemma_attention.CACHE
+    assert check(c) is None
+
+
+def test_scaling_by_a_division_reads_as_its_reciprocal():
+    model = llama_regions.get_model()
+    (c,) = _chains(model, llama_regions.get_inputs())
+    assert c.scale == pytest.approx(1 / 4) and c.groups == 1 and c.softcap is None
+    assert check(c) is None
+
+
+@pytest.mark.parametrize("field", ["scale", "softcap", "roles"])
+def test_check_rejects_a_chain_read_with_other_parameters(block_chain, field):
+    """The chain's own subgraph in float64 against the attention reference: a misread parameter, or keys and
+    values taken for each other, shows."""
+    swap = {"k": "v", "v": "k"}
+    value = {"scale": 0.3, "softcap": 30.0, "roles": tuple(swap.get(r, r) for r in block_chain.roles)}[field]
+    wrong = dataclasses.replace(block_chain, **{field: value})
+    assert "differs from softmax" in check(wrong)
+
+
+class _Variant(nn.Module):
+    """Attention written almost as a chain, but not one kernel's computation (`how`)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, q, k, v):
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.25
+        p = torch.softmax(w, dim=-2 if self.how == "softmax_dim" else -1)
+        if self.how == "dropout_train":
+            p = nn.functional.dropout(p, 0.1, training=True)
+        out = torch.matmul(p, v)
+        if self.how == "no_transpose":
+            return out
+        out = out.transpose(1, 2).contiguous()
+        return (out, p) if self.how == "weights_returned" else out
+
+
+@pytest.mark.parametrize("how", ["plain", "softmax_dim", "dropout_train", "no_transpose", "weights_returned"])
+def test_only_the_exact_computation_is_a_chain(how):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))
+    chains = _chains(_Variant(how).eval(), (q, k, v))
+    assert len(chains) == (1 if how == "plain" else 0)
+    if chains:
+        assert chains[0].roles.count("mask") == 0 and check(chains[0]) is None
+
+
+# --- the hotspot ---------------------------------------------------------------------------------
+
+def test_the_hotspot_captures_the_chains_own_inputs_and_output(tmp_path):
+    from forge_pack.graph.attention_hotspots import attention_hotspots
+
+    model, inputs = _bf16(attention_block)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    values = graph.run(keep={n for c in chains for n in (*c.region.inputs, c.region.nodes[-1])})
+    (h,) = attention_hotspots(chains, values, tmp_path)
+    assert h.unsupported == "" and h.call_paths == ("region",) and len(h.captures) == 1
+    assert h.extra["attention"]["abi_order"] == chains[0].abi_order()
+    tensors, out = load_capture(tmp_path / h.captures[0], h.signature)
+    spec = registry.spec_for(h.signature)
+    ref = spec.reference64(dict(h.signature.params), tensors)
+    # the model's own bf16 output against the float64 attention of its own inputs: bf16 rounding only
+    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
+    assert out.stride() == h.signature.output.strides
+
+
+def test_a_chain_whose_subgraph_is_not_the_reference_is_skipped_with_the_reason(tmp_path, monkeypatch):
+    from forge_pack.graph import attention_hotspots as ah
+
+    model, inputs = _bf16(attention_block)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = [dataclasses.replace(c, scale=0.5) for c in find_attention_chains(graph)]
+    (h,) = ah.attention_hotspots(chains, {}, tmp_path)
+    assert "differs from softmax" in h.unsupported and h.captures == ()
+
+
+# --- the package and compile mode ----------------------------------------------------------------
+
+def _attention_op(chain) -> str:
+    """The attention target as a Python op of a fresh namespace, (x, k, v, mask) -> out, computing HF's eager
+    attention: the package's op, without a compiler. Returns 'ns::att'."""
+    ns = f"forge_att_region_{id(chain)}"
+    lib = torch.library.Library(ns, "DEF")
+    cf._LIBS.append(lib)
+    lib.define("att(Tensor x, Tensor k, Tensor v, Tensor mask) -> Tensor")
+    fn = registry.get("attention").eager(chain.params(), "bfloat16")
+
+    def impl(x, k, v, mask):
+        return fn({"x": x, "k": k, "v": v, "mask": mask})
+
+    lib.impl("att", impl, "CPU")
+    return f"{ns}::att"
+
+
+@pytest.fixture(scope="module")
+def base_doc(tmp_path_factory):
+    base = tmp_path_factory.mktemp("att_doc")
+    run = helpers.make_cpu_run(base / "run")
+    assert pack(run, base / "pkg", "att_pkg", confirm=False).written
+    return json.loads((base / "pkg" / "att_pkg" / "manifest.json").read_text())
+
+
+def _patcher(doc, chain, args):
+    doc = copy.deepcopy(doc)
+    doc.pop("integrity", None)
+    doc["targets"] = []
+    doc["regions"] = [{"id": "a0", "name": chain.name, "form": chain.region.form, "op": _attention_op(chain),
+                       "output": chain.region.output_spec.to_json(), "args": args,
+                       "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}}]
+    return cf.PATCH.Patcher(doc, "att_region_pkg", lambda: None)
+
+
+def test_compile_mode_swaps_the_chain_for_the_attention_op_in_its_argument_order(base_doc, block_chain):
+    model, inputs = _bf16(attention_block)
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, block_chain, block_chain.abi_order()))
+    got, graphs = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"a0": 1}
+    calls = [n for g in graphs for n in g.graph.nodes if "forge_att_region_" in str(n.target)]
+    assert len(calls) == 1
+    # the op's arguments are the query [B, H, L, D], the key and value heads before repeat_kv, the mask
+    shapes = [tuple(a.meta["val"].shape) for a in calls[0].args]
+    assert shapes == [(1, 4, 48, 16), (1, 2, 48, 16), (1, 2, 48, 16), (1, 1, 48, 48)]
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_the_attention_form_is_found_although_its_branches_are_traced_in_another_order(block_chain):
+    """Inductor's graph interleaves the key and value paths unlike the respelled form: the matcher compares
+    in the form's own op order (canonical.form's ``order``), so the form is still found once."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g.forward,
+                                     decompositions=select_decomp_table())
+
+    model, inputs = _bf16(attention_block)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(*inputs)
+    spelled = region_match.respell(block_chain.region.form, "cpu", select_decomp_table())
+    assert len(region_match.find(graphs[0].graph, spelled)) == 1
+
+
+def test_packed_attention_regions_come_first_with_their_argument_order():
+    targets = [{"id": "t0", "region": {"name": "softmax_1", "form": {"inputs": [], "ops": []}, "entry": "ns::t0",
+                                       "output": {}}},
+               {"id": "t1", "region": {"name": "attention_2", "form": {"inputs": [], "ops": []}, "entry": "ns::t1",
+                                       "output": {}, "args": [1, 0, 3, 2]}}]
+    entries = packager._compile_regions(targets)
+    assert [e["id"] for e in entries] == ["t1", "t0"]
+    assert entries[0]["args"] == [1, 0, 3, 2] and "args" not in entries[1]
+
+
+def test_the_manifest_entry_of_an_attention_hotspot(block_chain, tmp_path):
+    from forge_pack.graph.attention_hotspots import attention_hotspots
+
+    (h,) = attention_hotspots([block_chain], {}, tmp_path)
+    entry = packager._attention_entry(h, "ns::t3")["region"]
+    assert entry["form"] == block_chain.region.form and entry["entry"] == "ns::t3"
+    assert entry["args"] == block_chain.abi_order() and entry["inputs"] == ["x", "k", "v", "mask"]
+    assert packager._attention_entry(dataclasses.replace(h, extra={}), "ns::t3") == {}

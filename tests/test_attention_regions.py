@@ -239,3 +239,16 @@ def test_the_manifest_entry_of_an_attention_hotspot(block_chain, tmp_path):
     assert entry["form"] == block_chain.region.form and entry["entry"] == "ns::t3"
     assert entry["args"] == block_chain.abi_order() and entry["inputs"] == ["x", "k", "v", "mask"]
     assert packager._attention_entry(dataclasses.replace(h, extra={}), "ns::t3") == {}
+
+
+def test_profile_regions_lists_the_chain_and_counts_its_matmuls_as_covered():
+    from forge_pack.graph.report import format_regions, regions_json
+
+    model, inputs = _bf16(attention_block)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    doc = regions_json(graph)
+    (g,) = doc["attention_regions"]
+    assert g["pattern"] == "attention+mask+gqa2" and g["calls"] == 1
+    matmuls = [u["ops"] for u in doc["uncovered"] if u["reason"].startswith("matmul")]
+    assert all("matmul" not in ops for ops in matmuls)  # the linears stay uncovered, the chain's matmuls do not
+    assert "Attention regions (eager attention as one flash-attention kernel): 1 signatures" in format_regions(graph)

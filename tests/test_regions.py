@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from forge_pack.graph import canonical, opclass
 from forge_pack.graph.capture import capture
-from forge_pack.graph.regions import Region, find_regions, pattern_name, uncovered
+from forge_pack.graph.regions import REASONS, Region, find_regions, pattern_name, uncovered
 from forge_pack.graph.report import format_regions, group_regions, regions_json
 
 # Not in tests/models/ itself: the GPU build round trip (test_pack_cuda) builds every file there.
@@ -81,7 +81,7 @@ def test_llama_sdpa_leaves_attention_out_and_says_why():
     g, regions = _regions(llama_regions.get_model("sdpa"), llama_regions.get_inputs())
     assert "div+add+softmax+cast" not in {r.pattern for r in regions}
     reasons = {u["reason"]: u["ops"] for u in uncovered(g, regions)}
-    assert reasons["attention (sdpa): bounds a region (attention regions are not built yet)"] == {
+    assert reasons[REASONS["attention"]] == {
         "scaled_dot_product_attention": 1}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from forge_pack.graph.capture import Graph
+from forge_pack.graph.attention_chain import find_attention_chains
 from forge_pack.graph.conv_chain import epilogue_region, find_conv_chains
 from forge_pack.graph.regions import Region, find_regions, uncovered
 
@@ -56,13 +57,31 @@ def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
     regions = find_regions(graph) if regions is None else regions
     groups = group_regions(regions)
     covered = sum(g.time_share for g in groups)
-    chains = [c.region for c in find_conv_chains(graph)]  # their convolutions are covered too
+    attention = find_attention_chains(graph)
+    chains = [c.region for c in find_conv_chains(graph)] + [c.region for c in attention]  # their matmuls too
     return {"route": graph.route, "attempts": [list(a) for a in graph.attempts], "device": graph.device,
             "time_source": graph.time_source, "profiled_fraction": graph.profiled_fraction,
             "forward_us": graph.forward_us, "attributed_us": graph.total_us, "region_share": covered,
             "output_check": graph.output_check,
             "regions": [g.to_json() for g in groups], "uncovered": uncovered(graph, regions + chains),
-            "conv_regions": conv_groups(graph), "notes": graph.notes}
+            "conv_regions": conv_groups(graph), "attention_regions": attention_groups(attention), "notes": graph.notes}
+
+
+def attention_groups(chains: list) -> list[dict]:
+    """The eager attention chains (graph/attention_chain), grouped by form, largest first: what
+    `search --regions` searches as attention kernels and compile mode swaps for one op."""
+    by_key: dict[str, list] = {}
+    for c in chains:
+        by_key.setdefault(c.region.key, []).append(c)
+    out = []
+    for group in sorted(by_key.values(), key=lambda cs: -sum(c.region.time_us for c in cs)):
+        c = group[0]
+        out.append({"name": c.name, "pattern": c.region.pattern, "calls": len(group),
+                    "time_us": sum(x.region.time_us for x in group),
+                    "time_share": sum(x.region.time_share for x in group),
+                    "modules": sorted({x.region.module for x in group if x.region.module}),
+                    "signature": c.signature().pretty(), "chain": c.to_json()})
+    return out
 
 
 def conv_groups(graph: Graph) -> list[dict]:
@@ -115,6 +134,12 @@ def format_regions(graph: Graph, regions: list[Region] | None = None, top: int =
                          f"{'conv':<9}  {g['pattern']}: stride {c['stride']} padding {c['padding']} groups "
                          f"{c['groups']}  [{_spec_text(c['region']['input_specs'][0])} -> "
                          f"{_spec_text(c['region']['output_spec'])}]")
+    if doc["attention_regions"]:
+        lines.append(f"Attention regions (eager attention as one flash-attention kernel): "
+                     f"{len(doc['attention_regions'])} signatures")
+        for i, g in enumerate(doc["attention_regions"][:top], 1):
+            lines.append(f"{i:>2}  {g['time_share'] * 100:5.1f}%  {_us(g['time_us']):>9}  {g['calls']:>5}  "
+                         f"{'attention':<9}  {g['pattern']}: {g['signature']}")
     if doc["uncovered"]:
         lines.append("Not covered by any region:")
         for u in doc["uncovered"]:

@@ -252,3 +252,30 @@ def test_profile_regions_lists_the_chain_and_counts_its_matmuls_as_covered():
     matmuls = [u["ops"] for u in doc["uncovered"] if u["reason"].startswith("matmul")]
     assert all("matmul" not in ops for ops in matmuls)  # the linears stay uncovered, the chain's matmuls do not
     assert "Attention regions (eager attention as one flash-attention kernel): 1 signatures" in format_regions(graph)
+
+
+@pytest.mark.gpu
+def test_the_flash_family_verifies_on_a_chains_captured_signature(tmp_path):
+    """On the GPU: Gemma's chain (soft cap, a mask sliced from a wider one, strided key/value heads) captured
+    on CUDA, its hotspot's real inputs included, judged by the evaluator with the flash family's defaults."""
+    from forge_pack.evaluate.evaluator import Evaluator
+    from forge_pack.evaluate.timing import TimingConfig
+    from forge_pack.graph.attention_hotspots import attention_hotspots
+    from forge_pack.search.templates_proposer import instantiate
+
+    model = gemma_attention.get_model().cuda()
+    inputs = tuple(t.cuda() for t in gemma_attention.get_inputs())
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    values = graph.run(keep={n for c in chains for n in (*c.region.inputs, c.region.nodes[-1])})
+    (h,) = attention_hotspots(chains, values, tmp_path)
+    assert h.unsupported == "" and h.captures
+    h = dataclasses.replace(h, captures=tuple(str(tmp_path / c) for c in h.captures))
+    ev = Evaluator("cuda", workers=1, timeout_s=60, timing=TimingConfig(warmup=2, reps=10, flush=False,
+                                                                        compile_baseline=False),
+                   log_dir=tmp_path / "workers")
+    try:
+        e = ev.evaluate(instantiate("attention", "cuda", "flash", {}, h.signature), h)
+    finally:
+        ev.close()
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)

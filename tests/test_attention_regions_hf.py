@@ -1,0 +1,85 @@
+"""Eager attention chains in real transformers models (bench/models' Gemma 4 and Qwen3.5-MoE prefill at
+their CPU smoke-test sizes): each layer's ``eager_attention_forward`` is found as a chain, its reading
+proven against the attention reference, and compile mode finds every chain in the graph Inductor compiles
+and swaps it for the attention op (here the op computes HF's eager attention in Python, so the compiled
+output equals eager's). Needs transformers (not a forge-pack dependency; the GPU machine has it):
+skipped without it."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "pack"))
+sys.path.insert(0, str(ROOT / "tests"))
+import compile_fakes as cf  # noqa: E402
+import helpers  # noqa: E402
+
+from forge_pack.graph.attention_chain import check, find_attention_chains  # noqa: E402
+from forge_pack.graph.capture import capture  # noqa: E402
+from forge_pack.pack.packager import pack  # noqa: E402
+from forge_pack.targets import registry  # noqa: E402
+
+pytest.importorskip("transformers")
+
+# (model file, chains found, distinct forms): Gemma's 2 layers (sliding, full: head_dim 256 and 512),
+# Qwen's 1 full-attention layer (the others are linear attention)
+MODELS = [("gemma4_prefill", 2, 2), ("qwen35_moe_prefill", 1, 1)]
+
+
+def _load(name: str, monkeypatch):
+    monkeypatch.setenv("FORGE_BENCH_SMALL", "1")
+    monkeypatch.setenv("FORGE_BENCH_DEVICE", "cpu")
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "models"))
+    sys.modules.pop("_bench_env", None)  # it reads the environment when imported
+    spec = importlib.util.spec_from_file_location(f"_hf_{name}", ROOT / "bench" / "models" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.modules.pop("_bench_env", None)
+    return mod.get_model(), tuple(mod.get_inputs())
+
+
+@pytest.fixture(scope="module")
+def base_doc(tmp_path_factory):
+    base = tmp_path_factory.mktemp("hf_doc")
+    assert pack(helpers.make_cpu_run(base / "run"), base / "pkg", "hf_pkg", confirm=False).written
+    return json.loads((base / "pkg" / "hf_pkg" / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("name, count, forms", MODELS)
+def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, forms, monkeypatch, base_doc):
+    model, inputs = _load(name, monkeypatch)
+    chains = find_attention_chains(capture(model, inputs, profile=False, routes=("export",)))
+    assert len(chains) == count
+    doc = copy.deepcopy(base_doc)
+    doc.pop("integrity", None)
+    doc["targets"], doc["regions"] = [], []
+    ns = f"forge_hf_att_{name}"
+    lib = torch.library.Library(ns, "DEF")
+    cf._LIBS.append(lib)
+    for c in chains:
+        assert check(c) is None and c.signature().param("composite") is True
+        if any(r["form"] == c.region.form for r in doc["regions"]):
+            continue
+        rid = f"a{len(doc['regions'])}"
+        present = [r for r in ("x", "k", "v", "mask") if r in c.roles]
+        lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
+        fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
+        lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
+        doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"{ns}::{rid}",
+                               "output": c.region.output_spec.to_json(), "args": c.abi_order(),
+                               "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
+    assert len(doc["regions"]) == forms
+    cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))
+    with torch.no_grad():
+        ref = model(*inputs)
+    got, _ = cf.aot_only(cm, model, *inputs)
+    assert sum(cm.report()["regions"].values()) == count
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)

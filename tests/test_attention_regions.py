@@ -99,6 +99,8 @@ class _Variant(nn.Module):
         self.how = how
 
     def forward(self, q, k, v):
+        if self.how == "keys_are_queries":
+            k = q
         w = torch.matmul(q, k.transpose(2, 3)) * 0.25
         p = torch.softmax(w, dim=-2 if self.how == "softmax_dim" else -1)
         if self.how == "dropout_train":
@@ -110,7 +112,8 @@ class _Variant(nn.Module):
         return (out, p) if self.how == "weights_returned" else out
 
 
-@pytest.mark.parametrize("how", ["plain", "softmax_dim", "dropout_train", "no_transpose", "weights_returned"])
+@pytest.mark.parametrize("how", ["plain", "softmax_dim", "dropout_train", "no_transpose", "weights_returned",
+                                 "keys_are_queries"])
 def test_only_the_exact_computation_is_a_chain(how):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))

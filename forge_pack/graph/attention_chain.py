@@ -259,7 +259,9 @@ def _build(graph: Graph, members: list, q, k, v, mask, scale: float, softcap: fl
     if mask is not None and (_val(mask) is None or not _val(mask).is_floating_point()):
         return None
     inside = set(members)
-    if len(inside) != len(members) or {q, k, v, mask} & inside:
+    if len({q, k, v, mask}) != 4 or {q, k, v, mask} & inside:
+        return None  # one tensor in two roles (keys that are the queries): the ABI takes four tensors
+    if len(inside) != len(members):
         return None
     for m in members[1:]:  # every value but the output is read inside the chain only
         if any(u not in inside for u in m.users):

@@ -90,7 +90,9 @@ def profile_regions(target, run_dir: str | Path, quiet: bool = False) -> Profile
     covered = sum(h.time_share for h in hotspots)  # a conv epilogue's ops are a batch_norm region's: not again
     # largest first; a conv epilogue ties with the batch_norm region it holds, which stays first
     # an attention chain holds a softmax region, and is searched as the attention target (attention_hotspots)
-    hotspots = hotspots + attention_hotspots(attention, values, run_dir, say, CAPTURE_BYTES_TOTAL - written)
+    att = attention_hotspots(attention, values, run_dir, say, CAPTURE_BYTES_TOTAL - written)
+    written += sum((Path(run_dir) / rel).stat().st_size for h in att for rel in h.captures)
+    hotspots = hotspots + att
     hotspots = sorted(hotspots + conv_hotspots(chains, values, run_dir, say, CAPTURE_BYTES_TOTAL - written), key=lambda h: -h.time_share)
     say(f"{len(hotspots)} region signatures, {covered * 100:.1f}% of the attributed time; "
         f"{sum(1 for h in hotspots if h.unsupported)} not covered")

@@ -282,3 +282,19 @@ def test_the_flash_family_verifies_on_a_chains_captured_signature(tmp_path):
     finally:
         ev.close()
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+def test_check_compares_fully_masked_rows_nan_for_nan(block_chain, monkeypatch):
+    """Eager's plain softmax makes an all -inf row NaN, as the composite's reference does; a reference with
+    SDPA's safe softmax (zeros there) is another computation, and the check's masked-row set shows it."""
+    from forge_pack.targets import attention as att
+
+    assert check(block_chain) is None
+    plain = att._probs64
+
+    def safe(params, s):
+        p = plain(params, s)
+        return torch.where(torch.isneginf(s).all(dim=-1, keepdim=True), torch.zeros_like(p), p)
+
+    monkeypatch.setattr(att, "_probs64", safe)
+    assert "NaNs" in check(block_chain) and "a mask row all -inf" in check(block_chain)

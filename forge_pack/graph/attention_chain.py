@@ -303,29 +303,48 @@ def _build(graph: Graph, members: list, q, k, v, mask, scale: float, softcap: fl
 def check(chain: AttentionChain, device: str | None = None, seed: int = 0) -> str | None:
     """Why the chain's own subgraph is not the attention target's computation with the chain's parameters
     (None when it is): both in float64 on random inputs of the chain's shapes and strides, the mask
-    random too (any additive values), compared element by element."""
-    from forge_pack.targets import registry
-
+    random too (any additive values), compared element by element; with a mask, once more with its first
+    query row all -inf, where both must give NaN (plain softmax, the composite's semantics) at the same
+    places."""
     dev = device or chain.region.device
     gen = torch.Generator().manual_seed(seed)
+    for masked_row in (False, True) if "mask" in chain.roles else (False,):
+        why = _compare(chain, _draw(chain, gen, masked_row), dev)
+        if why:
+            return why + (" (a mask row all -inf)" if masked_row else "")
+    return None
+
+
+def _draw(chain: AttentionChain, gen: torch.Generator, masked_row: bool) -> list:
     tensors = []
-    for s in chain.region.input_specs:
-        base = torch.randn(s.numel, generator=gen, dtype=torch.float64)
+    for role, s in zip(chain.roles, chain.region.input_specs):
         t = torch.empty_strided(tuple(s.shape), tuple(s.strides), dtype=torch.float64)
-        t.copy_(base.reshape(tuple(s.shape)))
-        tensors.append(t.to(dev))
+        t.copy_(torch.randn(s.numel, generator=gen, dtype=torch.float64).reshape(tuple(s.shape)))
+        if role == "mask" and masked_row:
+            t[..., 0, :] = float("-inf")
+        tensors.append(t)
+    return tensors
+
+
+def _compare(chain: AttentionChain, tensors: list, dev: str) -> str | None:
+    from forge_pack.targets import registry
+
+    tensors = [t.to(dev) for t in tensors]
     try:
         got = chain.region.reference_f64(dev)(*tensors)
         sig = chain.signature()
-        spec = registry.spec_for(sig)
         named = {r: tensors[chain.roles.index(r)] for r in chain.roles}
-        want = spec.reference64(dict(sig.params), named)
+        want = registry.spec_for(sig).reference64(dict(sig.params), named)
     except Exception as e:  # noqa: BLE001 - a chain that cannot be rebuilt or referenced is not used
         return f"the chain could not be checked against the attention reference: {type(e).__name__}: {e}"
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
         return f"the chain computes a {tuple(getattr(got, 'shape', ()))} tensor, not the attention's {tuple(want.shape)}"
-    err = (got - want).abs().max().item()
-    bound = CHECK_RTOL * max(want.abs().max().item(), 1.0)
+    nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+    if not torch.equal(nan_got, nan_want):
+        return (f"the chain's NaNs ({int(nan_got.sum())}) are not the attention's ({int(nan_want.sum())}): "
+                f"another softmax semantics for fully masked rows")
+    err = (got - want).masked_fill(nan_got, 0).abs().max().item()
+    bound = CHECK_RTOL * max(want.masked_fill(nan_want, 0).abs().max().item(), 1.0)
     if not math.isfinite(err) or err > bound:
         return f"the chain differs from softmax(q k^T * {chain.scale:g} ...) v by {err:.3g} in float64"
     return None

@@ -1,0 +1,95 @@
+"""Which transformers architectures' eager attention forge-pack finds as one attention region.
+
+    python bench/attention_chains.py [OUT_BASE]      (needs transformers; no GPU needed)
+
+Per architecture: a causal LM built from a tiny configuration (random weights, 2 layers, 4 query heads
+over 2 key/value heads where the architecture has GQA, bf16, `attn_implementation="eager"`), one
+prompt of 32 tokens, captured as forge-pack captures a model (`graph.capture`). Recorded: the capture
+route, how many attention chains `find_attention_chains` found (one per layer is every layer), their
+pattern, scale and soft cap, and `attention_chain.check`'s verdict (the chain's own subgraph in float64
+against the attention reference). A coverage survey, not a timing: the sizes do not matter.
+Writes OUT_BASE.{json,md} (default bench/results/attention_chains).
+"""
+
+from __future__ import annotations
+
+import time
+
+from _common import environment, out_path, write
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              max_position_embeddings=128, pad_token_id=0)
+GQA = dict(num_key_value_heads=2)
+
+
+def cases(tf) -> dict:
+    """name -> (config class, model class, config kwargs)."""
+    return {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {**COMMON, **GQA}),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {**COMMON, **GQA, "sliding_window": None}),
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, {**COMMON, **GQA, "num_local_experts": 4}),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {**COMMON, **GQA}),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {**COMMON, **GQA, "head_dim": 16}),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
+                   {**COMMON, **GQA, "head_dim": 16, "attn_logit_softcapping": 50.0, "sliding_window": 16}),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, {**COMMON, **GQA, "head_dim": 16, "sliding_window": 16}),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {**COMMON, **GQA}),
+        "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=128)),
+    }
+
+
+def survey_one(tf, name: str, config_cls, model_cls, kwargs: dict) -> dict:
+    import torch
+
+    from forge_pack.graph.attention_chain import check, find_attention_chains
+    from forge_pack.graph.capture import capture
+
+    class Prefill(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    row = {"model": name, "layers": 2}
+    try:
+        torch.manual_seed(0)
+        lm = model_cls._from_config(config_cls(**kwargs), attn_implementation="eager", dtype=torch.bfloat16).eval()
+        graph = capture(Prefill(lm), (torch.randint(1, 128, (1, 32)),), {}, profile=False)
+        chains = find_attention_chains(graph)
+        row.update(route=graph.route, chains=len(chains),
+                   found=[{"pattern": c.region.pattern, "scale": c.scale, "softcap": c.softcap,
+                           "signature": c.signature().pretty(), "check": check(c) or "ok"} for c in chains])
+    except Exception as e:  # noqa: BLE001 - a row per architecture, whatever happens
+        row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+    return row
+
+
+def main() -> None:
+    import transformers as tf
+
+    base = out_path("attention_chains")
+    t0 = time.time()
+    rows = [survey_one(tf, name, *spec) for name, spec in cases(tf).items()]
+    doc = {"command": "python bench/attention_chains.py", "environment": {**environment(),
+                                                                          "transformers": tf.__version__},
+           "seconds": round(time.time() - t0, 1), "rows": rows}
+    lines = ["# Eager attention of transformers architectures as forge-pack attention regions", "",
+             f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, transformers {tf.__version__}; "
+             "tiny configurations (2 layers, random weights), bf16, eager attention, 32 tokens.", "",
+             "| model | route | chains (of 2 layers) | pattern | scale | soft cap | check |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | - | - | error: {r['error'][:120]} | | | |")
+            continue
+        f = r["found"][0] if r["found"] else {}
+        checks = sorted({x["check"] for x in r["found"]}) or ["-"]
+        lines.append(f"| {r['model']} | {r['route']} | {r['chains']} | {f.get('pattern', '-')} | "
+                     f"{f.get('scale', '-')} | {f.get('softcap') or '-'} | {'; '.join(checks)} |")
+    write(base, doc, "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -240,7 +240,8 @@ def test_the_manifest_entry_of_an_attention_hotspot(block_chain, tmp_path):
     (h,) = attention_hotspots([block_chain], {}, tmp_path)
     entry = packager._attention_entry(h, "ns::t3")["region"]
     assert entry["form"] == block_chain.region.form and entry["entry"] == "ns::t3"
-    assert entry["args"] == block_chain.abi_order() and entry["inputs"] == ["x", "k", "v", "mask"]
+    assert entry["args"] == block_chain.abi_order() and entry["inputs"] == list(block_chain.roles)
+    assert [entry["inputs"][i] for i in entry["args"]] == ["x", "k", "v", "mask"]
     assert packager._attention_entry(dataclasses.replace(h, extra={}), "ns::t3") == {}
 
 
@@ -298,3 +299,56 @@ def test_check_compares_fully_masked_rows_nan_for_nan(block_chain, monkeypatch):
 
     monkeypatch.setattr(att, "_probs64", safe)
     assert "NaNs" in check(block_chain) and "a mask row all -inf" in check(block_chain)
+
+
+_COMPILE_SCRIPT = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+import attention_block, att_region_pkg
+from att_region_pkg import _compile
+model = attention_block.get_model().to(torch.bfloat16)
+x = attention_block.get_inputs()[0].to(torch.bfloat16)
+with torch.no_grad():
+    ref = model(x)
+cm = _compile.CompileMode(att_region_pkg._PATCHER, use=[sys.argv[2]])
+with torch.no_grad():
+    got = cm.compile(model)(x)
+print(json.dumps({"report": cm.report(), "max_diff": (got.float() - ref.float()).abs().max().item(),
+                  "max_ref": ref.abs().max().item()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_packed_attention_region_runs_the_extensions_kernel_in_compile_mode(tmp_path):
+    """The whole package path with a real kernel: the chain's hotspot from ``search --regions``' profiler, the CPU
+    `online` attention kernel as its winner, packed, pip-installed, and compile mode (Inductor) calling the
+    extension's op where the chain was, with the form's inputs in the op's order (a wrong order fails the op's
+    shape check)."""
+    import subprocess
+
+    from forge_pack.graph.region_hotspots import profile_regions
+    from forge_pack.profile.load import load
+    from forge_pack.search.templates_proposer import instantiate
+
+    model_file = Path(attention_block.__file__)
+    run = tmp_path / "run"
+    target = load(str(model_file), "cpu", "bfloat16")
+    prof = profile_regions(target, run, quiet=True)
+    (h,) = [h for h in prof.hotspots if h.op == "attention"]
+    cand = instantiate("attention", "cpu", "online", {}, h.signature)
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "platform": "test"}
+    helpers.store_winners(run, [h], {h.id: cand}, str(model_file), target.model_hash, "cpu", env)
+    res = pack(run, tmp_path / "pkg", "att_region_pkg", confirm=False, model_check=False)
+    assert res.written
+    doc = json.loads((tmp_path / "pkg" / "att_region_pkg" / "manifest.json").read_text())
+    (t,) = doc["targets"]
+    assert t["region"]["kind"] == "attention" and doc["regions"][0]["args"] == h.extra["attention"]["abi_order"]
+    site = tmp_path / "site"
+    installed = helpers.pip_install(tmp_path / "pkg", site)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(model_file.parent), t["id"]], capture_output=True,
+                       text=True, timeout=900, env=helpers.env_with(site))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["report"]["regions"] == {t["id"]: 1}
+    assert out["max_diff"] <= 2 ** -7 * max(out["max_ref"], 1.0)  # one bf16 rounding of the output

@@ -500,9 +500,13 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
         return {}
     import json
 
+    present = [n for n, spec in hotspot.signature.inputs if spec is not None]  # the op's arguments, in order
+    roles = [""] * len(att["abi_order"])
+    for name, i in zip(present, att["abi_order"]):
+        roles[i] = name  # form input i is the op's argument `name`
     return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
                        "key": json.dumps(att["form"], sort_keys=True, separators=(",", ":")), "form": att["form"],
-                       "entry": torch_op, "inputs": [n for n, spec in hotspot.signature.inputs if spec is not None],
+                       "entry": torch_op, "inputs": roles,
                        "args": list(att["abi_order"]), "output": att["output"]}}
 
 

@@ -5,6 +5,7 @@ swapped into the graph Inductor compiles with the op's arguments in the attentio
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -134,13 +135,71 @@ def test_the_hotspot_captures_the_chains_own_inputs_and_output(tmp_path):
     values = graph.run(keep={n for c in chains for n in (*c.region.inputs, c.region.nodes[-1])})
     (h,) = attention_hotspots(chains, values, tmp_path)
     assert h.unsupported == "" and h.call_paths == ("region",) and len(h.captures) == 1
-    assert h.extra["attention"]["abi_order"] == chains[0].abi_order()
+    # its mask is full(finfo.min).triu(1): the kernel computes it (causal=True) and reads no mask
+    causal = dataclasses.replace(chains[0], causal_mask=True)
+    assert h.signature.param("causal") is True and h.signature.input("mask") is None
+    assert h.extra["attention"]["abi_order"] == causal.abi_order() and len(causal.abi_order()) == 3
+    assert h.extra["attention"]["causal_mask"] == chains[0].roles.index("mask")
     tensors, out = load_capture(tmp_path / h.captures[0], h.signature)
     spec = registry.spec_for(h.signature)
     ref = spec.reference64(dict(h.signature.params), tensors)
     # the model's own bf16 output against the float64 attention of its own inputs: bf16 rounding only
     torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2)
     assert out.stride() == h.signature.output.strides
+
+
+class _MaskedAttention(nn.Module):
+    """HF-style attention over a mask given as an input (a padding mask, say): not the causal one."""
+
+    def forward(self, q, k, v, mask):
+        w = torch.matmul(q, k.transpose(2, 3)) * 0.25 + mask
+        p = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(p, v).transpose(1, 2).contiguous()
+
+
+def _masked_inputs(causal: bool = False):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.bfloat16) for _ in range(3))
+    mask = (torch.full((8, 8), torch.finfo(torch.bfloat16).min).triu(1) if causal
+            else torch.randn(8, 8) * 3).to(torch.bfloat16)[None, None]
+    return q, k, v, mask
+
+
+def test_a_mask_that_is_not_causal_is_read_by_the_kernel(tmp_path):
+    from forge_pack.graph.attention_hotspots import attention_hotspots
+
+    inputs = _masked_inputs()
+    graph = capture(_MaskedAttention().eval(), inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    values = graph.run(keep={n for c in chains for n in (*c.region.inputs, c.region.nodes[-1])})
+    (h,) = attention_hotspots(chains, values, tmp_path)
+    assert h.signature.param("causal") is False and h.signature.input("mask") is not None
+    assert h.extra["attention"]["causal_mask"] is None and len(h.extra["attention"]["abi_order"]) == 4
+
+
+def test_causal_mask_recognition():
+    from forge_pack.graph.region_match import is_causal_mask
+
+    bf = torch.bfloat16
+    causal = torch.full((5, 7), torch.finfo(bf).min, dtype=bf).triu(1)
+    assert is_causal_mask(causal) and is_causal_mask(causal[None, None].expand(2, 3, 5, 7))
+    assert is_causal_mask(torch.zeros(5, 7).masked_fill(torch.ones(5, 7, dtype=torch.bool).triu(1), float("-inf")))
+    assert not is_causal_mask(causal.triu(2))  # the first superdiagonal kept: not causal
+    assert not is_causal_mask(torch.full((5, 7), -1e4).triu(1))  # masked too weakly to be exactly zero
+    window = causal.clone()
+    window[4, 0] = torch.finfo(bf).min  # a sliding window drops the oldest key
+    assert not is_causal_mask(window)
+    padded = causal[None].repeat(2, 1, 1)
+    padded[1, :, 0] = torch.finfo(bf).min  # one sequence left-padded
+    assert not is_causal_mask(padded)
+
+
+def test_check_proves_the_causal_reading_on_the_chains_own_subgraph(block_chain):
+    """With the causal pattern as its mask the chain's subgraph is causal attention; a chain whose kernel would
+    compute the causal mask but whose scale is misread still fails."""
+    causal = dataclasses.replace(block_chain, causal_mask=True)
+    assert check(causal) is None
+    assert "differs" in check(dataclasses.replace(causal, scale=0.3))
 
 
 def test_a_chain_whose_subgraph_is_not_the_reference_is_skipped_with_the_reason(tmp_path, monkeypatch):
@@ -155,17 +214,22 @@ def test_a_chain_whose_subgraph_is_not_the_reference_is_skipped_with_the_reason(
 
 # --- the package and compile mode ----------------------------------------------------------------
 
+_OPS = iter(range(10 ** 6))
+
+
 def _attention_op(chain) -> str:
-    """The attention target as a Python op of a fresh namespace, (x, k, v, mask) -> out, computing HF's eager
-    attention: the package's op, without a compiler. Returns 'ns::att'."""
-    ns = f"forge_att_region_{id(chain)}"
+    """The attention target as a Python op of a fresh namespace, (x, k, v[, mask]) -> out, computing HF's eager
+    attention (with the causal mask where the kernel computes it): the package's op, without a compiler.
+    Returns 'ns::att'."""
+    ns = f"forge_att_region_{next(_OPS)}"
     lib = torch.library.Library(ns, "DEF")
     cf._LIBS.append(lib)
-    lib.define("att(Tensor x, Tensor k, Tensor v, Tensor mask) -> Tensor")
+    names = chain.kernel_roles()
+    lib.define(f"att({', '.join('Tensor ' + n for n in names)}) -> Tensor")
     fn = registry.get("attention").eager(chain.params(), "bfloat16")
 
-    def impl(x, k, v, mask):
-        return fn({"x": x, "k": k, "v": v, "mask": mask})
+    def impl(*tensors):
+        return fn(dict(zip(names, tensors)))
 
     lib.impl("att", impl, "CPU")
     return f"{ns}::att"
@@ -183,10 +247,59 @@ def _patcher(doc, chain, args):
     doc = copy.deepcopy(doc)
     doc.pop("integrity", None)
     doc["targets"] = []
+    causal = {"causal_mask": chain.mask_index()} if chain.causal_mask else {}
     doc["regions"] = [{"id": "a0", "name": chain.name, "form": chain.region.form, "op": _attention_op(chain),
-                       "output": chain.region.output_spec.to_json(), "args": args,
+                       "output": chain.region.output_spec.to_json(), "args": args, **causal,
                        "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}}]
     return cf.PATCH.Patcher(doc, "att_region_pkg", lambda: None)
+
+
+def _causal_block(triu: int):
+    """attention_block whose eager layer's mask is full(finfo.min).triu(`triu`): 1 is the causal mask."""
+    class Model(attention_block.Model):
+        def forward(self, x):
+            s = x.shape[1]
+            mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype, device=x.device).triu(triu)
+            x = x + self.sdpa(x, None)
+            return x + self.eager(x, mask[None, None])
+
+    torch.manual_seed(0)
+    model = Model().to(torch.bfloat16).eval()
+    return model, tuple(t.to(torch.bfloat16) for t in attention_block.get_inputs())
+
+
+@pytest.mark.parametrize("triu, swapped", [(1, True), (2, False)])
+def test_a_computed_causal_mask_is_swapped_only_where_the_compiled_graph_proves_it(base_doc, block_chain, triu,
+                                                                                   swapped):
+    """The causal variant's op reads no mask: compile mode evaluates the mask the graph builds (a constant of
+    the compiled graph) and swaps the chain in only when it is the causal one; triu(2) keeps the first
+    superdiagonal, has the same form, and stays Inductor's."""
+    causal = dataclasses.replace(block_chain, causal_mask=True)
+    model, inputs = _causal_block(triu)
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, causal, causal.abi_order()))
+    with pytest.warns(RuntimeWarning, match="not a constant causal") if not swapped else contextlib.nullcontext():
+        got, graphs = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == ({"a0": 1} if swapped else {})
+    calls = [n for g in graphs for n in g.graph.nodes if "forge_att_region_" in str(n.target)]
+    assert len(calls) == int(swapped)
+    if swapped:
+        assert [tuple(a.meta["val"].shape) for a in calls[0].args] == [(1, 4, 48, 16), (1, 2, 48, 16), (1, 2, 48, 16)]
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_causal_mask_given_as_an_input_is_not_trusted(base_doc):
+    """A mask that is an input of the graph can change from call to call: even causal when compiled, the chain
+    whose kernel computes the causal mask is left to Inductor."""
+    inputs = _masked_inputs(causal=True)
+    model = _MaskedAttention().eval()
+    (chain,) = find_attention_chains(capture(model, inputs, profile=False, routes=("export",)))
+    causal = dataclasses.replace(chain, causal_mask=True)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, causal, causal.abi_order()))
+    with pytest.warns(RuntimeWarning, match="not a constant causal"):
+        cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {}
 
 
 def test_compile_mode_swaps_the_chain_for_the_attention_op_in_its_argument_order(base_doc, block_chain):

@@ -8,6 +8,7 @@ skipped without it."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -53,15 +54,19 @@ def base_doc(tmp_path_factory):
     return json.loads((base / "pkg" / "hf_pkg" / "manifest.json").read_text())
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["mask_read", "mask_computed"])
 @pytest.mark.parametrize("name, count, forms", MODELS)
-def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, forms, monkeypatch, base_doc):
+def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, forms, causal, monkeypatch, base_doc):
+    """mask_computed: the kernel computes the causal mask; compile mode evaluates transformers' mask builder
+    (a constant of the compiled graph at these sizes, its window wider than the prompt) and proves it causal."""
     model, inputs = _load(name, monkeypatch)
     chains = find_attention_chains(capture(model, inputs, profile=False, routes=("export",)))
     assert len(chains) == count
+    chains = [dataclasses.replace(c, causal_mask=causal) for c in chains]
     doc = copy.deepcopy(base_doc)
     doc.pop("integrity", None)
     doc["targets"], doc["regions"] = [], []
-    ns = f"forge_hf_att_{name}"
+    ns = f"forge_hf_att_{name}_{int(causal)}"
     lib = torch.library.Library(ns, "DEF")
     cf._LIBS.append(lib)
     for c in chains:
@@ -69,12 +74,13 @@ def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, fo
         if any(r["form"] == c.region.form for r in doc["regions"]):
             continue
         rid = f"a{len(doc['regions'])}"
-        present = [r for r in ("x", "k", "v", "mask") if r in c.roles]
+        present = c.kernel_roles()
         lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
         fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
         lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
         doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"{ns}::{rid}",
                                "output": c.region.output_spec.to_json(), "args": c.abi_order(),
+                               **({"causal_mask": c.mask_index()} if causal else {}),
                                "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
     assert len(doc["regions"]) == forms
     cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))

@@ -34,6 +34,7 @@ import torch.fx
 
 from forge_pack.core.signature import Signature, TensorSpec
 from forge_pack.graph import canonical, opclass
+from forge_pack.graph.region_match import is_causal_mask  # noqa: F401 - one definition, shipped in packages
 from forge_pack.graph.capture import Graph, op_name
 from forge_pack.graph.regions import Region
 
@@ -57,6 +58,9 @@ class AttentionChain:
     softcap: float | None
     groups: int  # query heads per key/value head
     notes: list[str] = field(default_factory=list)
+    # the mask input is the causal one (``causal_mask``): the kernel computes it (causal=True), skipping the
+    # masked tiles, and does not read it; compile mode proves it per match (``region_match.causal_constant``)
+    causal_mask: bool = False
 
     @property
     def name(self) -> str:
@@ -65,23 +69,44 @@ class AttentionChain:
     def spec(self, role: str) -> TensorSpec | None:
         return self.region.input_specs[self.roles.index(role)] if role in self.roles else None
 
+    def kernel_roles(self) -> list[str]:
+        """The op's tensor arguments, in order: x, k, v, and the mask unless the kernel computes it."""
+        return [r for r in ABI if r in self.roles and not (r == "mask" and self.causal_mask)]
+
     def abi_order(self) -> list[int]:
         """Form-input indices in the attention op's argument order (x, k, v[, mask])."""
-        return [self.roles.index(r) for r in ABI if r in self.roles]
+        return [self.roles.index(r) for r in self.kernel_roles()]
+
+    def mask_index(self) -> int | None:
+        """The form input the kernel computes as the causal mask (None: none)."""
+        return self.roles.index("mask") if self.causal_mask else None
 
     def params(self) -> dict:
-        return {"scale": self.scale, "causal": False, "softcap": self.softcap, "enable_gqa": self.groups > 1,
-                "composite": True}
+        return {"scale": self.scale, "causal": self.causal_mask, "softcap": self.softcap,
+                "enable_gqa": self.groups > 1, "composite": True}
 
     def signature(self) -> Signature:
         """The attention target's signature of this chain (what the search, verify and the package see)."""
-        inputs = tuple((r, self.spec(r)) for r in ABI)
+        kept = self.kernel_roles()
+        inputs = tuple((r, self.spec(r) if r in kept else None) for r in ABI)
         return Signature("attention", inputs, tuple(sorted(self.params().items())), self.region.output_spec)
 
     def to_json(self) -> dict:
         return {"name": self.name, "roles": list(self.roles), "scale": self.scale, "softcap": self.softcap,
-                "groups": self.groups, "abi_order": self.abi_order(), "region": self.region.to_json(),
-                "notes": self.notes}
+                "groups": self.groups, "causal_mask": self.causal_mask, "abi_order": self.abi_order(),
+                "region": self.region.to_json(), "notes": self.notes}
+
+
+def causal_pattern(spec: TensorSpec, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A causal additive mask of the spec's shape: 0 on and below the diagonal, finfo.min of the spec's dtype
+    above it (HF's fill), in `dtype`."""
+    rows, cols = spec.shape[-2], spec.shape[-1]
+    fill = torch.finfo(getattr(torch, spec.dtype)).min
+    base = torch.zeros(rows, cols, dtype=dtype).masked_fill(
+        ~torch.ones(rows, cols, dtype=torch.bool).tril(), fill)
+    t = torch.empty_strided(tuple(spec.shape), tuple(spec.strides), dtype=dtype)
+    t.copy_(base.expand(tuple(spec.shape)))
+    return t
 
 
 def find_attention_chains(graph: Graph) -> list[AttentionChain]:
@@ -305,10 +330,11 @@ def check(chain: AttentionChain, device: str | None = None, seed: int = 0) -> st
     (None when it is): both in float64 on random inputs of the chain's shapes and strides, the mask
     random too (any additive values), compared element by element; with a mask, once more with its first
     query row all -inf, where both must give NaN (plain softmax, the composite's semantics) at the same
-    places."""
+    places. A chain read with a causal mask (``causal_mask``) gets the causal pattern as its mask and is
+    compared with the reference's causal attention, which has no mask."""
     dev = device or chain.region.device
     gen = torch.Generator().manual_seed(seed)
-    for masked_row in (False, True) if "mask" in chain.roles else (False,):
+    for masked_row in (False, True) if "mask" in chain.roles and not chain.causal_mask else (False,):
         why = _compare(chain, _draw(chain, gen, masked_row), dev)
         if why:
             return why + (" (a mask row all -inf)" if masked_row else "")
@@ -322,6 +348,8 @@ def _draw(chain: AttentionChain, gen: torch.Generator, masked_row: bool) -> list
         t.copy_(torch.randn(s.numel, generator=gen, dtype=torch.float64).reshape(tuple(s.shape)))
         if role == "mask" and masked_row:
             t[..., 0, :] = float("-inf")
+        if role == "mask" and chain.causal_mask:
+            t = causal_pattern(s)  # the mask the kernel computes: the subgraph reads it, the reference is causal
         tensors.append(t)
     return tensors
 
@@ -333,7 +361,7 @@ def _compare(chain: AttentionChain, tensors: list, dev: str) -> str | None:
     try:
         got = chain.region.reference_f64(dev)(*tensors)
         sig = chain.signature()
-        named = {r: tensors[chain.roles.index(r)] for r in chain.roles}
+        named = {r: tensors[chain.roles.index(r)] for r in chain.kernel_roles()}
         want = registry.spec_for(sig).reference64(dict(sig.params), named)
     except Exception as e:  # noqa: BLE001 - a chain that cannot be rebuilt or referenced is not used
         return f"the chain could not be checked against the attention reference: {type(e).__name__}: {e}"

@@ -9,11 +9,14 @@ lists it as skipped. ``hotspot.extra["attention"]`` carries what compile mode ne
 kernel in for the chain: the form, its key and the form inputs' order in the op's arguments
 (``pack/packager`` writes it into the manifest's ``regions``).
 
-The captured inputs are the chain's real q, k, v and mask, with the chain's own output.
+The captured inputs are the chain's real q, k, v and mask, with the chain's own output. A chain whose
+mask is the causal one in every instance the run captured is searched as causal attention without a mask
+(``AttentionChain.causal_mask``): the kernel skips the masked tiles and reads no mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +24,7 @@ import torch
 
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph.attention_chain import AttentionChain, check
+from forge_pack.graph.region_match import is_causal_mask
 from forge_pack.profile.capture import save_capture
 
 CAPTURES_PER_CHAIN = 2  # real input sets per chain form, as for op and region hotspots
@@ -48,6 +52,8 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
         groups.setdefault(c.region.key, []).append(c)
     out = []
     for group in groups.values():
+        if _causal(group, values):
+            group = [dataclasses.replace(c, causal_mask=True) for c in group]
         first = group[0]
         sig = first.signature()
         why = check(first)
@@ -59,7 +65,8 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
         for c in group[:CAPTURES_PER_CHAIN]:
             if why or any(n not in values for n in (*c.region.inputs, c.region.nodes[-1])):
                 continue
-            tensors = {role: values[name] for role, name in zip(c.roles, c.region.inputs)}
+            kept = c.kernel_roles()
+            tensors = {role: values[name] for role, name in zip(c.roles, c.region.inputs) if role in kept}
             res = values[c.region.nodes[-1]]
             if not isinstance(res, torch.Tensor):
                 continue
@@ -75,9 +82,24 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
                             "instances": len(group), "modules": sorted({c.region.module for c in group if c.region.module}),
                             "code": r.reference("cpu").code.strip(), "bytes_moved": r.bytes_moved()},
                  "attention": {"name": r.name, "form": r.form, "key": r.key, "abi_order": first.abi_order(),
+                               "causal_mask": first.mask_index(),
                                "output": r.output_spec.to_json() if r.output_spec else None}}
         out.append(Hotspot(sig, ("region",), float(len(group)), total, total / len(group),
                            sum(c.region.time_share for c in group), tuple(captures), r.device,
                            unsupported=why, extra=extra))
-        say(f"attention {r.name}: {len(group)} instances{f' (skipped: {why})' if why else ''}")
+        say(f"attention {r.name}: {len(group)} instances{' with the causal mask' if first.causal_mask else ''}"
+            f"{f' (skipped: {why})' if why else ''}")
     return out
+
+
+def _causal(group: list[AttentionChain], values: dict) -> bool:
+    """Whether the kernel computes the chains' mask: every instance's mask, as the graph run gave it, is the
+    causal one. Only a choice of kernel: compile mode swaps a chain in only where it proves its mask constant
+    and causal in the compiled graph, and leaves the others to Inductor."""
+    if "mask" not in group[0].roles:
+        return False
+    for c in group:
+        mask = values.get(c.region.inputs[c.roles.index("mask")])
+        if not isinstance(mask, torch.Tensor) or not is_causal_mask(mask):
+            return False
+    return True

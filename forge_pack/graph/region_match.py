@@ -202,3 +202,84 @@ def replace(graph: torch.fx.Graph, match: Match, op: Any) -> torch.fx.Node:
     for n in reversed(match.nodes):
         graph.erase_node(n)
     return new
+
+
+# --- a mask the kernel computes: proven constant and causal in the compiled graph ----------------------
+
+# A mask entry counts as masked when adding it leaves exp() at exactly 0 for any logit a model computes:
+# at most half the dtype's lowest value (finfo.min, HF's fill, is -3.4e38 in bf16 and fp32, -65504 in
+# fp16), or -inf. With fp16's -32752 a row's logits would have to differ by more than 32000 for eager to
+# give the masked key any weight; the kernel gives it none.
+def masked_bound(dtype: torch.dtype) -> float:
+    return 0.5 * torch.finfo(dtype).min
+
+
+def is_causal_mask(mask: torch.Tensor) -> bool:
+    """Whether an additive mask [.., L, S] is top-left causal: 0 where key j <= query i, masked
+    (``masked_bound``) where j > i, in every broadcast slice."""
+    if mask.dim() < 2 or not mask.is_floating_point():
+        return False
+    keep = torch.ones(mask.shape[-2], mask.shape[-1], dtype=torch.bool, device=mask.device).tril()
+    m = mask.detach()
+    if not bool(((m == 0) == keep).all()):
+        return False
+    return bool((m.masked_fill(keep, float("-inf")) <= masked_bound(m.dtype)).all())
+
+
+# ops whose value is not a function of their arguments (random draws, uninitialised memory)
+_NOT_CONSTANT = ("rand", "normal", "bernoulli", "uniform", "multinomial", "dropout", "empty", "exponential",
+                 "geometric", "cauchy", "log_normal", "poisson")
+CONSTANT_NODES = 256  # a mask builder is tens of ops (transformers' is 33-38); a larger closure is not one
+
+
+def constant_value(graph: torch.fx.Graph, node: torch.fx.Node) -> Any:
+    """The value of `node` when it depends on no input of the graph (only ops of constant arguments and the
+    graph's own constants), computed now with real tensors; None otherwise. Such a value is the same at every
+    call of the compiled graph, so what it is now is what it always is."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    seen: set = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > CONSTANT_NODES or n.op not in ("call_function", "get_attr"):
+            return None
+        if n.op == "call_function" and (not isinstance(n.target, torch._ops.OpOverload)
+                                        or any(w in n.target.name() for w in _NOT_CONSTANT)):
+            return None
+        stack.extend(n.all_input_nodes)
+    owner = graph.owning_module
+    env: dict = {}
+    try:
+        with unset_fake_temporarily(), torch.no_grad():
+            for n in graph.nodes:
+                if n not in seen:
+                    continue
+                if n.op == "get_attr":
+                    value = owner
+                    for part in str(n.target).split("."):
+                        value = getattr(value, part)
+                    env[n] = value
+                else:
+                    env[n] = n.target(*torch.fx.node.map_arg(n.args, env.__getitem__),
+                                      **torch.fx.node.map_arg(n.kwargs, env.__getitem__))
+    except Exception:  # noqa: BLE001 - not computable here: not proven constant
+        return None
+    value = env.get(node)
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor:
+        return None  # a fake or other subclass: no real value
+    return value
+
+
+def causal_constant(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
+    """Whether `node` is a constant of the graph (``constant_value``) and a top-left causal additive mask."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    value = constant_value(graph, node)
+    if not isinstance(value, torch.Tensor):
+        return False
+    with unset_fake_temporarily(), torch.no_grad():  # inside Inductor's passes a fake mode is active
+        return is_causal_mask(value)

@@ -486,7 +486,8 @@ def _compile_regions(targets: list[dict]) -> list[dict]:
     """The manifest's ``regions`` (what compile mode's graph pass swaps, docs/package.md): one per region
     target, under the target's id, so the compile gate's record for that id decides both."""
     entries = [{"id": t["id"], "name": t["region"]["name"], "form": t["region"]["form"], "op": t["region"]["entry"],
-                "output": t["region"]["output"], **({"args": t["region"]["args"]} if "args" in t["region"] else {})}
+                "output": t["region"]["output"],
+                **{k: t["region"][k] for k in ("args", "causal_mask") if k in t["region"]}}
                for t in targets if t.get("region")]
     # an attention chain holds a softmax region: tried first, or that region's swap would break the chain's match
     return sorted(entries, key=lambda e: "args" not in e)
@@ -501,13 +502,16 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
     import json
 
     present = [n for n, spec in hotspot.signature.inputs if spec is not None]  # the op's arguments, in order
-    roles = [""] * len(att["abi_order"])
+    roles = [""] * len(att["form"]["inputs"])
     for name, i in zip(present, att["abi_order"]):
         roles[i] = name  # form input i is the op's argument `name`
+    causal = att.get("causal_mask")
+    if causal is not None:
+        roles[causal] = "mask"  # read by the form, computed by the kernel
     return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
                        "key": json.dumps(att["form"], sort_keys=True, separators=(",", ":")), "form": att["form"],
-                       "entry": torch_op, "inputs": roles,
-                       "args": list(att["abi_order"]), "output": att["output"]}}
+                       "entry": torch_op, "inputs": roles, "args": list(att["abi_order"]),
+                       **({"causal_mask": causal} if causal is not None else {}), "output": att["output"]}}
 
 
 def _region_entry(sig, torch_op: str) -> dict:

@@ -241,9 +241,11 @@ def _magnitude(t):
     return peak.expand(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
 
 
-def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtype=None):
+def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtype=None, causal: bool = False):
     """HF transformers' eager attention, op for op: repeat_kv, matmul in the input dtype, scaling,
-    soft-capping, mask, softmax in fp32 cast back, matmul, [B, L, H, D]."""
+    soft-capping, mask, softmax in fp32 cast back, matmul, [B, L, H, D]. ``causal``: the causal mask HF
+    builds (finfo.min above the diagonal, top-left) added as the mask is (an eager attention chain whose
+    mask the kernel computes, graph/attention_chain)."""
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
@@ -252,6 +254,8 @@ def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtyp
         w = torch.tanh(w / softcap) * softcap
     if mask is not None:
         w = w + mask
+    if causal:
+        w = w + torch.full(w.shape[-2:], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device).triu(1)
     w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(w, v).transpose(1, 2).contiguous().to(out_dtype or q.dtype)
 
@@ -260,7 +264,8 @@ def _eager(params, out_dtype, lookup):
     scale, cap = params["scale"], params.get("softcap")
     if params.get("composite"):
         dt = torch_dtype(out_dtype) if out_dtype else None
-        return lambda t: eager_attention(t["x"], t["k"], t["v"], t.get("mask"), scale, cap, dt)
+        causal = bool(params.get("causal"))
+        return lambda t: eager_attention(t["x"], t["k"], t["v"], t.get("mask"), scale, cap, dt, causal)
     fn = lookup("torch.nn.functional", "scaled_dot_product_attention")
     causal, gqa = bool(params.get("causal")), bool(params.get("enable_gqa"))
     if gqa:

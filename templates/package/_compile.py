@@ -99,6 +99,9 @@ class _Region:
         # the op's arguments as form inputs (op argument j is form input args[j]): an attention chain's op is
         # the attention target's (x, k, v[, mask]); None: the form's own order
         self.args: list[int] | None = r.get("args")
+        # the form input the kernel computes as the causal mask (not an argument): a match is swapped only where
+        # that input is proven a constant causal mask in the compiled graph (region_match.causal_constant)
+        self.causal_mask: int | None = r.get("causal_mask")
         self.raw = r
         self.fn: Any = None
 
@@ -247,6 +250,10 @@ class CompileMode:
             renamed: dict = {}  # a match's output replaced earlier, read by a later match of the same form
             for m in found:
                 m.inputs = [renamed.get(v, v) for v in m.inputs]
+                if r.causal_mask is not None and not match.causal_constant(graph, m.inputs[r.causal_mask]):
+                    self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant causal "
+                                    "mask (its kernel computes the causal one)")
+                    continue
                 if r.args is not None:
                     m.inputs = [m.inputs[i] for i in r.args]
                 renamed[m.output] = match.replace(graph, m, r.bind())
@@ -459,7 +466,9 @@ def _region_pass_class() -> type:
         class RegionPass(CustomGraphPass):  # type: ignore[misc, valid-type]
             def __init__(self, mode: "CompileMode", ready: list, then: Any):
                 self.mode, self.ready, self.then = mode, ready, then
-                ident = [(r.id, r.qualname, got.key) for r, got in ready]
+                # everything that decides the rewrite keys Inductor's caches: a rebuilt package whose op takes its
+                # inputs otherwise (args, a computed causal mask) must not load code that calls it the old way
+                ident = [(r.id, r.qualname, got.key, r.args, r.causal_mask, r.output) for r, got in ready]
                 then_id = then.uuid() if hasattr(then, "uuid") else (repr(then) if then is not None else None)
                 self._uuid = hashlib.sha256(json.dumps([mode.patcher.package, ident, then_id]).encode()).hexdigest()
 

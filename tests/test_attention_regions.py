@@ -465,3 +465,20 @@ def test_a_packed_attention_region_runs_the_extensions_kernel_in_compile_mode(tm
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["report"]["regions"] == {t["id"]: 1}
     assert out["max_diff"] <= 2 ** -7 * max(out["max_ref"], 1.0)  # one bf16 rounding of the output
+
+
+def test_the_eager_baseline_of_a_computed_causal_mask_masks_as_the_model_does(block_chain):
+    """The eager call a causal chain is timed and its error allowance measured against adds HF's causal mask:
+    it agrees with the causal float64 reference to bf16 rounding (unmasked, it would not)."""
+    sig = dataclasses.replace(block_chain, causal_mask=True).signature()
+    spec, params = registry.spec_for(sig), dict(sig.params)
+    torch.manual_seed(0)
+    t = {}
+    for name, s in sig.inputs:
+        if s is not None:
+            t[name] = torch.empty_strided(s.shape, s.strides, dtype=torch.bfloat16).copy_(torch.randn(s.shape))
+    ref = spec.reference64(params, t)
+    got = spec.eager(params, "bfloat16")(t).double()
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    unmasked = spec.eager({**params, "causal": False}, "bfloat16")(t).double()
+    assert (unmasked - ref).abs().max() > 0.1

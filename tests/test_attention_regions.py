@@ -482,3 +482,33 @@ def test_the_eager_baseline_of_a_computed_causal_mask_masks_as_the_model_does(bl
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
     unmasked = spec.eager({**params, "causal": False}, "bfloat16")(t).double()
     assert (unmasked - ref).abs().max() > 0.1
+
+
+def test_the_kernel_computes_the_mask_only_when_every_instance_has_the_causal_one(tmp_path):
+    """Three layers of one form: all causal gives the causal kernel; one layer with another mask (a sliding
+    window, say) keeps the mask-reading kernel for all of them. Every instance's mask is kept by the run."""
+    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
+
+    class Layers(nn.Module):
+        def __init__(self, window: bool):
+            super().__init__()
+            self.att, self.window = _MaskedAttention(), window
+
+        def forward(self, q, k, v):
+            s, low = q.shape[2], torch.finfo(q.dtype).min
+            outs = []
+            for layer in range(3):  # each layer builds its own mask, as a model's layer types do
+                mask = torch.full((s, s), low, dtype=q.dtype).triu(1)
+                if self.window and layer == 2:
+                    mask = mask.masked_fill(torch.ones(s, s, dtype=torch.bool).tril(-4), low)
+                outs.append(self.att(q, k, v, mask[None, None]))
+            return sum(o.float() for o in outs)
+
+    q, k, v, _ = _masked_inputs()
+    for window, want in ((False, True), (True, False)):
+        graph = capture(Layers(window).eval(), (q, k, v), profile=False, routes=("export",))
+        chains = find_attention_chains(graph)
+        assert len(chains) == 3 and len({c.region.key for c in chains}) == 1
+        values = graph.run(keep=keep_names(chains))
+        (h,) = attention_hotspots(chains, values, tmp_path)
+        assert h.signature.param("causal") is want and (h.signature.input("mask") is None) is want

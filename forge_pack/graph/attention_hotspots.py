@@ -31,13 +31,16 @@ CAPTURES_PER_CHAIN = 2  # real input sets per chain form, as for op and region h
 
 
 def keep_names(chains: list[AttentionChain]) -> set[str]:
-    """Graph values a run must keep to capture the first instances of each form."""
+    """Graph values a run must keep to capture the first instances of each form, and every instance's mask
+    (whether the kernel may compute it is decided over all of them; layers usually share one mask)."""
     seen: dict[str, int] = {}
     names: set[str] = set()
     for c in chains:
         i = seen.get(c.region.key, 0)
         if i < CAPTURES_PER_CHAIN:
             names |= {*c.region.inputs, c.region.nodes[-1]}
+        if "mask" in c.roles:
+            names.add(c.region.inputs[c.roles.index("mask")])
         seen[c.region.key] = i + 1
     return names
 

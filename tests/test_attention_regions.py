@@ -459,12 +459,18 @@ def test_a_packed_attention_region_runs_the_extensions_kernel_in_compile_mode(tm
     site = tmp_path / "site"
     installed = helpers.pip_install(tmp_path / "pkg", site)
     assert installed.returncode == 0, installed.stderr[-2000:]
+    # a fresh Inductor cache: the report counts the regions of graphs Inductor compiles, not of ones it loads
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(model_file.parent), t["id"]], capture_output=True,
-                       text=True, timeout=900, env=helpers.env_with(site))
+                       text=True, timeout=900, env=helpers.env_with(site, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind")))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["report"]["regions"] == {t["id"]: 1}
     assert out["max_diff"] <= 2 ** -7 * max(out["max_ref"], 1.0)  # one bf16 rounding of the output
+    # the deployment check verifies the attention kernel like any target (captured, fresh, adversarial sets)
+    v = subprocess.run([sys.executable, "-m", "att_region_pkg", "verify"], capture_output=True, text=True,
+                       timeout=900, env=helpers.env_with(site))
+    assert v.returncode == 0, (v.stdout[-2000:], v.stderr[-2000:])
+    assert t["id"] in v.stdout
 
 
 def test_the_eager_baseline_of_a_computed_causal_mask_masks_as_the_model_does(block_chain):

@@ -22,6 +22,12 @@ is not used.
 Its canonical form (``canonical.form``) is its identity, as for every region: compile mode finds it
 in Inductor's graph with ``region_match`` and calls the package's attention op in its place, the
 form's inputs reordered to the op's (``abi_order``).
+
+A chain whose mask is the causal one (``causal_mask``, decided by ``attention_hotspots`` from the
+values the run captured) is read as causal attention without a mask: the kernel computes the mask and
+skips the tiles above the diagonal. ``check`` then feeds the chain the causal pattern as its mask; compile
+mode swaps such a chain in only where the mask is a proven constant causal mask of the compiled graph
+(``region_match.causal_constant``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ import torch.fx
 
 from forge_pack.core.signature import Signature, TensorSpec
 from forge_pack.graph import canonical, opclass
-from forge_pack.graph.region_match import is_causal_mask  # noqa: F401 - one definition, shipped in packages
 from forge_pack.graph.capture import Graph, op_name
 from forge_pack.graph.regions import Region
 

@@ -33,7 +33,7 @@ declare -A SELECT=(
   [evaluate]="tests/test_evaluate_flow.py"
   [timing]="tests/test_timing_protocol.py"
   # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
-  [package_verify]="tests/test_package_verify_checks.py"
+  [package_verify]="tests/test_package_verify_checks.py tests/test_conv_region_verify.py"
   # tests/targets/test_attention.py is left out: attention.py is not in this module, and its tests run a
   # search and compile kernels for every mutant of the generic rules they reach
   [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py

@@ -347,6 +347,10 @@ def test_a_region_not_used_or_not_loading_is_one_row_and_the_next_is_still_check
     checks, failures = pv._verify_conv_regions({"regions": regions}, "cpu", 5, say=lines.append)
     assert (checks, failures) == (len(regions[1]["conv"]["instances"]), 0)
     assert lines[0] == f"{regions[0]['id']:<7} {'conv region':<24} skipped: not used (not faster compiled)"
+    regions[0]["compile"] = {"use": False}  # a record without its reason
+    lines.clear()
+    pv._verify_conv_regions({"regions": regions}, "cpu", 5, say=lines.append)
+    assert lines[0] == f"{regions[0]['id']:<7} {'conv region':<24} skipped: not used ()"
     regions[0].pop("compile")
     real = cf.COMPILE._register_conv_region
 
@@ -360,6 +364,8 @@ def test_a_region_not_used_or_not_loading_is_one_row_and_the_next_is_still_check
     checks, failures = pv._verify_conv_regions({"regions": regions}, "cpu", 5, say=lines.append)
     assert (checks, failures) == (len(regions[1]["conv"]["instances"]), 1)
     assert lines[0] == f"{regions[0]['id']:<7} {'conv region':<24} FAIL load: OSError: no conv runtime"
+    monkeypatch.setattr(cf.COMPILE, "_register_conv_region", lambda r, p: (_ for _ in ()).throw(OSError("none")))
+    assert pv._verify_conv_regions({"regions": regions}, "cpu", 5, say=lambda line: None) == (0, len(regions))
 
 
 def test_run_adds_the_conv_rows_to_its_totals(tmp_path, monkeypatch):
@@ -387,3 +393,25 @@ def test_run_adds_the_conv_rows_to_its_totals(tmp_path, monkeypatch):
     assert pv.run("cpu", fresh=1, seed=9, say=lines.append) == 1
     assert seen and seen[0][:3] == (patcher.manifest, "cpu", 9) and "c0 row" in lines
     assert lines[-1] == "FAIL: 0 kernels, 1 failing checks on cpu (3 input sets, seed 9)"
+
+
+def test_the_bound_counts_one_output_channels_products():
+    """K in the bound is the products per output element (in channels / groups x kernel area), not the output
+    channels: a 3 -> 5 channel 3x3 convolution with a SiLU, through a stand-in op."""
+    from types import SimpleNamespace
+
+    pv = _import_verify()
+    gen = torch.Generator().manual_seed(2)
+    w, b = torch.randn(5, 3, 3, 3, generator=gen), torch.randn(5, generator=gen)
+    op = SimpleNamespace(folded=lambda d, device: (w, b, None), args=([1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+                         conv={"activation": "silu"}, entry={"output": {"dtype": "float32"}})
+    x = torch.randn(1, 3, 6, 6, generator=gen)
+    out, bound = pv.conv_bound(op, "d", x, None)
+    conv = torch.ops.aten.convolution.default
+    y = conv(x.double(), w.double(), None, *op.args)
+    mag = conv(x.double().abs(), w.double().abs(), None, *op.args)
+    b64 = b.double().view(1, -1, 1, 1)
+    u = 2.0 ** -24
+    want = pv.rules.TABLE["float32"].atol + pv.ACTIVATION_SLOPE["silu"] * (
+        u * 3 * (y.abs() + b64.abs()) + 27 * 2.0 ** -24 * mag) + u * torch.nn.functional.silu(y + b64).abs()
+    torch.testing.assert_close(bound, want, rtol=1e-12, atol=0)

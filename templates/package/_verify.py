@@ -420,7 +420,7 @@ def conv_bound(op, digest: str, x: torch.Tensor, r: torch.Tensor | None) -> tupl
     out = _activation64(op.conv["activation"], z)
     dtype = op.entry["output"]["dtype"]
     u = UNIT_ROUNDOFF[dtype]
-    k = w[0].numel()
+    k = w.numel() // w.shape[0]  # products per output element: one output channel's weights
     tf32 = TF32_ROUNDOFF if (x.dtype == torch.float32 and x.is_cuda and torch.backends.cudnn.allow_tf32) else 0.0
     slope = ACTIVATION_SLOPE[op.conv["activation"]]
     bound = rules.TABLE[dtype].atol + slope * (u * EPILOGUE_ROUNDINGS * size + (k * 2.0 ** -24 + 2 * tf32) * mag) \

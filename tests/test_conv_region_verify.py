@@ -415,3 +415,17 @@ def test_the_bound_counts_one_output_channels_products():
     want = pv.rules.TABLE["float32"].atol + pv.ACTIVATION_SLOPE["silu"] * (
         u * 3 * (y.abs() + b64.abs()) + 27 * 2.0 ** -24 * mag) + u * torch.nn.functional.silu(y + b64).abs()
     torch.testing.assert_close(bound, want, rtol=1e-12, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,dtype", [(torch.contiguous_format, torch.float32), (CL, torch.bfloat16)],
+                         ids=["nchw-f32", "cl-bf16"])
+def test_every_instance_passes_on_the_gpu(base_doc, tmp_path, fmt, dtype):
+    """The CUDA side of the conv-region verify: activations drawn on the GPU, the folded tensors moved there,
+    cuDNN's float32 convolution (TF32 where cuDNN allows it, which the bound's TF32 term covers)."""
+    pv = _import_verify()
+    _, regions, ops, _, _ = _ops(base_doc, tmp_path, fmt, dtype)
+    for r, op in zip(regions, ops):
+        for i, inst in enumerate(r["conv"]["instances"]):
+            row = pv.check_conv_instance(op, inst["digest"], "cuda", 99 + i)
+            assert row["reason"] is None and row["excess"] < 0, row

@@ -518,3 +518,15 @@ def test_the_kernel_computes_the_mask_only_when_every_instance_has_the_causal_on
         values = graph.run(keep=keep_names(chains))
         (h,) = attention_hotspots(chains, values, tmp_path)
         assert h.signature.param("causal") is want and (h.signature.input("mask") is None) is want
+
+
+def test_a_causal_reading_that_fails_its_check_falls_back_to_reading_the_mask(tmp_path, monkeypatch):
+    from forge_pack.graph import attention_hotspots as ah
+
+    model, inputs = _bf16(attention_block)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    values = graph.run(keep=ah.keep_names(chains))
+    monkeypatch.setattr(ah, "check", lambda c, *a, **k: "not causal here" if c.causal_mask else None)
+    (h,) = ah.attention_hotspots(chains, values, tmp_path)
+    assert h.unsupported == "" and h.signature.param("causal") is False and h.signature.input("mask") is not None

@@ -56,7 +56,9 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
     out = []
     for group in groups.values():
         if _causal(group, values):
-            group = [dataclasses.replace(c, causal_mask=True) for c in group]
+            causal = [dataclasses.replace(c, causal_mask=True) for c in group]
+            if check(causal[0]) is None:  # else the kernel reads the mask, as it would for any other
+                group = causal
         first = group[0]
         sig = first.signature()
         why = check(first)

@@ -181,29 +181,6 @@ def test_param_digest_changes_with_one_running_var_element():
 
 # ---- the package's op in compile mode
 
-def _aot_only(cm, model, x):
-    from torch._functorch.aot_autograd import aot_module_simplified
-    from torch._inductor.decomposition import select_decomp_table
-
-    graphs = []
-
-    def backend(gm, example_inputs):
-        region_pass = cm.region_pass(gm, example_inputs)
-
-        def forward_compiler(fgm, _inputs):
-            if region_pass is not None:
-                region_pass(fgm.graph)
-                fgm.recompile()
-            graphs.append(fgm)
-            return fgm.forward
-
-        return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
-                                     decompositions=select_decomp_table())
-
-    torch._dynamo.reset()
-    return torch.compile(model, backend=backend), graphs
-
-
 _N = iter(range(10 ** 6))
 
 
@@ -257,7 +234,7 @@ def test_compile_mode_swaps_every_chain_of_a_downsampling_bottleneck(base_doc, t
     cm = cf.COMPILE.CompileMode(p)
     with torch.no_grad():
         want = model(x)
-        fn, graphs = _aot_only(cm, model, x)
+        fn, graphs = cf.aot_compiled(cm, model)
         got = fn(x)
     assert sum(cm.report()["regions"].values()) == 4 and _swapped(graphs) == 4
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -271,7 +248,7 @@ def test_compile_mode_swaps_both_chains_and_equals_eager(base_doc, tmp_path, fmt
     cm = cf.COMPILE.CompileMode(p)
     with torch.no_grad():
         want = model(x)
-        fn, graphs = _aot_only(cm, model, x)
+        fn, graphs = cf.aot_compiled(cm, model)
         got = fn(x)
     assert cm.report()["regions"] == {"c0": 1, "c1": 1}
     assert _swapped(graphs) == 2
@@ -300,7 +277,7 @@ def test_a_changed_running_var_runs_the_original_ops_with_a_warning(base_doc, tm
     p, _ = _conv_patcher(base_doc, model, x, tmp_path)
     cm = cf.COMPILE.CompileMode(p)
     with torch.no_grad():
-        fn, _ = _aot_only(cm, model, x)
+        fn, _ = cf.aot_compiled(cm, model)
         fn(x)
         model.bn2.running_var.mul_(4.0)  # after the build: the folded tensors no longer describe the model
         want = model(x)
@@ -374,7 +351,7 @@ def test_cpu_search_and_pack_of_the_block_ship_conv_regions_whose_compile_mode_e
     model, x = _block()
     with torch.no_grad():
         want = model(x)
-        fn, _ = _aot_only(cm, model, x)
+        fn, _ = cf.aot_compiled(cm, model)
         got = fn(x)
     assert cm.report()["regions"] == {x["id"]: 1 for x in conv}
     assert compare_outputs(want, got)["within_tolerance"]

@@ -67,9 +67,9 @@ def regions_json(graph: Graph, regions: list[Region] | None = None) -> dict:
             "conv_regions": conv_groups(graph), "attention_regions": attention_groups(attention), "notes": graph.notes}
 
 
-def attention_groups(chains: list) -> list[dict]:
-    """The eager attention chains (graph/attention_chain), grouped by form, largest first: what
-    `search --regions` searches as attention kernels and compile mode swaps for one op."""
+def _chain_groups(chains: list) -> list[dict]:
+    """Chains (conv or attention: each with a ``region``) grouped by form, largest first: the common row of
+    each group, with the first chain under "first"."""
     by_key: dict[str, list] = {}
     for c in chains:
         by_key.setdefault(c.region.key, []).append(c)
@@ -80,25 +80,22 @@ def attention_groups(chains: list) -> list[dict]:
                     "time_us": sum(x.region.time_us for x in group),
                     "time_share": sum(x.region.time_share for x in group),
                     "modules": sorted({x.region.module for x in group if x.region.module}),
-                    "signature": c.signature().pretty(), "chain": c.to_json()})
+                    "chain": c.to_json(), "first": c})
     return out
+
+
+def attention_groups(chains: list) -> list[dict]:
+    """The eager attention chains (graph/attention_chain), grouped by form, largest first: what
+    `search --regions` searches as attention kernels and compile mode swaps for one op."""
+    return [{**{k: v for k, v in g.items() if k != "first"}, "signature": g["first"].signature().pretty()}
+            for g in _chain_groups(chains)]
 
 
 def conv_groups(graph: Graph) -> list[dict]:
     """The convolution epilogue regions (graph/conv_chain), grouped by signature, largest first: what
     `search --regions` folds and fuses (the epilogue) and compile mode swaps for one op."""
-    by_key: dict[str, list] = {}
-    for c in find_conv_chains(graph):
-        by_key.setdefault(c.region.key, []).append(c)
-    out = []
-    for chains in sorted(by_key.values(), key=lambda cs: -sum(c.region.time_us for c in cs)):
-        c = chains[0]
-        out.append({"name": c.name, "pattern": c.region.pattern, "calls": len(chains),
-                    "time_us": sum(x.region.time_us for x in chains),
-                    "time_share": sum(x.region.time_share for x in chains),
-                    "modules": sorted({x.region.module for x in chains if x.region.module}),
-                    "epilogue": epilogue_region(c).name, "chain": c.to_json()})
-    return out
+    return [{**{k: v for k, v in g.items() if k != "first"}, "epilogue": epilogue_region(g["first"]).name}
+            for g in _chain_groups(find_conv_chains(graph))]
 
 
 def _us(us: float) -> str:

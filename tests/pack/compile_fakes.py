@@ -111,9 +111,10 @@ def region_patcher(doc: dict, regions: list, use: list[str] | None = None, wrong
     return PATCH.Patcher(doc, "cm_region_pkg", lambda: None)
 
 
-def aot_only(cm, model, *inputs):
-    """torch.compile up to Inductor's joint-graph passes: AOTAutograd with Inductor's decompositions, the
-    package's region pass on the forward graph, which then runs eagerly. Returns (output, graphs)."""
+def aot_compiled(cm, model):
+    """(model compiled up to Inductor's joint-graph passes, the forward graphs it made): AOTAutograd with
+    Inductor's decompositions, the package's call rewrite and region pass, the rewritten graph then run
+    eagerly (an Inductor compile costs ~20 s on a small CPU)."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._inductor.decomposition import select_decomp_table
 
@@ -134,6 +135,12 @@ def aot_only(cm, model, *inputs):
                                      decompositions=select_decomp_table())
 
     torch._dynamo.reset()
+    return torch.compile(model, backend=backend), graphs
+
+
+def aot_only(cm, model, *inputs):
+    """``aot_compiled``, called once without autograd: (output, graphs)."""
+    compiled, graphs = aot_compiled(cm, model)
     with torch.no_grad():
-        out = torch.compile(model, backend=backend)(*inputs)
+        out = compiled(*inputs)
     return out, graphs

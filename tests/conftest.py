@@ -92,17 +92,9 @@ def cpu_evaluator(tmp_path_factory):
     """One CPU evaluator per test module for the region tests: a single worker on one thread
     (FORGE_PACK_CPU_THREADS=1 while the module runs), a short timing protocol (no L2 flush, no
     torch.compile baseline: these tests judge verdicts, not speed)."""
-    from forge_pack.evaluate.evaluator import Evaluator
+    from eval_helpers import one_thread_cpu_evaluator
     from forge_pack.evaluate.timing import TimingConfig
 
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30,
-                   timing=TimingConfig(warmup=1, reps=3, flush=False, compile_baseline=False),
-                   log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
+    with one_thread_cpu_evaluator(tmp_path_factory, 30, TimingConfig(warmup=1, reps=3, flush=False,
+                                                                     compile_baseline=False)) as ev:
+        yield ev

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -49,3 +51,25 @@ def load_fixture(path: Path, op: str = "softmax"):
 def hotspot(op: str, text: str, captures: tuple[str, ...] = (), device: str = "cpu") -> Hotspot:
     sig = parse_signature(op, text)
     return Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, captures, device)
+
+
+@contextlib.contextmanager
+def one_thread_cpu_evaluator(tmp_path_factory, timeout_s: float, timing, cache: bool = False):
+    """A single-worker CPU evaluator with FORGE_PACK_CPU_THREADS=1 while it lives (timings on a shared
+    2-core CI box are steadier), closed and the variable restored afterwards; ``cache``: its own build
+    cache directory."""
+    from forge_pack.evaluate.evaluator import Evaluator
+
+    old = os.environ.get("FORGE_PACK_CPU_THREADS")
+    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
+    extra = {"cache_dir": tmp_path_factory.mktemp("builds")} if cache else {}
+    ev = Evaluator("cpu", workers=1, timeout_s=timeout_s, timing=timing, log_dir=tmp_path_factory.mktemp("workers"),
+                   **extra)
+    try:
+        yield ev
+    finally:
+        ev.close()
+        if old is None:
+            os.environ.pop("FORGE_PACK_CPU_THREADS", None)
+        else:
+            os.environ["FORGE_PACK_CPU_THREADS"] = old

@@ -530,3 +530,12 @@ def test_a_causal_reading_that_fails_its_check_falls_back_to_reading_the_mask(tm
     monkeypatch.setattr(ah, "check", lambda c, *a, **k: "not causal here" if c.causal_mask else None)
     (h,) = ah.attention_hotspots(chains, values, tmp_path)
     assert h.unsupported == "" and h.signature.param("causal") is False and h.signature.input("mask") is not None
+
+
+def test_the_manifest_key_is_the_forms_canonical_key(block_chain, tmp_path):
+    """Compile mode matches on the key: the packer's is the hotspot's, canonical.key of the form."""
+    from forge_pack.graph import canonical
+    from forge_pack.graph.attention_hotspots import attention_hotspots
+
+    (h,) = attention_hotspots([block_chain], {}, tmp_path)
+    assert packager._attention_entry(h, "ns::t3")["region"]["key"] == canonical.key(block_chain.region.form)

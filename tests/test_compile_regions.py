@@ -275,23 +275,7 @@ def _aot_only_mode(compile_mode_cls):
         """The region pass on AOTAutograd's graph without Inductor's C++ compile (~20 s each here)."""
 
         def compile(self, model, **kwargs):
-            def backend(gm, example_inputs):
-                from torch._functorch.aot_autograd import aot_module_simplified
-                from torch._inductor.decomposition import select_decomp_table
-
-                self.rewrite(gm, example_inputs)
-                region_pass = self.region_pass(gm, example_inputs)
-
-                def forward_compiler(fgm, _inputs):
-                    if region_pass is not None:
-                        region_pass(fgm.graph)
-                        fgm.recompile()
-                    return fgm.forward
-
-                return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
-                                             decompositions=select_decomp_table())
-
-            return torch.compile(model, backend=backend)
+            return torch.compile(model, backend=cf.aot_backend(self))
 
     return AotOnly
 

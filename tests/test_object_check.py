@@ -19,12 +19,11 @@ import pytest
 
 from forge_pack.evaluate import object_check, static_check
 from forge_pack.evaluate.compile import CPU_FLAGS, compile_candidate, cpu_include_dir
-from forge_pack.evaluate.evaluator import Evaluator
 from forge_pack.targets.ops import with_output
 from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig
 
-from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, hotspot, load_fixture
+from eval_helpers import CPU_SIGNATURE, KERNELS, expected_reasons, hotspot, load_fixture, one_thread_cpu_evaluator
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
 
@@ -331,17 +330,9 @@ def test_fixture_passes_the_source_check_and_only_the_built_object_is_rejected(n
 
 @pytest.fixture(scope="module")
 def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=20, timing=TimingConfig(warmup=1, reps=5, flush=False,
-                                                                        compile_baseline=False),
-                   cache_dir=tmp_path_factory.mktemp("builds"), log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
+    timing = TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False)
+    with one_thread_cpu_evaluator(tmp_path_factory, 20, timing, cache=True) as ev:
+        yield ev
 
 
 def test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next(evaluator):

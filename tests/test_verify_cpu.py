@@ -4,8 +4,6 @@ One Evaluator (worker processes) is shared by the module; a crash or a timeout r
 worker and the next candidate is judged normally.
 """
 
-import os
-
 import pytest
 
 from forge_pack.evaluate.evaluator import Evaluator
@@ -13,22 +11,15 @@ from forge_pack.search.families import reference_candidate
 from forge_pack.evaluate.timing import TimingConfig
 
 from eval_helpers import (CPU_SIGNATURE, expected_reasons, fixture_files, fixture_modes, fixture_signature, hotspot,
-                          load_fixture)
+                          load_fixture, one_thread_cpu_evaluator)
 
 FAST = TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False)
 
 
 @pytest.fixture(scope="module")
 def evaluator(tmp_path_factory):
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"  # timings on a shared 2-core CI box are steadier
-    ev = Evaluator("cpu", workers=1, timeout_s=8, timing=FAST, log_dir=tmp_path_factory.mktemp("workers"))
-    yield ev
-    ev.close()
-    if old is None:
-        os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-    else:
-        os.environ["FORGE_PACK_CPU_THREADS"] = old
+    with one_thread_cpu_evaluator(tmp_path_factory, 8, FAST) as ev:
+        yield ev
 
 
 def _reference_ok(evaluator, h):

@@ -55,13 +55,15 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
         groups.setdefault(c.region.key, []).append(c)
     out = []
     for group in groups.values():
+        why = None
         if _causal(group, values):
             causal = [dataclasses.replace(c, causal_mask=True) for c in group]
             if check(causal[0]) is None:  # else the kernel reads the mask, as it would for any other
-                group = causal
+                group, why = causal, ""  # checked: the float64 check is a whole attention, not run twice
         first = group[0]
         sig = first.signature()
-        why = check(first)
+        if why is None:
+            why = check(first)
         if not why:
             why = registry.spec_for(sig).supports(sig) or ""
             if why:

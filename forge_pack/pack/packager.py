@@ -499,8 +499,6 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
     att = (hotspot.extra or {}).get("attention")
     if not att:
         return {}
-    import json
-
     present = [n for n, spec in hotspot.signature.inputs if spec is not None]  # the op's arguments, in order
     roles = [""] * len(att["form"]["inputs"])
     for name, i in zip(present, att["abi_order"]):
@@ -509,9 +507,9 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
     if causal is not None:
         roles[causal] = "mask"  # read by the form, computed by the kernel
     return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
-                       "key": json.dumps(att["form"], sort_keys=True, separators=(",", ":")), "form": att["form"],
-                       "entry": torch_op, "inputs": roles, "args": list(att["abi_order"]),
-                       **({"causal_mask": causal} if causal is not None else {}), "output": att["output"]}}
+                       "key": att["key"], "form": att["form"], "entry": torch_op, "inputs": roles,
+                       "args": list(att["abi_order"]), **({"causal_mask": causal} if causal is not None else {}),
+                       "output": att["output"]}}
 
 
 def _region_entry(sig, torch_op: str) -> dict:

@@ -241,6 +241,7 @@ class CompileMode:
     def _replace_regions(self, graph: torch.fx.Graph, ready: list) -> int:
         match = _load_graph_runtime()
         count = 0
+        causal: dict = {}  # mask node -> proven a constant causal mask (the layers of a model share one mask)
         for r, respelled in ready:
             try:
                 found = match.find(graph, respelled)
@@ -250,7 +251,10 @@ class CompileMode:
             renamed: dict = {}  # a match's output replaced earlier, read by a later match of the same form
             for m in found:
                 m.inputs = [renamed.get(v, v) for v in m.inputs]
-                if r.causal_mask is not None and not match.causal_constant(graph, m.inputs[r.causal_mask]):
+                mask = m.inputs[r.causal_mask] if r.causal_mask is not None else None
+                if mask is not None and mask not in causal:
+                    causal[mask] = match.causal_constant(graph, mask)
+                if mask is not None and not causal[mask]:
                     self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant causal "
                                     "mask (its kernel computes the causal one)")
                     continue

@@ -111,14 +111,12 @@ def region_patcher(doc: dict, regions: list, use: list[str] | None = None, wrong
     return PATCH.Patcher(doc, "cm_region_pkg", lambda: None)
 
 
-def aot_compiled(cm, model):
-    """(model compiled up to Inductor's joint-graph passes, the forward graphs it made): AOTAutograd with
-    Inductor's decompositions, the package's call rewrite and region pass, the rewritten graph then run
-    eagerly (an Inductor compile costs ~20 s on a small CPU)."""
+def aot_backend(cm, graphs: list | None = None):
+    """A torch.compile backend that stops where Inductor's joint-graph passes run: AOTAutograd with Inductor's
+    decompositions, the package's call rewrite and region pass, the rewritten graph then run eagerly (an
+    Inductor compile costs ~20 s on a small CPU); each forward graph goes into `graphs` when given."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._inductor.decomposition import select_decomp_table
-
-    graphs = []
 
     def backend(gm, example_inputs):
         cm.rewrite(gm, example_inputs)
@@ -128,14 +126,21 @@ def aot_compiled(cm, model):
             if region_pass is not None:
                 region_pass(fgm.graph)
                 fgm.recompile()
-            graphs.append(fgm)
+            if graphs is not None:
+                graphs.append(fgm)
             return fgm.forward
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=forward_compiler,
                                      decompositions=select_decomp_table())
 
+    return backend
+
+
+def aot_compiled(cm, model):
+    """(model compiled with ``aot_backend``, the forward graphs it made), Dynamo's caches reset first."""
+    graphs: list = []
     torch._dynamo.reset()
-    return torch.compile(model, backend=backend), graphs
+    return torch.compile(model, backend=aot_backend(cm, graphs)), graphs
 
 
 def aot_only(cm, model, *inputs):

@@ -54,17 +54,18 @@ def hotspot(op: str, text: str, captures: tuple[str, ...] = (), device: str = "c
 
 
 @contextlib.contextmanager
-def one_thread_cpu_evaluator(tmp_path_factory, timeout_s: float, timing, cache: bool = False):
+def one_thread_cpu_evaluator(tmp_path_factory, timeout_s: float, timing, cache: bool = False, **evaluator_kw):
     """A single-worker CPU evaluator with FORGE_PACK_CPU_THREADS=1 while it lives (timings on a shared
     2-core CI box are steadier), closed and the variable restored afterwards; ``cache``: its own build
-    cache directory."""
+    cache directory; ``evaluator_kw``: further Evaluator arguments (seed, run_dir)."""
     from forge_pack.evaluate.evaluator import Evaluator
 
     old = os.environ.get("FORGE_PACK_CPU_THREADS")
     os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    extra = {"cache_dir": tmp_path_factory.mktemp("builds")} if cache else {}
+    if cache:
+        evaluator_kw["cache_dir"] = tmp_path_factory.mktemp("builds")
     ev = Evaluator("cpu", workers=1, timeout_s=timeout_s, timing=timing, log_dir=tmp_path_factory.mktemp("workers"),
-                   **extra)
+                   **evaluator_kw)
     try:
         yield ev
     finally:

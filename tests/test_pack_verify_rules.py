@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "pack"))
 import helpers  # noqa: E402
-from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture  # noqa: E402
+from eval_helpers import KERNELS, expected_reasons, hotspot, load_fixture, one_thread_cpu_evaluator  # noqa: E402
 
 from forge_pack.pack import manifest
 from forge_pack.evaluate import verdict_rules  # noqa: E402
@@ -161,23 +161,12 @@ def kernels(tmp_path_factory):
 @pytest.fixture(scope="module")
 def final_check(kernels, tmp_path_factory):
     """{name: verdict} of the build's final check (final=True, a fresh evaluator) on each kernel."""
-    from forge_pack.evaluate.evaluator import Evaluator
     from forge_pack.evaluate.timing import TimingConfig
 
     run_dir, triples = kernels
-    old = os.environ.get("FORGE_PACK_CPU_THREADS")
-    os.environ["FORGE_PACK_CPU_THREADS"] = "1"
-    ev = Evaluator("cpu", workers=1, timeout_s=30, seed=1_000_003, run_dir=str(run_dir),
-                   timing=TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False),
-                   log_dir=tmp_path_factory.mktemp("workers"))
-    try:
+    timing = TimingConfig(warmup=1, reps=5, flush=False, compile_baseline=False)
+    with one_thread_cpu_evaluator(tmp_path_factory, 30, timing, seed=1_000_003, run_dir=str(run_dir)) as ev:
         return {name: ev.evaluate(c, h, final=True).verdict for name, h, c in triples}
-    finally:
-        ev.close()
-        if old is None:
-            os.environ.pop("FORGE_PACK_CPU_THREADS", None)
-        else:
-            os.environ["FORGE_PACK_CPU_THREADS"] = old
 
 
 def test_the_final_check_passes_the_honest_kernel_and_rejects_the_others(final_check):

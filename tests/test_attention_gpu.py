@@ -33,6 +33,15 @@ CASES = [  # (signature, knobs)
     ("x: bf16[1,1,1030,512], k: bf16[1,1,1030,512], v: bf16[1,1,1030,512], scale=0.044194173824159216",
      {"o_split": 4, "stages": 1}),
 ]
+WINDOWED = [  # a sliding window (Gemma's and Mistral's sliding layers): tiles before it skipped, its edge cut per row
+    ("x: bf16[1,8,300,128], k: bf16[1,2,300,128], v: bf16[1,2,300,128], causal=True, window=96, enable_gqa=True, "
+     "scale=0.08838834764831845, composite=True", {}),
+    ("x: bf16[1,8,300,128], k: bf16[1,2,300,128], v: bf16[1,2,300,128], causal=True, window=96, enable_gqa=True, "
+     "scale=0.08838834764831845, composite=True", {"stages": 1, "block_m": 64, "block_n": 32}),
+    ("x: bf16[1,4,333,256], k: bf16[1,2,333,256], v: bf16[1,2,333,256], causal=True, window=50, enable_gqa=True, "
+     "scale=0.0625, softcap=50.0, composite=True", {}),
+]
+CASES += WINDOWED
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +64,27 @@ def test_the_flash_family_without_its_causal_mask_is_rejected(evaluator):
     good = instantiate("attention", "cuda", "flash", {}, h.signature)
     from forge_pack.core.candidate import Candidate
 
-    src = good.source.replace("(causal && col > row)", "(0 && col > row)")
+    src = good.source.replace("(causal && (col > row", "(0 && (col > row")
     src = src.replace("const long long kv_end = causal ?", "const long long kv_end = 0 ?")
     assert src != good.source
     e = evaluator.evaluate(Candidate(good.op, good.backend, src, good.spec, good.family, dict(good.params), "user"), h)
     assert not e.verdict.ok and e.verdict.reason == "mismatch", e.verdict
+
+
+@pytest.mark.parametrize("cut", ["(windowed && row - col >= window)", "(windowed && n0 + BLOCK_N",
+                                 "const long long kv_begin = (windowed &&"])
+def test_the_flash_family_without_its_window_is_rejected_or_equal(evaluator, cut):
+    """Without the per-row cut at the window's edge the kernel is wrong (mismatch). Without a warp's skip of
+    the tiles before its window, or without the block's start at its first row's window, the per-row cut
+    still hides those keys: the same computation, which must verify."""
+    from forge_pack.core.candidate import Candidate
+
+    h = hotspot("attention", WINDOWED[1][0], device="cuda")
+    good = instantiate("attention", "cuda", "flash", WINDOWED[1][1], h.signature)
+    src = good.source.replace(cut, cut.replace("(windowed", "(0"))
+    assert src != good.source
+    e = evaluator.evaluate(Candidate(good.op, good.backend, src, good.spec, good.family, dict(good.params), "user"), h)
+    if "row - col" in cut:
+        assert not e.verdict.ok and e.verdict.reason == "mismatch", e.verdict
+    else:
+        assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)

@@ -178,20 +178,42 @@ def test_a_mask_that_is_not_causal_is_read_by_the_kernel(tmp_path):
 
 
 def test_causal_mask_recognition():
-    from forge_pack.graph.region_match import is_causal_mask
+    from forge_pack.graph.region_match import causal_window, is_causal_mask
 
     bf = torch.bfloat16
-    causal = torch.full((5, 7), torch.finfo(bf).min, dtype=bf).triu(1)
+    low = torch.finfo(bf).min
+    causal = torch.full((5, 7), low, dtype=bf).triu(1)
     assert is_causal_mask(causal) and is_causal_mask(causal[None, None].expand(2, 3, 5, 7))
     assert is_causal_mask(torch.zeros(5, 7).masked_fill(torch.ones(5, 7, dtype=torch.bool).triu(1), float("-inf")))
     assert not is_causal_mask(causal.triu(2))  # the first superdiagonal kept: not causal
     assert not is_causal_mask(torch.full((5, 7), -1e4).triu(1))  # masked too weakly to be exactly zero
     window = causal.clone()
-    window[4, 0] = torch.finfo(bf).min  # a sliding window drops the oldest key
-    assert not is_causal_mask(window)
+    window[4, 0] = low  # a sliding window of 4 keys drops the oldest key of the last row
+    assert not is_causal_mask(window) and causal_window(window) == 4
     padded = causal[None].repeat(2, 1, 1)
-    padded[1, :, 0] = torch.finfo(bf).min  # one sequence left-padded
-    assert not is_causal_mask(padded)
+    padded[1, :, 0] = low  # one sequence left-padded
+    assert not is_causal_mask(padded) and causal_window(padded) is None
+    assert causal_window(causal) == 0 and causal_window(torch.zeros(5, 7)) is None
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 6])
+def test_a_sliding_window_mask_reads_as_its_window(w):
+    """transformers' sliding-window causal mask (key j visible to row i when i - W < j <= i) gives W, in any
+    broadcast; a window no row reaches the edge of is the plain causal mask (0); one key more or less in any
+    row, or one slice of the broadcast with another window, is not the pattern."""
+    from forge_pack.graph.region_match import causal_window
+
+    low = torch.finfo(torch.float32).min
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None, :]
+    mask = torch.zeros(9, 9).masked_fill((j > i) | (i - j >= w), low)
+    assert causal_window(mask) == w and causal_window(mask[None, None].expand(2, 2, 9, 9)) == w
+    assert causal_window(torch.zeros(9, 9).masked_fill((j > i) | (i - j >= 9), low)) == 0
+    for r, c in ((8, 8 - w), (8, 8 - w + 1), (3, 4)):
+        odd = mask.clone()
+        odd[r, c] = low if odd[r, c] == 0 else 0
+        assert causal_window(odd) is None, (r, c)
+    two = torch.stack([mask, torch.zeros(9, 9).masked_fill((j > i) | (i - j >= w + 1), low)])
+    assert causal_window(two) is None
 
 
 def test_check_proves_the_causal_reading_on_the_chains_own_subgraph(block_chain):
@@ -217,10 +239,10 @@ def test_a_chain_whose_subgraph_is_not_the_reference_is_skipped_with_the_reason(
 _OPS = iter(range(10 ** 6))
 
 
-def _attention_op(chain) -> str:
+def _attention_op(chain, strides: list | None = None) -> str:
     """The attention target as a Python op of a fresh namespace, (x, k, v[, mask]) -> out, computing HF's eager
     attention (with the causal mask where the kernel computes it): the package's op, without a compiler.
-    Returns 'ns::att'."""
+    Each call's input strides go into `strides` when given. Returns 'ns::att'."""
     ns = f"forge_att_region_{next(_OPS)}"
     lib = torch.library.Library(ns, "DEF")
     cf._LIBS.append(lib)
@@ -229,6 +251,8 @@ def _attention_op(chain) -> str:
     fn = registry.get("attention").eager(chain.params(), "bfloat16")
 
     def impl(*tensors):
+        if strides is not None:
+            strides.append([t.stride() for t in tensors])
         return fn(dict(zip(names, tensors)))
 
     lib.impl("att", impl, "CPU")
@@ -243,23 +267,29 @@ def base_doc(tmp_path_factory):
     return json.loads((base / "pkg" / "att_pkg" / "manifest.json").read_text())
 
 
-def _patcher(doc, chain, args):
+def _patcher(doc, chain, args, strides: list | None = None):
     doc = copy.deepcopy(doc)
     doc.pop("integrity", None)
     doc["targets"] = []
-    causal = {"causal_mask": chain.mask_index()} if chain.causal_mask else {}
-    doc["regions"] = [{"id": "a0", "name": chain.name, "form": chain.region.form, "op": _attention_op(chain),
+    causal = {"causal_mask": chain.mask_index(), **({"window": chain.window} if chain.window else {})} \
+        if chain.causal_mask else {}
+    doc["regions"] = [{"id": "a0", "name": chain.name, "form": chain.region.form, "op": _attention_op(chain, strides),
                        "output": chain.region.output_spec.to_json(), "args": args, **causal,
                        "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}}]
     return cf.PATCH.Patcher(doc, "att_region_pkg", lambda: None)
 
 
-def _causal_block(triu: int):
-    """attention_block whose eager layer's mask is full(finfo.min).triu(`triu`): 1 is the causal mask."""
+def _causal_block(triu: int, window: int = 0):
+    """attention_block whose eager layer's mask is full(finfo.min).triu(`triu`): 1 is the causal mask; with a
+    `window` W, also finfo.min where j <= i - W (transformers' sliding-window mask, built from aranges)."""
     class Model(attention_block.Model):
         def forward(self, x):
             s = x.shape[1]
             mask = torch.full((s, s), torch.finfo(x.dtype).min, dtype=x.dtype, device=x.device).triu(triu)
+            if window:
+                i = torch.arange(s, device=x.device)[:, None]
+                j = torch.arange(s, device=x.device)[None, :]
+                mask = mask.masked_fill(i - j >= window, torch.finfo(x.dtype).min)
             x = x + self.sdpa(x, None)
             return x + self.eager(x, mask[None, None])
 
@@ -289,6 +319,48 @@ def test_a_computed_causal_mask_is_swapped_only_where_the_compiled_graph_proves_
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("built, region, swapped", [(5, 5, True), (5, 6, False), (5, 0, False), (0, 5, False)])
+def test_a_sliding_window_mask_is_swapped_only_for_the_kernel_of_its_window(base_doc, block_chain, built, region,
+                                                                           swapped):
+    """A region whose kernel computes a sliding window of W is swapped in only where the compiled graph's
+    constant mask is that window's; another window, or the plain causal mask (and the other way round), stays
+    Inductor's."""
+    chain = dataclasses.replace(block_chain, causal_mask=True, window=region)
+    model, inputs = _causal_block(1, window=built)
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, chain, chain.abi_order()))
+    with pytest.warns(RuntimeWarning, match="not a constant causal") if not swapped else contextlib.nullcontext():
+        got, graphs = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == ({"a0": 1} if swapped else {})
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_windowed_chain_is_searched_as_causal_attention_with_its_window(tmp_path, monkeypatch):
+    """Every layer's mask the same sliding window: the hotspot is causal with that window and reads no mask;
+    its check fed the window's pattern passes, and the manifest entry carries the window."""
+    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
+
+    model, inputs = _causal_block(1, window=5)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    values = graph.run(keep=keep_names(chains))
+    (h,) = attention_hotspots(chains, values, tmp_path)
+    assert h.unsupported == "" and h.signature.param("causal") is True and h.signature.param("window") == 5
+    assert h.signature.input("mask") is None and h.extra["attention"]["window"] == 5
+    entry = packager._attention_entry(h, "ns::t0")["region"]
+    assert entry["window"] == 5 and entry["causal_mask"] == h.extra["attention"]["causal_mask"]
+    windowed = dataclasses.replace(chains[0], causal_mask=True, window=5)
+    assert check(windowed) is None
+    # the check feeds the subgraph the window's pattern and compares with the windowed reference: fed the plain
+    # causal mask instead, the subgraph is another computation
+    from forge_pack.graph import attention_chain as ac
+
+    plain = ac.causal_pattern
+    monkeypatch.setattr(ac, "causal_pattern", lambda spec, dtype=torch.float64, window=0: plain(spec, dtype))
+    assert "differs" in (check(windowed) or "")
+
+
 def test_a_causal_mask_given_as_an_input_is_not_trusted(base_doc):
     """A mask that is an input of the graph can change from call to call: even causal when compiled, the chain
     whose kernel computes the causal mask is left to Inductor."""
@@ -314,6 +386,27 @@ def test_compile_mode_swaps_the_chain_for_the_attention_op_in_its_argument_order
     # the op's arguments are the query [B, H, L, D], the key and value heads before repeat_kv, the mask
     shapes = [tuple(a.meta["val"].shape) for a in calls[0].args]
     assert shapes == [(1, 4, 48, 16), (1, 2, 48, 16), (1, 2, 48, 16), (1, 1, 48, 48)]
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+def test_inductor_hands_the_swapped_op_its_inputs_in_the_verified_layouts(base_doc, block_chain):
+    """The form fixes every input's strides, and the kernel was verified on them; Inductor, free to lay out a node
+    a pass inserts, gave this model's query in the layout of the projection it is a view of ([B, L, H, D] in
+    memory), and the package's binding copied it back on every call. The region pass records the traced
+    layouts on the node (``eager_input_vals``), so Inductor's own kernels write them (a real Inductor compile)."""
+    model, inputs = _bf16(attention_block)
+    with torch.no_grad():
+        ref = model(*inputs)
+    args, seen = block_chain.abi_order(), []
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, block_chain, args, seen))
+    torch._dynamo.reset()
+    # Inductor's caches off: a graph it loads skips the pass (and the report counts none)
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        got = cm.compile(model)(*inputs)
+    assert cm.report()["regions"] == {"a0": 1} and seen
+    form_inputs = block_chain.region.form["inputs"]
+    assert seen[-1] == [tuple(form_inputs[i]["strides"]) for i in args]
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
@@ -463,6 +556,7 @@ def test_a_packed_attention_region_runs_the_extensions_kernel_in_compile_mode(tm
     r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(model_file.parent), t["id"]], capture_output=True,
                        text=True, timeout=900, env=helpers.env_with(site, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind")))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "arrived with strides" not in r.stderr  # Inductor hands the op the verified layouts: no copy per call
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["report"]["regions"] == {t["id"]: 1}
     assert out["max_diff"] <= 2 ** -7 * max(out["max_ref"], 1.0)  # one bf16 rounding of the output

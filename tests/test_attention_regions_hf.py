@@ -89,3 +89,43 @@ def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, fo
     got, _ = cf.aot_only(cm, model, *inputs)
     assert sum(cm.report()["regions"].values()) == count
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causal_mask(monkeypatch, base_doc,
+                                                                                          tmp_path):
+    """A prompt longer than Gemma 4's 512-key window: the sliding layer's captured mask is transformers'
+    sliding-window causal mask, so its hotspot is causal with window 512; the full layer's is plainly causal.
+    Compile mode proves each mask builder a constant of its own pattern and swaps both chains in, with the
+    same logits as eager."""
+    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
+
+    monkeypatch.setenv("FORGE_BENCH_SEQ", "600")
+    model, inputs = _load("gemma4_prefill", monkeypatch)
+    graph = capture(model, inputs, profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    assert len(chains) == 2
+    hs = attention_hotspots(chains, graph.run(keep=keep_names(chains)), tmp_path)
+    windows = sorted((h.signature.param("causal"), h.signature.param("window", 0)) for h in hs)
+    assert windows == [(True, 0), (True, 512)] and all(h.signature.input("mask") is None for h in hs)
+    doc = copy.deepcopy(base_doc)
+    doc.pop("integrity", None)
+    doc["targets"], doc["regions"] = [], []
+    lib = torch.library.Library("forge_hf_gemma_window", "DEF")
+    cf._LIBS.append(lib)
+    for h, c in zip(hs, chains):
+        c = dataclasses.replace(c, causal_mask=True, window=h.signature.param("window", 0))
+        rid = f"a{len(doc['regions'])}"
+        present = c.kernel_roles()
+        lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
+        fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
+        lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
+        doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"forge_hf_gemma_window::{rid}",
+                               "output": c.region.output_spec.to_json(), "args": c.abi_order(),
+                               "causal_mask": c.mask_index(), **({"window": c.window} if c.window else {}),
+                               "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
+    cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))
+    with torch.no_grad():
+        ref = model(*inputs)
+    got, _ = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"a0": 1, "a1": 1}
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)

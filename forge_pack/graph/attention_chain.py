@@ -25,9 +25,10 @@ form's inputs reordered to the op's (``abi_order``).
 
 A chain whose mask is the causal one (``causal_mask``, decided by ``attention_hotspots`` from the
 values the run captured) is read as causal attention without a mask: the kernel computes the mask and
-skips the tiles above the diagonal. ``check`` then feeds the chain the causal pattern as its mask; compile
-mode swaps such a chain in only where the mask is a proven constant causal mask of the compiled graph
-(``region_match.causal_constant``).
+skips the tiles above the diagonal; a sliding-window causal mask (transformers' for Gemma's and Mistral's
+sliding layers) likewise, with its ``window``, and the tiles before the window are skipped too. ``check``
+then feeds the chain that pattern as its mask; compile mode swaps such a chain in only where the mask is
+a proven constant of the compiled graph with that pattern (``region_match.constant_causal_window``).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ class AttentionChain:
     groups: int  # query heads per key/value head
     notes: list[str] = field(default_factory=list)
     # the mask input is the causal one (``causal_mask``): the kernel computes it (causal=True), skipping the
-    # masked tiles, and does not read it; compile mode proves it per match (``region_match.causal_constant``)
+    # masked tiles, and does not read it; compile mode proves it per match (``region_match.constant_causal_window``)
     causal_mask: bool = False
+    window: int = 0  # with causal_mask: the mask's sliding window W (keys j <= i - W hidden too); 0: none
 
     @property
     def name(self) -> str:
@@ -87,7 +89,9 @@ class AttentionChain:
         return self.roles.index("mask") if self.causal_mask else None
 
     def params(self) -> dict:
-        return {"scale": self.scale, "causal": self.causal_mask, "softcap": self.softcap,
+        # "window" only where there is one: the signatures of every other chain stay what they were
+        window = {"window": self.window} if self.causal_mask and self.window else {}
+        return {"scale": self.scale, "causal": self.causal_mask, **window, "softcap": self.softcap,
                 "enable_gqa": self.groups > 1, "composite": True}
 
     def signature(self) -> Signature:
@@ -98,17 +102,19 @@ class AttentionChain:
 
     def to_json(self) -> dict:
         return {"name": self.name, "roles": list(self.roles), "scale": self.scale, "softcap": self.softcap,
-                "groups": self.groups, "causal_mask": self.causal_mask, "abi_order": self.abi_order(),
+                "groups": self.groups, "causal_mask": self.causal_mask, "window": self.window,
+                "abi_order": self.abi_order(),
                 "region": self.region.to_json(), "notes": self.notes}
 
 
-def causal_pattern(spec: TensorSpec, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-    """A causal additive mask of the spec's shape: 0 on and below the diagonal, finfo.min of the spec's dtype
-    above it (HF's fill), in `dtype`."""
+def causal_pattern(spec: TensorSpec, dtype: torch.dtype = torch.float64, window: int = 0) -> torch.Tensor:
+    """A causal additive mask of the spec's shape: 0 where key j <= query i (and, with a window W, i - W < j),
+    finfo.min of the spec's dtype elsewhere (HF's fill), in `dtype`."""
     rows, cols = spec.shape[-2], spec.shape[-1]
     fill = torch.finfo(getattr(torch, spec.dtype)).min
-    base = torch.zeros(rows, cols, dtype=dtype).masked_fill(
-        ~torch.ones(rows, cols, dtype=torch.bool).tril(), fill)
+    i, j = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    hidden = (j > i) | ((i - j) >= window) if window else j > i
+    base = torch.zeros(rows, cols, dtype=dtype).masked_fill(hidden, fill)
     t = torch.empty_strided(tuple(spec.shape), tuple(spec.strides), dtype=dtype)
     t.copy_(base.expand(tuple(spec.shape)))
     return t
@@ -335,8 +341,8 @@ def check(chain: AttentionChain, device: str | None = None, seed: int = 0) -> st
     (None when it is): both in float64 on random inputs of the chain's shapes and strides, the mask
     random too (any additive values), compared element by element; with a mask, once more with its first
     query row all -inf, where both must give NaN (plain softmax, the composite's semantics) at the same
-    places. A chain read with a causal mask (``causal_mask``) gets the causal pattern as its mask and is
-    compared with the reference's causal attention, which has no mask."""
+    places. A chain read with a causal mask (``causal_mask``) gets the causal pattern (with its window) as its
+    mask and is compared with the reference's causal attention, which has no mask."""
     dev = device or chain.region.device
     gen = torch.Generator().manual_seed(seed)
     for masked_row in (False, True) if "mask" in chain.roles and not chain.causal_mask else (False,):
@@ -354,7 +360,7 @@ def _draw(chain: AttentionChain, gen: torch.Generator, masked_row: bool) -> list
         if role == "mask" and masked_row:
             t[..., 0, :] = float("-inf")
         if role == "mask" and chain.causal_mask:
-            t = causal_pattern(s)  # the mask the kernel computes: the subgraph reads it, the reference is causal
+            t = causal_pattern(s, window=chain.window)  # the mask the kernel computes: the subgraph reads it, the reference is causal
         tensors.append(t)
     return tensors
 

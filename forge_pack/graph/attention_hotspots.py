@@ -10,8 +10,9 @@ kernel in for the chain: the form, its key and the form inputs' order in the op'
 (``pack/packager`` writes it into the manifest's ``regions``).
 
 The captured inputs are the chain's real q, k, v and mask, with the chain's own output. A chain whose
-mask is the causal one in every instance the run captured is searched as causal attention without a mask
-(``AttentionChain.causal_mask``): the kernel skips the masked tiles and reads no mask.
+mask is the causal one in every instance the run captured, with one sliding window or none, is searched as
+causal attention without a mask (``AttentionChain.causal_mask``, ``window``): the kernel skips the masked tiles
+and reads no mask.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph.attention_chain import AttentionChain, check
-from forge_pack.graph.region_match import is_causal_mask
+from forge_pack.graph.region_match import causal_window
 from forge_pack.profile.capture import save_capture
 
 CAPTURES_PER_CHAIN = 2  # real input sets per chain form, as for op and region hotspots
@@ -56,8 +57,9 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
     out = []
     for group in groups.values():
         why = None
-        if _causal(group, values):
-            causal = [dataclasses.replace(c, causal_mask=True) for c in group]
+        window = _causal_window(group, values)
+        if window is not None:
+            causal = [dataclasses.replace(c, causal_mask=True, window=window) for c in group]
             if check(causal[0]) is None:  # else the kernel reads the mask, as it would for any other
                 group, why = causal, ""  # checked: the float64 check is a whole attention, not run twice
         first = group[0]
@@ -89,24 +91,28 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
                             "instances": len(group), "modules": sorted({c.region.module for c in group if c.region.module}),
                             "code": r.reference("cpu").code.strip(), "bytes_moved": r.bytes_moved()},
                  "attention": {"name": r.name, "form": r.form, "key": r.key, "abi_order": first.abi_order(),
-                               "causal_mask": first.mask_index(),
+                               "causal_mask": first.mask_index(), "window": first.window,
                                "output": r.output_spec.to_json() if r.output_spec else None}}
         out.append(Hotspot(sig, ("region",), float(len(group)), total, total / len(group),
                            sum(c.region.time_share for c in group), tuple(captures), r.device,
                            unsupported=why, extra=extra))
-        say(f"attention {r.name}: {len(group)} instances{' with the causal mask' if first.causal_mask else ''}"
+        masked = f" with the causal mask{f' (window {first.window})' if first.window else ''}" if first.causal_mask else ""
+        say(f"attention {r.name}: {len(group)} instances{masked}"
             f"{f' (skipped: {why})' if why else ''}")
     return out
 
 
-def _causal(group: list[AttentionChain], values: dict) -> bool:
-    """Whether the kernel computes the chains' mask: every instance's mask, as the graph run gave it, is the
-    causal one. Only a choice of kernel: compile mode swaps a chain in only where it proves its mask constant
-    and causal in the compiled graph, and leaves the others to Inductor."""
+def _causal_window(group: list[AttentionChain], values: dict) -> int | None:
+    """The sliding window (0: none) of the causal mask the kernel computes for the chains, or None where it
+    reads the mask: every instance's mask, as the graph run gave it, must be the causal one with the same
+    window. Only a choice of kernel: compile mode swaps a chain in only where it proves its mask a constant of
+    that pattern in the compiled graph, and leaves the others to Inductor."""
     if "mask" not in group[0].roles:
-        return False
+        return None
+    windows = set()
     for c in group:
         mask = values.get(c.region.inputs[c.roles.index("mask")])
-        if not isinstance(mask, torch.Tensor) or not is_causal_mask(mask):
-            return False
-    return True
+        windows.add(causal_window(mask) if isinstance(mask, torch.Tensor) else None)
+        if None in windows or len(windows) > 1:
+            return None
+    return windows.pop()

@@ -196,6 +196,13 @@ def replace(graph: torch.fx.Graph, match: Match, op: Any) -> torch.fx.Node:
     with graph.inserting_before(match.output):
         new = graph.call_function(op, tuple(match.inputs))
     new.meta.update({k: v for k, v in match.output.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
+    vals = [i.meta.get("val") if isinstance(i, torch.fx.Node) else i for i in match.inputs]
+    if all(isinstance(v, torch.Tensor) for v in vals):
+        # The inputs' traced layouts are the kernel's verified ones (the form fixes every input's strides).
+        # Inductor holds an op's inputs to these only where the node records them ("eager_input_vals", as
+        # AOTAutograd's tracing does for an op needing exact strides); a node a pass inserts without them gets
+        # whatever layout Inductor picks, and the package's binding then copies it back on every call.
+        new.meta["eager_input_vals"] = (tuple(vals), {})
     match.output.replace_all_uses_with(new)
     for n in match.asserts:
         graph.erase_node(n)
@@ -214,16 +221,31 @@ def masked_bound(dtype: torch.dtype) -> float:
     return 0.5 * torch.finfo(dtype).min
 
 
-def is_causal_mask(mask: torch.Tensor) -> bool:
-    """Whether an additive mask [.., L, S] is top-left causal: 0 where key j <= query i, masked
-    (``masked_bound``) where j > i, in every broadcast slice."""
-    if mask.dim() < 2 or not mask.is_floating_point():
-        return False
-    keep = torch.ones(mask.shape[-2], mask.shape[-1], dtype=torch.bool, device=mask.device).tril()
+def causal_window(mask: torch.Tensor) -> int | None:
+    """The causal pattern of an additive mask [.., L, S], or None when it is not one: 0 for the top-left causal
+    mask (0 where key j <= query i, masked (``masked_bound``) where j > i), W > 0 for a sliding window of W keys
+    (0 where i - W < j <= i, masked elsewhere: transformers' sliding-window causal mask), in every broadcast
+    slice. A window as wide as every row's causal keys is the causal mask and gives 0."""
+    if mask.dim() < 2 or not mask.is_floating_point() or mask.numel() == 0:
+        return None
     m = mask.detach()
+    rows, cols = m.shape[-2], m.shape[-1]
+    i = torch.arange(rows, device=m.device)[:, None]
+    j = torch.arange(cols, device=m.device)[None, :]
+    # the widest row: the window (or every causal key); rows narrower than it are the first ones only
+    width = int((m == 0).reshape(-1, rows, cols).sum(dim=-1).max())
+    window = width if width < min(rows, cols) else 0
+    keep = (j <= i) & ((i - j) < window) if window else (j <= i)
     if not bool(((m == 0) == keep).all()):
-        return False
-    return bool((m.masked_fill(keep, float("-inf")) <= masked_bound(m.dtype)).all())
+        return None
+    if not bool((m.masked_fill(keep, float("-inf")) <= masked_bound(m.dtype)).all()):
+        return None
+    return window
+
+
+def is_causal_mask(mask: torch.Tensor) -> bool:
+    """Whether an additive mask [.., L, S] is the top-left causal one without a window (``causal_window`` 0)."""
+    return causal_window(mask) == 0
 
 
 # ops whose value is not a function of their arguments (random draws, uninitialised memory)
@@ -274,12 +296,13 @@ def constant_value(graph: torch.fx.Graph, node: torch.fx.Node) -> Any:
     return value
 
 
-def causal_constant(graph: torch.fx.Graph, node: torch.fx.Node) -> bool:
-    """Whether `node` is a constant of the graph (``constant_value``) and a top-left causal additive mask."""
+def constant_causal_window(graph: torch.fx.Graph, node: torch.fx.Node) -> int | None:
+    """``causal_window`` of `node`'s value when `node` is a constant of the graph (``constant_value``); None
+    when it is not a constant or not a causal mask."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     value = constant_value(graph, node)
     if not isinstance(value, torch.Tensor):
-        return False
+        return None
     with unset_fake_temporarily(), torch.no_grad():  # inside Inductor's passes a fake mode is active
-        return is_causal_mask(value)
+        return causal_window(value)

@@ -296,8 +296,10 @@ at::Tensor fp_expect(const at::Tensor& t, const char* op, const char* name, c10:
         lines.append(_op_function(t, package))
     lines.append("}  // namespace\n")
     lines.append(f"TORCH_LIBRARY({namespace}, m) {{")
+    # needs_exact_strides: Inductor passes each input in the layout eager traced (the verified one) whatever
+    # torch's default for custom ops is, so the binding's copy to that layout is the exception
     for t in targets:
-        lines.append(f"  m.def(\"{op_schema(t)}\");")
+        lines.append(f"  m.def(\"{op_schema(t)}\", {{at::Tag::needs_exact_strides}});")
     lines.append("}\n")
     key = "CUDA" if cuda else "CPU"
     lines.append(f"TORCH_LIBRARY_IMPL({namespace}, {key}, m) {{")

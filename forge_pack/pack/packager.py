@@ -487,7 +487,7 @@ def _compile_regions(targets: list[dict]) -> list[dict]:
     target, under the target's id, so the compile gate's record for that id decides both."""
     entries = [{"id": t["id"], "name": t["region"]["name"], "form": t["region"]["form"], "op": t["region"]["entry"],
                 "output": t["region"]["output"],
-                **{k: t["region"][k] for k in ("args", "causal_mask") if k in t["region"]}}
+                **{k: t["region"][k] for k in ("args", "causal_mask", "window") if k in t["region"]}}
                for t in targets if t.get("region")]
     # an attention chain holds a softmax region: tried first, or that region's swap would break the chain's match
     return sorted(entries, key=lambda e: "args" not in e)
@@ -504,11 +504,12 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
     for name, i in zip(present, att["abi_order"]):
         roles[i] = name  # form input i is the op's argument `name`
     causal = att.get("causal_mask")
+    window = {"window": att["window"]} if causal is not None and att.get("window") else {}
     if causal is not None:
         roles[causal] = "mask"  # read by the form, computed by the kernel
     return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
                        "key": att["key"], "form": att["form"], "entry": torch_op, "inputs": roles,
-                       "args": list(att["abi_order"]), **({"causal_mask": causal} if causal is not None else {}),
+                       "args": list(att["abi_order"]), **({"causal_mask": causal} if causal is not None else {}), **window,
                        "output": att["output"]}}
 
 

@@ -16,6 +16,10 @@ ABI: ``x`` is the query [B, H, L, D], ``k`` and ``v`` are [B, HKV, S, D] (H a mu
 head h reads key/value head h // (H / HKV), as repeat_kv and enable_gqa do), ``mask`` an optional
 additive mask broadcastable to [B, H, L, S]. Any strides with the last dim contiguous; the kernel
 gets every stride as a size variable (a broadcast dim has stride 0).
+
+``causal`` is top-left aligned (key j visible to query row i when j <= i); ``window`` W > 0 (only with
+``causal``, only for the eager composite: an attention chain whose mask the graph builds as transformers'
+sliding-window causal mask) also hides the keys j <= i - W. The kernel gets both as size variables.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from .dtypes import torch_dtype
 from .lazy_torch import torch
 from .spec import CallPath, Draw, TargetSpec, Tolerance
 
-PARAMS = ("scale", "causal", "softcap", "enable_gqa", "composite")
+PARAMS = ("scale", "causal", "window", "softcap", "enable_gqa", "composite")
 # Query rows per float64 reference chunk: bounds the [.., rows, S] score temporaries (a 16384-key
 # VAE mid-block would otherwise hold 2 GB per float64 copy).
 REF_ROWS = 1024
@@ -134,12 +138,17 @@ def _out_layout(sig) -> tuple[int, int, int]:
     return (l_ * h * d, d, h * d) if eager else (h * l_ * d, l_ * d, d)
 
 
+def _window(params) -> int:
+    """The sliding window W of a causal call (keys j <= i - W hidden too); 0: none."""
+    return int(params.get("window") or 0) if params.get("causal") else 0
+
+
 def _size_vars(sig) -> dict:
     q, k = sig.x, sig.input("k")
     v = sig.input("v")
     b, h, l_, d = q.shape
     e = {"B": b, "H": h, "HKV": k.shape[1], "L": l_, "S": k.shape[2], "D": d, "G": h // max(k.shape[1], 1),
-         "causal": int(bool(sig.param("causal")))}
+         "causal": int(bool(sig.param("causal"))), "window": _window(dict(sig.params))}
     for name, spec in (("q", q), ("k", k), ("v", v)):
         e[f"{name}_sb"], e[f"{name}_sh"], e[f"{name}_sl"] = spec.strides[:3]
     e["o_sb"], e["o_sh"], e["o_sl"] = _out_layout(sig)
@@ -166,6 +175,9 @@ def _supports(sig) -> str | None:
         return "fewer key/value heads than query heads without enable_gqa (SDPA refuses the call)"
     if k.shape[2] == 0 or q.shape[2] == 0:
         return "empty attention"
+    window = sig.param("window")
+    if window and (not sig.param("causal") or not sig.param("composite") or int(window) < 0):
+        return "a sliding window without the causal mask, or on an SDPA call (which has none)"
     if any(s.strides[-1] != 1 and s.shape[-1] > 1 for s in (q, k, v)):
         return "query, key or value with a non-contiguous last dim"
     if mask is not None:
@@ -199,8 +211,13 @@ def _scores64(params, q, k, mask, rows: slice):
     if params.get("causal"):
         i = torch.arange(q.shape[2], device=q.device)[rows][:, None]
         j = torch.arange(k.shape[2], device=q.device)[None, :]
-        s = s.masked_fill(j > i, float("-inf"))  # top-left aligned, as is_causal is for L != S
+        s = s.masked_fill(_hidden(i, j, _window(params)), float("-inf"))  # top-left aligned, as is_causal is
     return s
+
+
+def _hidden(i, j, window: int):
+    """Keys j a causal query row i does not see: j > i, and with a window W, j <= i - W too."""
+    return (j > i) | ((i - j) >= window) if window else j > i
 
 
 def _probs64(params, s):
@@ -241,11 +258,13 @@ def _magnitude(t):
     return peak.expand(q.shape[0], q.shape[1], q.shape[2], v.shape[-1])
 
 
-def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtype=None, causal: bool = False):
+def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtype=None, causal: bool = False,
+                    window: int = 0):
     """HF transformers' eager attention, op for op: repeat_kv, matmul in the input dtype, scaling,
     soft-capping, mask, softmax in fp32 cast back, matmul, [B, L, H, D]. ``causal``: the causal mask HF
-    builds (finfo.min above the diagonal, top-left) added as the mask is (an eager attention chain whose
-    mask the kernel computes, graph/attention_chain)."""
+    builds (finfo.min above the diagonal, top-left; with ``window`` W, also where j <= i - W: its
+    sliding-window mask) added as the mask is (an eager attention chain whose mask the kernel computes,
+    graph/attention_chain)."""
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
@@ -255,7 +274,10 @@ def eager_attention(q, k, v, mask, scale: float, softcap: float | None, out_dtyp
     if mask is not None:
         w = w + mask
     if causal:
-        w = w + torch.full(w.shape[-2:], torch.finfo(w.dtype).min, dtype=w.dtype, device=w.device).triu(1)
+        i = torch.arange(w.shape[-2], device=w.device)[:, None]
+        j = torch.arange(w.shape[-1], device=w.device)[None, :]
+        hide = torch.zeros(w.shape[-2:], dtype=w.dtype, device=w.device)
+        w = w + hide.masked_fill(_hidden(i, j, window), torch.finfo(w.dtype).min)
     w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(w, v).transpose(1, 2).contiguous().to(out_dtype or q.dtype)
 
@@ -264,8 +286,8 @@ def _eager(params, out_dtype, lookup):
     scale, cap = params["scale"], params.get("softcap")
     if params.get("composite"):
         dt = torch_dtype(out_dtype) if out_dtype else None
-        causal = bool(params.get("causal"))
-        return lambda t: eager_attention(t["x"], t["k"], t["v"], t.get("mask"), scale, cap, dt, causal)
+        causal, window = bool(params.get("causal")), _window(params)
+        return lambda t: eager_attention(t["x"], t["k"], t["v"], t.get("mask"), scale, cap, dt, causal, window)
     fn = lookup("torch.nn.functional", "scaled_dot_product_attention")
     causal, gqa = bool(params.get("causal")), bool(params.get("enable_gqa"))
     if gqa:
@@ -325,11 +347,11 @@ def composite_return(out):
 
 ATTENTION = TargetSpec(
     name="attention", tensors=("x", "k", "v", "mask"), scalars=("scale", "softcap"), params=PARAMS,
-    own_params=("softcap", "composite"),
+    own_params=("softcap", "composite", "window"),
     doc="out[b, h, i, :] = sum_j p[i, j] v[b, h // G, j, :], p = softmax_j(s), s[i, j] = x[b, h, i, :] . "
         "k[b, h // G, j, :] * scale, then tanh(s / softcap) * softcap where softcap > 0, + mask[b, h, i, j] "
         "(broadcast; strides m_sb, m_sh, m_sl, 0 where it broadcasts) where present, -inf where causal and j > "
-        "i; x is the query [B, H, L, D], k and v [B, HKV, S, D], G = H / HKV; every tensor's (batch, head, row) "
+        "i, or where causal with window > 0 and j <= i - window; x is the query [B, H, L, D], k and v [B, HKV, S, D], G = H / HKV; every tensor's (batch, head, row) "
         "strides are size variables (q_*, k_*, v_*, o_*), the last dim contiguous; fp32 logits, softmax and "
         "accumulation. A row whose logits are all -inf is 0 for an SDPA call and NaN for the eager composite "
         "(composite=True, whose out is [B, L, H, D]).",

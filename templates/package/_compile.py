@@ -99,9 +99,11 @@ class _Region:
         # the op's arguments as form inputs (op argument j is form input args[j]): an attention chain's op is
         # the attention target's (x, k, v[, mask]); None: the form's own order
         self.args: list[int] | None = r.get("args")
-        # the form input the kernel computes as the causal mask (not an argument): a match is swapped only where
-        # that input is proven a constant causal mask in the compiled graph (region_match.causal_constant)
+        # the form input the kernel computes as the causal mask (not an argument), with its sliding window (0:
+        # none): a match is swapped only where that input is proven a constant of that causal pattern in the
+        # compiled graph (region_match.constant_causal_window)
         self.causal_mask: int | None = r.get("causal_mask")
+        self.window: int = int(r.get("window") or 0)
         self.raw = r
         self.fn: Any = None
 
@@ -241,7 +243,8 @@ class CompileMode:
     def _replace_regions(self, graph: torch.fx.Graph, ready: list) -> int:
         match = _load_graph_runtime()
         count = 0
-        causal: dict = {}  # mask node -> proven a constant causal mask (the layers of a model share one mask)
+        causal: dict = {}  # mask node -> its window as a proven constant causal mask, None: not one (the layers
+        # of a model share a mask, or two: Gemma's sliding and full layers)
         for r, respelled in ready:
             try:
                 found = match.find(graph, respelled)
@@ -253,10 +256,11 @@ class CompileMode:
                 m.inputs = [renamed.get(v, v) for v in m.inputs]
                 mask = m.inputs[r.causal_mask] if r.causal_mask is not None else None
                 if mask is not None and mask not in causal:
-                    causal[mask] = match.causal_constant(graph, mask)
-                if mask is not None and not causal[mask]:
-                    self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant causal "
-                                    "mask (its kernel computes the causal one)")
+                    causal[mask] = match.constant_causal_window(graph, mask)
+                if mask is not None and causal[mask] != r.window:
+                    pattern = f"causal mask with a window of {r.window}" if r.window else "causal mask"
+                    self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant {pattern} "
+                                    "(its kernel computes that one)")
                     continue
                 if r.args is not None:
                     m.inputs = [m.inputs[i] for i in r.args]
@@ -472,7 +476,7 @@ def _region_pass_class() -> type:
                 self.mode, self.ready, self.then = mode, ready, then
                 # everything that decides the rewrite keys Inductor's caches: a rebuilt package whose op takes its
                 # inputs otherwise (args, a computed causal mask) must not load code that calls it the old way
-                ident = [(r.id, r.qualname, got.key, r.args, r.causal_mask, r.output) for r, got in ready]
+                ident = [(r.id, r.qualname, got.key, r.args, r.causal_mask, r.window, r.output) for r, got in ready]
                 then_id = then.uuid() if hasattr(then, "uuid") else (repr(then) if then is not None else None)
                 self._uuid = hashlib.sha256(json.dumps([mode.patcher.package, ident, then_id]).encode()).hexdigest()
 

@@ -101,7 +101,7 @@ def test_the_eager_composite_reference_is_the_model_codes_output_layout_and_valu
 # ---------------------------------------------------------------- the reference
 
 
-def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True):
+def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True, window=0):
     """Element by element in float64: the definition the reference must match exactly."""
     b_, h_, l_, d_ = qd.shape
     s_ = kd.shape[2]
@@ -114,7 +114,8 @@ def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True):
                           + (float(mask[b if mask.shape[0] > 1 else 0, 0, i, j]) if mask is not None else 0.0)
                           for j in range(s_)]
                 if causal:
-                    logits = [x if j <= i else -math.inf for j, x in enumerate(logits)]
+                    logits = [x if j <= i and (not window or i - j < window) else -math.inf
+                              for j, x in enumerate(logits)]
                 top = max(logits)
                 if top == -math.inf:
                     out[b, h, i] = 0.0 if zero_empty else math.nan
@@ -125,13 +126,39 @@ def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True):
     return out
 
 
-@pytest.mark.parametrize("causal, with_mask", [(False, False), (True, False), (False, True)])
-def test_the_reference_is_exact_on_small_inputs(causal, with_mask):
+@pytest.mark.parametrize("causal, with_mask, window", [(False, False, 0), (True, False, 0), (False, True, 0),
+                                                      (True, False, 1), (True, False, 3)])
+def test_the_reference_is_exact_on_small_inputs(causal, with_mask, window):
     qd, kd, vd, md = q.double(), k.double(), v.double(), mask.double()
-    params = _p(scale=0.4, causal=causal, gqa=True)
+    params = {**_p(scale=0.4, causal=causal, gqa=True), "window": window}
     ref = SPEC.reference64(params, {"x": q, "k": k, "v": v, "mask": mask if with_mask else None})
-    want = _naive(qd, kd, vd, 0.4, md if with_mask else None, causal)
+    want = _naive(qd, kd, vd, 0.4, md if with_mask else None, causal, window=window)
     assert torch.allclose(ref, want, rtol=1e-12, atol=1e-12)
+    if window:
+        assert not torch.allclose(ref, _naive(qd, kd, vd, 0.4, None, causal), rtol=1e-6, atol=1e-6)
+
+
+def test_the_composite_eager_call_masks_a_sliding_window_as_the_reference_does():
+    """The eager baseline of a windowed chain adds transformers' sliding-window mask: it agrees with the
+    float64 reference to the eager rounding, and differs from plain causal attention."""
+    params = {**_p(scale=0.4, causal=True, gqa=True, composite=True), "window": 2}
+    t = {"x": q, "k": k, "v": v, "mask": None}
+    got = SPEC.eager(params, "float32")(t).double()
+    ref = SPEC.reference64(params, t)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    plain = SPEC.reference64({**params, "window": 0}, t)
+    assert (plain - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("params, why", [({"causal": False, "window": 4, "composite": True}, "sliding window"),
+                                         ({"causal": True, "window": 4, "composite": False}, "sliding window")])
+def test_a_window_needs_the_causal_mask_of_an_eager_composite(params, why):
+    from forge_pack.core.signature import Signature, TensorSpec
+
+    spec = TensorSpec("float32", (1, 2, 8, 16), (256, 128, 16, 1))
+    sig = Signature("attention", (("x", spec), ("k", spec), ("v", spec), ("mask", None)),
+                    tuple(sorted({**_p(), **params}.items())), None)
+    assert why in (SPEC.supports(sig) or "")
 
 
 def test_gqa_maps_query_head_h_to_key_head_h_over_groups():
@@ -226,7 +253,10 @@ SIGS = [
     "x: bf16[1,2,20,32], k: bf16[1,2,20,32], v: bf16[1,2,20,32], mask: bf16[1,1,20,20], scale=0.2",
     "x: f32[1,4,12,16], k: f32[1,2,12,16], v: f32[1,2,12,16], mask: f32[1,1,12,12], enable_gqa=True, scale=0.25, "
     "softcap=50.0, composite=True",
+    "x: bf16[1,4,100,16], k: bf16[1,2,100,16], v: bf16[1,2,100,16], causal=True, window=7, enable_gqa=True, "
+    "scale=0.25, composite=True",
 ]
+WINDOWED = SIGS[3]
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +275,37 @@ def test_the_cpu_family_is_verified_by_the_evaluator(evaluator, text):
     r = evaluator.evaluate(instantiate("attention", "cpu", "online", {}, h.signature), h)
     assert r.verdict.ok, r.verdict.detail
     assert r.verdict.reason == "ok"
+
+
+@pytest.mark.parametrize("blocks", [{"block_m": 4, "block_n": 32}, {"block_m": 16, "block_n": 32}])
+def test_a_sliding_window_skips_whole_tiles_and_still_verifies(evaluator, blocks):
+    """Query blocks past the window start at their first row's first key (tiles before it never read) and a
+    tile straddling the window's edge is cut per row: both verified against the float64 reference."""
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", WINDOWED)
+    r = evaluator.evaluate(instantiate("attention", "cpu", "online", blocks, h.signature), h)
+    assert r.verdict.ok and r.verdict.reason == "ok", r.verdict.detail
+
+
+@pytest.mark.parametrize("cut", [("const long long lo = (windowed &&", "const long long lo = (0 &&"),
+                                 ("const long long kv_begin = (windowed &&", "const long long kv_begin = (0 &&")])
+def test_a_kernel_that_ignores_the_window_is_rejected_as_a_mismatch(evaluator, cut):
+    """Dropping the window's cut per row is wrong everywhere past the window; dropping only the skipped
+    leading tiles keeps the per-row cut, so that one is the same computation (and must verify)."""
+    from forge_pack.core.candidate import Candidate
+    from forge_pack.search.templates_proposer import instantiate
+
+    h = hotspot("attention", WINDOWED)
+    good = instantiate("attention", "cpu", "online", {"block_m": 8, "block_n": 32}, h.signature)
+    source = good.source.replace(*cut)
+    assert source != good.source
+    bad = Candidate(good.op, good.backend, source, good.spec, good.family, dict(good.params), "user")
+    r = evaluator.evaluate(bad, h)
+    if "lo =" in cut[0]:
+        assert not r.verdict.ok and r.verdict.reason == "mismatch", r.verdict
+    else:
+        assert r.verdict.ok, r.verdict.detail
 
 
 def test_a_kernel_without_the_causal_mask_is_rejected_as_a_mismatch(evaluator):
@@ -340,6 +401,10 @@ def _cuda_compiler() -> bool:
     ("x: bf16[1,8,128,256], k: bf16[1,4,128,256], v: bf16[1,4,128,256], mask: bf16[1,1,128,128], enable_gqa=True, "
      "scale=0.0625, softcap=50.0, composite=True", {}),
     ("x: bf16[1,1,1030,512], k: bf16[1,1,1030,512], v: bf16[1,1,1030,512], scale=0.044", {}),
+    ("x: bf16[1,16,300,128], k: bf16[1,8,300,128], v: bf16[1,8,300,128], causal=True, window=96, enable_gqa=True, "
+     "scale=0.088, composite=True", {}),
+    ("x: bf16[1,16,300,256], k: bf16[1,8,300,256], v: bf16[1,8,300,256], causal=True, window=96, enable_gqa=True, "
+     "scale=0.0625, softcap=30.0, composite=True", {}),
 ])
 def test_the_cuda_family_compiles_for_sm90_without_spills(tmp_path, text, knobs):
     from forge_pack.evaluate.compile import compile_candidate

@@ -2,7 +2,8 @@
 
 CUDA `flash` (templates/kernels/cuda/attention_flash.cu): FlashAttention-2 style forward on
 tensor cores (mma.sync m16n8k16, bf16/fp16 in, fp32 accumulate), K/V tiles through shared memory
-with cp.async, online softmax, causal tiles skipped, the mask tile read in the accumulator layout,
+with cp.async, online softmax, causal tiles (and those before a sliding window) skipped, the mask tile
+read in the accumulator layout,
 GQA by head index. head_dim is a compile-time constant (64, 128, 256, 512 or any multiple of 16
 up to 512). CPU `online` (templates/kernels/cpu/attention_online.cpp): query blocks in parallel,
 each over fp32 key/value tiles with an online softmax, for every dtype.
@@ -19,7 +20,8 @@ OPS = ("attention",)
 
 # The kernel's parameters, in order (both backends): tensors, sizes, every stride, then the scalars.
 ARGS = ["x", "k", "v", "mask", "out", "B", "H", "L", "S", "D", "G", "q_sb", "q_sh", "q_sl", "k_sb", "k_sh", "k_sl",
-        "v_sb", "v_sh", "v_sl", "o_sb", "o_sh", "o_sl", "m_sb", "m_sh", "m_sl", "causal", "scale", "softcap"]
+        "v_sb", "v_sh", "v_sl", "o_sb", "o_sh", "o_sl", "m_sb", "m_sh", "m_sl", "causal", "window", "scale",
+        "softcap"]
 
 BLOCK_M = Knob("block_m", (64, 128), "query rows per block (16 per warp: 4 or 8 warps)")
 BLOCK_N = Knob("block_n", (32, 64, 128), "keys per shared-memory tile")
@@ -37,6 +39,11 @@ STRIDE_ALIGN = 8  # elements: cp.async moves 16 bytes, so every row of q, k, v s
 
 def _masked_zero(sig: Signature) -> int:
     return int(not sig.param("composite"))  # SDPA: an all -inf row is 0; the eager composite: NaN
+
+
+def _windowed(sig: Signature) -> bool:
+    """A causal sliding window (the window's code compiled in only then: it costs registers)."""
+    return bool(sig.param("causal") and sig.param("window"))
 
 
 def _aligned(sig: Signature) -> list[str]:
@@ -84,7 +91,7 @@ def _flash_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     warps = p["block_m"] // 16
     defines = {"HEAD_DIM": d, "BLOCK_M": p["block_m"], "BLOCK_N": p["block_n"], "WARPS": warps,
                "STAGES": p["stages"], "O_SPLIT": p["o_split"], "MASKED_ZERO": _masked_zero(sig),
-               "IS_BF16": int(sig.x.dtype == "bfloat16"), "LDMATRIX": p["ldmatrix"]}
+               "IS_BF16": int(sig.x.dtype == "bfloat16"), "LDMATRIX": p["ldmatrix"], "WINDOWED": int(_windowed(sig))}
     k = launch("attention_flash", ARGS, [f"ceil_div(L, {p['block_m']})", f"H * {p['o_split']}", "B"],
                [warps * 32], smem)
     return Built({**p, "warps": warps, "smem": smem}, defines, spec([k], requires=_aligned(sig) + [f"D == {d}"]))

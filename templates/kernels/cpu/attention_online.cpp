@@ -2,7 +2,8 @@
 // online softmax. OpenMP over (batch, head, block of BLOCK_M query rows); each task converts a tile
 // of BLOCK_N keys and values to fp32 once and runs every query row of its block over it, so the
 // tile is read from memory once per BLOCK_M rows. Logits, softmax and accumulation in fp32.
-// Causal is top-left aligned (key j visible to query row i when j <= i), as SDPA's is_causal.
+// Causal is top-left aligned (key j visible to query row i when j <= i), as SDPA's is_causal; a sliding
+// window W (causal, window > 0) also hides key j from row i when j <= i - W.
 // A row whose logits are all -inf: 0 when MASKED_ZERO (SDPA's safe softmax), else NaN (softmax's).
 //{{PARAMS}}
 //{{INCLUDE _cpu_prelude.h}}
@@ -20,7 +21,7 @@ extern "C" void attention_online(const T_X* q, const T_K* k, const T_V* v, const
                                  long long q_sb, long long q_sh, long long q_sl, long long k_sb, long long k_sh,
                                  long long k_sl, long long v_sb, long long v_sh, long long v_sl, long long o_sb,
                                  long long o_sh, long long o_sl, long long m_sb, long long m_sh, long long m_sl,
-                                 long long causal, float scale, float softcap) {
+                                 long long causal, long long window, float scale, float softcap) {
   const long long mblocks = (L + BLOCK_M - 1) / BLOCK_M;
   const long long tasks = B * H * mblocks;
 #pragma omp parallel
@@ -40,9 +41,12 @@ extern "C" void attention_online(const T_X* q, const T_K* k, const T_V* v, const
         mrow[r] = -INFINITY;
         lrow[r] = 0.0f;
       }
-      // keys past the block's last row are invisible to every row of it under causal
+      // keys past the block's last row are invisible to every row of it under causal, and with a window
+      // so are the keys before its first row's window
+      const bool windowed = causal && window > 0;
       const long long kv_end = causal ? ((r0 + rows) < S ? (r0 + rows) : S) : S;
-      for (long long n0 = 0; n0 < kv_end; n0 += BLOCK_N) {
+      const long long kv_begin = (windowed && r0 - window + 1 > 0) ? r0 - window + 1 : 0;
+      for (long long n0 = kv_begin; n0 < kv_end; n0 += BLOCK_N) {
         const long long cols = (kv_end - n0) < BLOCK_N ? (kv_end - n0) : BLOCK_N;
         for (long long j = 0; j < cols; ++j) {
           const T_K* kr = k + b * k_sb + hk * k_sh + (n0 + j) * k_sl;
@@ -54,10 +58,12 @@ extern "C" void attention_online(const T_X* q, const T_K* k, const T_V* v, const
           const long long i = r0 + r;
           long long live = cols;
           if (causal) live = (i - n0 + 1) < cols ? (i - n0 + 1) : cols;
-          if (live <= 0) continue;
+          // the first key of the tile row i sees: i - window + 1 under a window
+          const long long lo = (windowed && i - window + 1 > n0) ? i - window + 1 - n0 : 0;
+          if (live <= lo) continue;
           const T_MASK* mr = HAS_MASK ? mask + b * m_sb + h * m_sh + i * m_sl + n0 : nullptr;
           float tmax = -INFINITY;
-          for (long long j = 0; j < live; ++j) {
+          for (long long j = lo; j < live; ++j) {
             float s = att_dot(&qf[r * D], &kt[j * D], D) * scale;
             if (softcap > 0.0f) s = std::tanh(s / softcap) * softcap;
             if (HAS_MASK) s += to_float(mr[j]);
@@ -71,7 +77,7 @@ extern "C" void attention_online(const T_X* q, const T_K* k, const T_V* v, const
 #pragma omp simd
           for (long long d = 0; d < D; ++d) a[d] *= alpha;
           float l = lrow[r] * alpha;
-          for (long long j = 0; j < live; ++j) {
+          for (long long j = lo; j < live; ++j) {
             const float p = FP_EXP(sc[j] - m_new);
             l += p;
             const float* vj = &vt[j * D];

@@ -10,7 +10,8 @@
 // B fragments by ldmatrix.trans where LDMATRIX >= 1, else by 16-bit shared loads; Q's and K's
 // fragments by ldmatrix where LDMATRIX is 2, else by 32-bit shared loads).
 // Causal (top-left aligned: key j visible to row i when j <= i) stops at the block's last row and
-// skips the tiles a warp cannot see. GQA: query head h reads key/value head h / G.
+// skips the tiles a warp cannot see; a sliding window W (causal, window > 0: key j also hidden from row i
+// when j <= i - W) starts at the block's first row's first key. GQA: query head h reads key/value head h / G.
 // A row with no live key writes 0 when MASKED_ZERO (SDPA), else NaN (softmax of an all -inf row).
 //{{PARAMS}}
 #include <cuda_fp16.h>
@@ -109,7 +110,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
                 long long S, long long D, long long G, long long q_sb, long long q_sh, long long q_sl,
                 long long k_sb, long long k_sh, long long k_sl, long long v_sb, long long v_sh, long long v_sl,
                 long long o_sb, long long o_sh, long long o_sl, long long m_sb, long long m_sh, long long m_sl,
-                long long causal, float scale, float softcap) {
+                long long causal, long long window, float scale, float softcap) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   h16* Qs = reinterpret_cast<h16*>(smem_raw);
   h16* Ks = Qs + BLOCK_M * LDQ;
@@ -127,16 +128,22 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
   const h16* kg = reinterpret_cast<const h16*>(k) + b * k_sb + hk * k_sh;
   const h16* vg = reinterpret_cast<const h16*>(v) + b * v_sb + hk * v_sh + dsl;
 
-  // keys past the block's last row are invisible to all of it under causal
+  // keys past the block's last row are invisible to all of it under causal; with a window, so are the
+  // keys before its first row's window: the block runs tiles first_tile .. last_tile - 1
+  const bool windowed = WINDOWED && causal && window > 0;  // WINDOWED 0: none of the window's code is compiled
   const long long kv_end = causal ? ((m0 + rows_here) < S ? (m0 + rows_here) : S) : S;
-  const int ntiles = (int)((kv_end + BLOCK_N - 1) / BLOCK_N);
+  const long long kv_begin = (windowed && m0 - window + 1 > 0) ? m0 - window + 1 : 0;
+  const int first_tile = (int)(kv_begin / BLOCK_N);
+  const int last_tile = (int)((kv_end + BLOCK_N - 1) / BLOCK_N);
+  const int ntiles = last_tile > first_tile ? last_tile - first_tile : 0;
 
   load_tile<HEAD_DIM, LDQ>(Qs, qg, q_sl, BLOCK_M, rows_here);
   cp_commit();
   if (ntiles > 0) {
-    const int valid = (int)((S < BLOCK_N) ? S : BLOCK_N);
-    load_tile<HEAD_DIM, LDQ>(Ks, kg, k_sl, BLOCK_N, valid);
-    load_tile<DO, LDV>(Vs, vg, v_sl, BLOCK_N, valid);
+    const long long n1 = (long long)first_tile * BLOCK_N;
+    const int valid = (int)((S - n1) < BLOCK_N ? (S - n1) : BLOCK_N);
+    load_tile<HEAD_DIM, LDQ>(Ks, kg + n1 * k_sl, k_sl, BLOCK_N, valid);
+    load_tile<DO, LDV>(Vs, vg + n1 * v_sl, v_sl, BLOCK_N, valid);
   }
   cp_commit();
 
@@ -151,7 +158,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
   for (int n = 0; n < ntiles; ++n) {
     const int st = STAGES > 1 ? (n & 1) : 0;
     if (STAGES > 1 && n + 1 < ntiles) {     // the next tile loads while this one is used
-      const long long n1 = (long long)(n + 1) * BLOCK_N;
+      const long long n1 = (long long)(first_tile + n + 1) * BLOCK_N;
       const int valid = (int)((S - n1) < BLOCK_N ? (S - n1) : BLOCK_N);
       load_tile<HEAD_DIM, LDQ>(Ks + (st ^ 1) * BLOCK_N * LDQ, kg + n1 * k_sl, k_sl, BLOCK_N, valid);
       load_tile<DO, LDV>(Vs + (st ^ 1) * BLOCK_N * LDV, vg + n1 * v_sl, v_sl, BLOCK_N, valid);
@@ -161,11 +168,13 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
       cp_wait<0>();
     }
     __syncthreads();
-    const long long n0 = (long long)n * BLOCK_N;
+    const long long n0 = (long long)(first_tile + n) * BLOCK_N;
     const h16* Kt = Ks + st * BLOCK_N * LDQ;
     const h16* Vt = Vs + st * BLOCK_N * LDV;
-    // a warp whose rows all precede the tile sees none of it (causal), nor one past the last row
-    const bool skip = (causal && n0 > m0 + wr + 15) || wr >= rows_here;
+    // a warp whose rows all precede the tile sees none of it (causal), nor one past the last row, nor one
+    // whose keys all precede its first row's window
+    const bool skip = (causal && n0 > m0 + wr + 15) || wr >= rows_here ||
+                      (windowed && n0 + BLOCK_N <= m0 + wr - window + 1);
     if (!skip) {
       float s[NTILE][4];
 #pragma unroll
@@ -213,7 +222,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
 #if HAS_MASK
           if (col < S && row < L) x += h2f(__ldg(reinterpret_cast<const h16*>(mask) + b * m_sb + h * m_sh + row * m_sl + col));
 #endif
-          if (col >= S || (causal && col > row)) x = NEG_INF;
+          if (col >= S || (causal && (col > row || (windowed && row - col >= window)))) x = NEG_INF;
           s[nt][e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
@@ -278,7 +287,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
     }
     __syncthreads();  // every warp is done with this stage before a later iteration refills it
     if (STAGES == 1 && n + 1 < ntiles) {
-      const long long n1 = (long long)(n + 1) * BLOCK_N;
+      const long long n1 = (long long)(first_tile + n + 1) * BLOCK_N;
       const int valid = (int)((S - n1) < BLOCK_N ? (S - n1) : BLOCK_N);
       load_tile<HEAD_DIM, LDQ>(Ks, kg + n1 * k_sl, k_sl, BLOCK_N, valid);
       load_tile<DO, LDV>(Vs, vg + n1 * v_sl, v_sl, BLOCK_N, valid);

@@ -10,6 +10,9 @@ the median of REPS timed calls. torch.compile uses mode="default" (max-autotune'
 alone would take minutes per shape and the region's softmax is Inductor's fused reduction either
 way). SDPA backends get k and v repeated to the query's heads outside the timed call where the
 shape is grouped-query, so every backend sees the same work whether or not it takes enable_gqa.
+A sliding-window shape (Gemma's sliding layers) gives the SDPA backends the window's additive mask (none
+computes a window; flash takes no mask) and our kernel the window as its parameter (an eager chain's
+signature: ``composite``, output [B, L, H, D]).
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from forge_pack.targets.attention import eager_attention
 
 PEAK_TFLOPS = 989.0  # H200 dense bf16 tensor-core peak
 REPS = 20
-# (name, B, H, HKV, L, S, D, causal, mask) with mask "none" or "additive" ([B, 1, L, S], as HF builds it)
+# (name, B, H, HKV, L, S, D, causal, mask) with mask "none", "additive" ([B, 1, L, S], as HF builds it) or
+# "window:W" (causal within a sliding window of W keys: transformers' sliding-window mask)
 SHAPES = [
     ("gemma_prefill_hd256_gqa", 1, 8, 4, 2048, 2048, 256, True, "none"),
     ("llama_prefill_hd128", 2, 16, 16, 2048, 2048, 128, True, "none"),
     ("vae_midblock_hd512", 1, 1, 1, 16384, 16384, 512, False, "none"),
     ("unseen_gqa_hd128_mask", 3, 12, 4, 1536, 1536, 128, False, "additive"),
+    ("gemma_sliding_hd256_w512", 1, 8, 1, 2048, 2048, 256, True, "window:512"),
 ]
 SWEEP = {"block_m": (64, 128), "block_n": (32, 64, 128), "stages": (1, 2), "o_split": (1, 2, 4),
          "ldmatrix": (1, 2)}  # 0 (plain shared loads) is the fallback the GPU tests cover
@@ -71,8 +76,12 @@ def _time(fn, flush) -> float:
     return times[len(times) // 2]
 
 
-def _flops(b, h, l_, s, d, causal) -> float:
-    pairs = sum(min(i + 1, s) for i in range(l_)) if causal else l_ * s
+def _window(mask_kind: str) -> int:
+    return int(mask_kind.split(":")[1]) if mask_kind.startswith("window:") else 0
+
+
+def _flops(b, h, l_, s, d, causal, window=0) -> float:
+    pairs = sum(min(i + 1, s, window or s) for i in range(l_)) if causal else l_ * s
     return 4.0 * b * h * pairs * d
 
 
@@ -82,6 +91,12 @@ def _inputs(b, h, hkv, l_, s, d, causal, mask_kind):
     k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
     mask = None
+    if _window(mask_kind):  # what SDPA is given: the window's additive mask, causal part included
+        i = torch.arange(l_, device="cuda")[:, None]
+        j = torch.arange(s, device="cuda")[None, :]
+        hidden = (j > i) | (i - j >= _window(mask_kind))
+        mask = torch.zeros(l_, s, device="cuda", dtype=torch.bfloat16).masked_fill(
+            hidden, torch.finfo(torch.bfloat16).min)[None, None]
     if mask_kind == "additive":  # a padding mask: the last keys of each batch hidden, finfo.min as HF writes it
         mask = torch.zeros(b, 1, l_, s, device="cuda", dtype=torch.bfloat16)
         for i in range(b):
@@ -89,19 +104,30 @@ def _inputs(b, h, hkv, l_, s, d, causal, mask_kind):
     return q, k, v, mask
 
 
-def _eager_mask(l_, s, causal, mask):
-    """The additive mask the eager region adds: HF's causal mask of finfo.min where causal."""
-    if not causal:
+def _eager_mask(l_, s, causal, mask, window=0):
+    """The additive mask the eager region adds: HF's causal mask of finfo.min where causal (the window's
+    mask, causal part included, where there is one)."""
+    if not causal or window:
         return mask
     return torch.full((l_, s), torch.finfo(torch.bfloat16).min, device="cuda", dtype=torch.bfloat16).triu(1)[None, None]
 
 
-def _ours(q, k, v, mask, causal, scale):
-    """(label, callable, out, params) of every valid knob setting of the flash family."""
-    call = {"attn_mask": mask, "is_causal": causal, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
-    tensors, params = ops.normalize_call("attention", "F", (q, k, v), call)
-    out = torch.empty_like(q)
-    sig = ops.make_signature("attention", tensors, params, out)
+def _ours(q, k, v, mask, causal, scale, window=0):
+    """(label, callable, out [B, H, L, D], params) of every valid knob setting of the flash family. With a
+    window: the eager chain's signature (causal, window, composite; no mask), its output [B, L, H, D]
+    (returned as a [B, H, L, D] view)."""
+    if window:
+        call = {"attn_mask": None, "is_causal": True, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+        tensors, params = ops.normalize_call("attention", "F", (q, k, v), call)
+        params = {**params, "window": window, "composite": True}
+        out_blhd = torch.empty(q.shape[0], q.shape[2], q.shape[1], q.shape[3], device=q.device, dtype=q.dtype)
+        sig, out, written = (ops.make_signature("attention", tensors, params, out_blhd), out_blhd.transpose(1, 2),
+                             out_blhd)
+    else:
+        call = {"attn_mask": mask, "is_causal": causal, "scale": scale, "enable_gqa": q.shape[1] != k.shape[1]}
+        tensors, params = ops.normalize_call("attention", "F", (q, k, v), call)
+        out = written = torch.empty_like(q)
+        sig = ops.make_signature("attention", tensors, params, out)
     seen = set()
     # stages 1 only where two stages' shared memory crowds the head_dim 512 plans
     sweep = {**SWEEP, "o_split": _o_splits(q.shape[-1]), "stages": (1, 2) if q.shape[-1] > 256 else (2,)}
@@ -119,7 +145,7 @@ def _ours(q, k, v, mask, causal, scale):
             yield str(knobs), None, build.log[-400:], cand.params
             continue
         module = load_module("cuda", build.path, [l.name for l in cand.spec.kernels])
-        run = module.bind(plan(cand.spec, sig), {**tensors, "out": out})
+        run = module.bind(plan(cand.spec, sig), {**tensors, "out": written})
         yield (",".join(f"{k}={v}" for k, v in knobs.items()), run, out,
                {**cand.params, **build.resources.get("attention_flash", {})})
 
@@ -148,8 +174,9 @@ def main() -> None:
     for name, b, h, hkv, l_, s, d, causal, mask_kind in SHAPES:
         q, k, v, mask = _inputs(b, h, hkv, l_, s, d, causal, mask_kind)
         scale = 1.0 / math.sqrt(d)
-        flops = _flops(b, h, l_, s, d, causal)
-        emask = _eager_mask(l_, s, causal, mask)
+        window = _window(mask_kind)
+        flops = _flops(b, h, l_, s, d, causal, window)
+        emask = _eager_mask(l_, s, causal, mask, window)
         row = {"shape": name, "B": b, "H": h, "HKV": hkv, "L": l_, "S": s, "D": d, "causal": causal,
                "mask": mask_kind, "gflop": flops / 1e9, "times_us": {}, "errors": {}, "ours": []}
 
@@ -166,13 +193,13 @@ def main() -> None:
             row["times_us"]["torch.compile"] = _time(lambda: compiled(q, k, v, emask), flush)
             for backend in ("flash", "efficient", "cudnn", "math"):
                 try:
-                    fn = _sdpa(q, k, v, mask, causal, scale, backend)
+                    fn = _sdpa(q, k, v, mask, causal and not window, scale, backend)
                     row["times_us"][f"sdpa_{backend}"] = _time(fn, flush)
                 except Exception as e:  # noqa: BLE001 - a backend that refuses the shape: recorded, not fatal
                     row["times_us"][f"sdpa_{backend}"] = None
                     row["errors"][f"sdpa_{backend}"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
                 torch.cuda.empty_cache()
-            for label, run, out, info in _ours(q, k, v, mask, causal, scale):
+            for label, run, out, info in _ours(q, k, v, mask, causal, scale, window):
                 if run is None:
                     row["ours"].append({"knobs": label, "error": out})
                     continue

@@ -6,8 +6,11 @@ Per architecture: a causal LM built from a tiny configuration (random weights, 2
 over 2 key/value heads where the architecture has GQA, bf16, `attn_implementation="eager"`), one
 prompt of 32 tokens, captured as forge-pack captures a model (`graph.capture`). Recorded: the capture
 route, how many attention chains `find_attention_chains` found (one per layer is every layer), their
-pattern, scale and soft cap, and `attention_chain.check`'s verdict (the chain's own subgraph in float64
-against the attention reference). A coverage survey, not a timing: the sizes do not matter.
+pattern, scale and soft cap, `attention_chain.check`'s verdict (the chain's own subgraph in float64
+against the attention reference), and the kernels the hotspots ask for (`attention_hotspots`, from the
+masks the run gave): causal, a sliding window of W (the architectures with one get a window of 16, below
+the prompt), or the mask read, with their instance counts. A coverage survey, not a timing: the sizes do
+not matter.
 Writes OUT_BASE.{json,md} (default bench/results/attention_chains).
 """
 
@@ -27,12 +30,14 @@ def cases(tf) -> dict:
     return {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM, {**COMMON, **GQA}),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM, {**COMMON, **GQA, "sliding_window": None}),
+        "mistral_sliding": (tf.MistralConfig, tf.MistralForCausalLM, {**COMMON, **GQA, "sliding_window": 16}),
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM, {**COMMON, **GQA, "num_local_experts": 4}),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, {**COMMON, **GQA}),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM, {**COMMON, **GQA, "head_dim": 16}),
         "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
                    {**COMMON, **GQA, "head_dim": 16, "attn_logit_softcapping": 50.0, "sliding_window": 16}),
-        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, {**COMMON, **GQA, "head_dim": 16, "sliding_window": 16}),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM, {**COMMON, **GQA, "head_dim": 16, "sliding_window": 16,
+                                                               "layer_types": ["sliding_attention", "full_attention"]}),
         "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM, {**COMMON, **GQA}),
         "gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel, dict(n_embd=64, n_layer=2, n_head=4, vocab_size=128, n_positions=128)),
     }
@@ -41,7 +46,10 @@ def cases(tf) -> dict:
 def survey_one(tf, name: str, config_cls, model_cls, kwargs: dict) -> dict:
     import torch
 
+    import tempfile
+
     from forge_pack.graph.attention_chain import check, find_attention_chains
+    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
     from forge_pack.graph.capture import capture
 
     class Prefill(torch.nn.Module):
@@ -61,6 +69,11 @@ def survey_one(tf, name: str, config_cls, model_cls, kwargs: dict) -> dict:
         row.update(route=graph.route, chains=len(chains),
                    found=[{"pattern": c.region.pattern, "scale": c.scale, "softcap": c.softcap,
                            "signature": c.signature().pretty(), "check": check(c) or "ok"} for c in chains])
+        with tempfile.TemporaryDirectory() as run_dir:
+            hs = attention_hotspots(chains, graph.run(keep=keep_names(chains)), run_dir)
+        row["kernels"] = [{"causal": bool(h.signature.param("causal")), "window": h.signature.param("window", 0),
+                           "reads_mask": h.signature.input("mask") is not None,
+                           "instances": int(h.calls_per_forward), "skipped": h.unsupported} for h in hs]
     except Exception as e:  # noqa: BLE001 - a row per architecture, whatever happens
         row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
     return row
@@ -78,16 +91,19 @@ def main() -> None:
     lines = ["# Eager attention of transformers architectures as forge-pack attention regions", "",
              f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, transformers {tf.__version__}; "
              "tiny configurations (2 layers, random weights), bf16, eager attention, 32 tokens.", "",
-             "| model | route | chains (of 2 layers) | pattern | scale | soft cap | check |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | route | chains (of 2 layers) | pattern | scale | soft cap | check | kernels (instances) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | - | - | error: {r['error'][:120]} | | | |")
+            lines.append(f"| {r['model']} | - | - | error: {r['error'][:120]} | | | | |")
             continue
         f = r["found"][0] if r["found"] else {}
         checks = sorted({x["check"] for x in r["found"]}) or ["-"]
+        kernels = ", ".join(
+            ("mask read" if k["reads_mask"] else f"causal, window {k['window']}" if k["window"] else "causal")
+            + f" ({k['instances']})" + (f" skipped: {k['skipped']}" if k["skipped"] else "") for k in r["kernels"])
         lines.append(f"| {r['model']} | {r['route']} | {r['chains']} | {f.get('pattern', '-')} | "
-                     f"{f.get('scale', '-')} | {f.get('softcap') or '-'} | {'; '.join(checks)} |")
+                     f"{f.get('scale', '-')} | {f.get('softcap') or '-'} | {'; '.join(checks)} | {kernels or '-'} |")
     write(base, doc, "\n".join(lines) + "\n")
 
 

@@ -584,34 +584,88 @@ def test_the_eager_baseline_of_a_computed_causal_mask_masks_as_the_model_does(bl
     assert (unmasked - ref).abs().max() > 0.1
 
 
-def test_the_kernel_computes_the_mask_only_when_every_instance_has_the_causal_one(tmp_path):
-    """Three layers of one form: all causal gives the causal kernel; one layer with another mask (a sliding
-    window, say) keeps the mask-reading kernel for all of them. Every instance's mask is kept by the run."""
+class _Layers(nn.Module):
+    """Layers of one attention form, each building its mask from aranges as a model's layer types do: "causal",
+    "window" (sliding, 4 keys) or "padded" (causal with the first key hidden: no causal pattern)."""
+
+    def __init__(self, kinds: tuple[str, ...]):
+        super().__init__()
+        self.att, self.kinds = _MaskedAttention(), kinds
+
+    def forward(self, q, k, v):
+        s, low = q.shape[2], torch.finfo(q.dtype).min
+        i, j = torch.arange(s)[:, None], torch.arange(s)[None, :]
+        masks = {"causal": torch.zeros(s, s, dtype=q.dtype).masked_fill(j > i, low)}
+        masks["window"] = masks["causal"].masked_fill(i - j >= 4, low)
+        masks["padded"] = masks["causal"].masked_fill(j == 0, low)
+        return sum(self.att(q, k, v, masks[kind][None, None]).float() for kind in self.kinds)
+
+
+def _layer_hotspots(kinds, tmp_path):
     from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
 
-    class Layers(nn.Module):
-        def __init__(self, window: bool):
-            super().__init__()
-            self.att, self.window = _MaskedAttention(), window
-
-        def forward(self, q, k, v):
-            s, low = q.shape[2], torch.finfo(q.dtype).min
-            outs = []
-            for layer in range(3):  # each layer builds its own mask, as a model's layer types do
-                mask = torch.full((s, s), low, dtype=q.dtype).triu(1)
-                if self.window and layer == 2:
-                    mask = mask.masked_fill(torch.ones(s, s, dtype=torch.bool).tril(-4), low)
-                outs.append(self.att(q, k, v, mask[None, None]))
-            return sum(o.float() for o in outs)
-
     q, k, v, _ = _masked_inputs()
-    for window, want in ((False, True), (True, False)):
-        graph = capture(Layers(window).eval(), (q, k, v), profile=False, routes=("export",))
-        chains = find_attention_chains(graph)
-        assert len(chains) == 3 and len({c.region.key for c in chains}) == 1
-        values = graph.run(keep=keep_names(chains))
-        (h,) = attention_hotspots(chains, values, tmp_path)
-        assert h.signature.param("causal") is want and (h.signature.input("mask") is None) is want
+    graph = capture(_Layers(kinds).eval(), (q, k, v), profile=False, routes=("export",))
+    chains = find_attention_chains(graph)
+    assert len(chains) == len(kinds) and len({c.region.key for c in chains}) == 1
+    return chains, attention_hotspots(chains, graph.run(keep=keep_names(chains)), tmp_path)
+
+
+@pytest.mark.parametrize("kinds, want", [
+    (("causal",) * 3, [(True, 0, 3)]),
+    (("window",) * 3, [(True, 4, 3)]),
+    # one form, two layer types (Gemma 3's sliding and full layers): a hotspot per pattern
+    (("window", "causal", "window"), [(True, 4, 2), (True, 0, 1)]),
+    # a layer whose mask is no causal pattern: the mask-reading kernel for it, listed last
+    (("causal", "padded", "window", "causal"), [(True, 0, 2), (True, 4, 1), (False, 0, 1)]),
+])
+def test_each_mask_pattern_of_a_form_gets_its_own_kernel(tmp_path, kinds, want):
+    """(causal, window, instances) per hotspot: the kernel computes a mask only for the instances whose captured
+    mask is that pattern (every instance's mask is kept by the run); the others read theirs."""
+    _, hs = _layer_hotspots(kinds, tmp_path)
+    got = [(h.signature.param("causal"), h.signature.param("window", 0), int(h.calls_per_forward)) for h in hs]
+    assert got == want
+    for h, (causal, _, _) in zip(hs, want):
+        assert (h.signature.input("mask") is None) is causal and h.unsupported == "" and h.captures
+    assert len({h.signature.key() for h in hs}) == len(hs) and len({c for h in hs for c in h.captures}) == sum(
+        len(h.captures) for h in hs)  # distinct targets, and capture files that do not overwrite each other
+
+
+def test_a_forms_causal_regions_are_tried_first_and_the_mask_reading_one_takes_the_rest(base_doc, tmp_path):
+    """Compile mode with the three regions of one form: each causal region swaps the layers whose mask it proves
+    its own pattern, the mask-reading region the remaining layer, with no warning (every match was taken)."""
+    import warnings
+
+    kinds = ("causal", "padded", "window", "causal")
+    chains, hs = _layer_hotspots(kinds, tmp_path)
+    entries = [dict(packager._attention_entry(h, "x::y")["region"], id=f"t{n}") for n, h in enumerate(hs)]
+    doc = copy.deepcopy(base_doc)
+    doc.pop("integrity", None)
+    doc["targets"] = []
+    regions = []
+    for e, h in zip(entries, hs):
+        c = dataclasses.replace(chains[0], causal_mask=h.signature.param("causal"),
+                                window=h.signature.param("window", 0))
+        regions.append({"id": e["id"], "name": e["name"], "form": e["form"], "op": _attention_op(c),
+                        "output": e["output"], "args": e["args"],
+                        **{k: e[k] for k in ("causal_mask", "window") if k in e},
+                        "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
+    # the packer's order, whatever order the hotspots came in: causal regions first
+    doc["regions"] = packager._compile_regions([{"id": r["id"], "region": {**r, "entry": r["op"]}} for r in
+                                                reversed(regions)])
+    for r, full in zip(doc["regions"], [next(x for x in regions if x["id"] == r["id"]) for r in doc["regions"]]):
+        r.update(op=full["op"], compile=full["compile"])
+    assert "causal_mask" not in doc["regions"][-1]
+    model = _Layers(kinds).eval()
+    inputs = _masked_inputs()[:3]
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "att_region_pkg", lambda: None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got, _ = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"t0": 2, "t1": 1, "t2": 1}
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
 def test_a_causal_reading_that_fails_its_check_falls_back_to_reading_the_mask(tmp_path, monkeypatch):

@@ -12,7 +12,10 @@ kernel in for the chain: the form, its key and the form inputs' order in the op'
 The captured inputs are the chain's real q, k, v and mask, with the chain's own output. A chain whose
 mask is the causal one in every instance the run captured, with one sliding window or none, is searched as
 causal attention without a mask (``AttentionChain.causal_mask``, ``window``): the kernel skips the masked tiles
-and reads no mask.
+and reads no mask. Where the layers of one form have different masks (Gemma 3's sliding and full layers,
+of equal shapes), the form gives one hotspot per mask pattern: the sliding layers' (windowed), the full
+layers' (causal), and one reading the mask for any other. Compile mode tries a form's causal regions
+first, each only where it proves the mask its own, and the mask-reading one takes what is left.
 """
 
 from __future__ import annotations
@@ -31,18 +34,24 @@ from forge_pack.profile.capture import save_capture
 CAPTURES_PER_CHAIN = 2  # real input sets per chain form, as for op and region hotspots
 
 
+def _mask_name(c: AttentionChain) -> str | None:
+    return c.region.inputs[c.roles.index("mask")] if "mask" in c.roles else None
+
+
 def keep_names(chains: list[AttentionChain]) -> set[str]:
-    """Graph values a run must keep to capture the first instances of each form, and every instance's mask
-    (whether the kernel may compute it is decided over all of them; layers usually share one mask)."""
-    seen: dict[str, int] = {}
+    """Graph values a run must keep to capture the first instances of each form and mask (layers of one
+    mask share its pattern, and each pattern may become a hotspot of its own), and every instance's mask
+    (whether the kernel may compute it is decided over all of them)."""
+    seen: dict[tuple, int] = {}
     names: set[str] = set()
     for c in chains:
-        i = seen.get(c.region.key, 0)
+        key = (c.region.key, _mask_name(c))
+        i = seen.get(key, 0)
         if i < CAPTURES_PER_CHAIN:
             names |= {*c.region.inputs, c.region.nodes[-1]}
         if "mask" in c.roles:
-            names.add(c.region.inputs[c.roles.index("mask")])
-        seen[c.region.key] = i + 1
+            names.add(_mask_name(c))
+        seen[key] = i + 1
     return names
 
 
@@ -51,17 +60,11 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
     """One hotspot per chain form (values: the graph's values by node name)."""
     from forge_pack.targets import registry
 
-    groups: dict[str, list[AttentionChain]] = {}
+    forms: dict[str, list[AttentionChain]] = {}
     for c in chains:
-        groups.setdefault(c.region.key, []).append(c)
+        forms.setdefault(c.region.key, []).append(c)
     out = []
-    for group in groups.values():
-        why = None
-        window = _causal_window(group, values)
-        if window is not None:
-            causal = [dataclasses.replace(c, causal_mask=True, window=window) for c in group]
-            if check(causal[0]) is None:  # else the kernel reads the mask, as it would for any other
-                group, why = causal, ""  # checked: the float64 check is a whole attention, not run twice
+    for group, why in (part for form in forms.values() for part in _by_mask(form, values)):
         first = group[0]
         sig = first.signature()
         if why is None:
@@ -82,7 +85,7 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
             size = sum(t.numel() * t.element_size() for t in (*tensors.values(), res))
             if size > capture_bytes:
                 break
-            rel = f"inputs/{c.name}_{len(captures)}.safetensors"
+            rel = f"inputs/{c.name}{_pattern_suffix(first)}_{len(captures)}.safetensors"
             capture_bytes -= save_capture(Path(run_dir) / rel, sig, tensors, res)
             captures.append(rel)
         total = sum(c.region.time_us for c in group)
@@ -102,17 +105,33 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
     return out
 
 
-def _causal_window(group: list[AttentionChain], values: dict) -> int | None:
-    """The sliding window (0: none) of the causal mask the kernel computes for the chains, or None where it
-    reads the mask: every instance's mask, as the graph run gave it, must be the causal one with the same
-    window. Only a choice of kernel: compile mode swaps a chain in only where it proves its mask a constant of
-    that pattern in the compiled graph, and leaves the others to Inductor."""
-    if "mask" not in group[0].roles:
-        return None
-    windows = set()
-    for c in group:
-        mask = values.get(c.region.inputs[c.roles.index("mask")])
-        windows.add(causal_window(mask) if isinstance(mask, torch.Tensor) else None)
-        if None in windows or len(windows) > 1:
-            return None
-    return windows.pop()
+def _pattern_suffix(c: AttentionChain) -> str:
+    """Tells the capture files of one form's mask patterns apart."""
+    return ("_causal" + (f"_w{c.window}" if c.window else "")) if c.causal_mask else ""
+
+
+def _by_mask(form: list[AttentionChain], values: dict) -> list[tuple[list[AttentionChain], str | None]]:
+    """A form's instances split by the pattern of their mask, as (chains, why) with why "" where the float64
+    check already passed (None: still to run): one part per causal pattern (``region_match.causal_window``: the
+    causal mask, or a sliding window of W), the chains read as causal attention with that window, and last one
+    part reading the mask, for the instances whose mask is no causal pattern (or whose causal reading fails
+    the check). Which kernel a part gets is only a choice: compile mode swaps a causal part's kernel in only
+    where it proves the mask a constant of that pattern in the compiled graph; the mask-reading kernel is right
+    for any mask."""
+    if "mask" not in form[0].roles:
+        return [(form, None)]
+    patterns: dict[int | None, list[AttentionChain]] = {}
+    for c in form:
+        mask = values.get(_mask_name(c))
+        patterns.setdefault(causal_window(mask) if isinstance(mask, torch.Tensor) else None, []).append(c)
+    parts: list[tuple[list[AttentionChain], str | None]] = []
+    reading = patterns.pop(None, [])
+    for window, chains in patterns.items():
+        causal = [dataclasses.replace(c, causal_mask=True, window=window) for c in chains]
+        if check(causal[0]) is None:  # checked: the float64 check is a whole attention, not run twice
+            parts.append((causal, ""))
+        else:  # the kernel reads the mask, as it would for any other
+            reading += chains
+    if reading:
+        parts.append((sorted(reading, key=form.index), None))
+    return parts

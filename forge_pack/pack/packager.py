@@ -489,8 +489,10 @@ def _compile_regions(targets: list[dict]) -> list[dict]:
                 "output": t["region"]["output"],
                 **{k: t["region"][k] for k in ("args", "causal_mask", "window") if k in t["region"]}}
                for t in targets if t.get("region")]
-    # an attention chain holds a softmax region: tried first, or that region's swap would break the chain's match
-    return sorted(entries, key=lambda e: "args" not in e)
+    # an attention chain holds a softmax region: tried first, or that region's swap would break the chain's match;
+    # of one form's attention regions, those computing a causal mask (each swapped only where its mask is proven
+    # that one) before the one reading the mask, which is right for any mask and takes the matches left
+    return sorted(entries, key=lambda e: ("args" not in e, "causal_mask" not in e))
 
 
 def _attention_entry(hotspot, torch_op: str) -> dict:

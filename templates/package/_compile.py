@@ -245,6 +245,7 @@ class CompileMode:
         count = 0
         causal: dict = {}  # mask node -> its window as a proven constant causal mask, None: not one (the layers
         # of a model share a mask, or two: Gemma's sliding and full layers)
+        unproven: dict = {}  # a match's output -> the causal region that left it (a later region may take it)
         for r, respelled in ready:
             try:
                 found = match.find(graph, respelled)
@@ -258,9 +259,7 @@ class CompileMode:
                 if mask is not None and mask not in causal:
                     causal[mask] = match.constant_causal_window(graph, mask)
                 if mask is not None and causal[mask] != r.window:
-                    pattern = f"causal mask with a window of {r.window}" if r.window else "causal mask"
-                    self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant {pattern} "
-                                    "(its kernel computes that one)")
+                    unproven.setdefault(m.output, r)
                     continue
                 if r.args is not None:
                     m.inputs = [m.inputs[i] for i in r.args]
@@ -268,6 +267,12 @@ class CompileMode:
                 with self._lock:
                     self.matched[r.id] = self.matched.get(r.id, 0) + 1
                 count += 1
+        alive = set(graph.nodes)
+        for node, r in unproven.items():  # not taken by a later region of the form either (its other pattern)
+            if node in alive:
+                pattern = f"causal mask with a window of {r.window}" if r.window else "causal mask"
+                self._warn_once(f"region {r.id} is left to Inductor where its mask is not a constant {pattern} "
+                                "(its kernel computes that one)")
         if count:
             graph.lint()
         return count

@@ -91,12 +91,9 @@ def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, fo
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causal_mask(monkeypatch, base_doc,
-                                                                                          tmp_path):
-    """A prompt longer than Gemma 4's 512-key window: the sliding layer's captured mask is transformers'
-    sliding-window causal mask, so its hotspot is causal with window 512; the full layer's is plainly causal.
-    Compile mode proves each mask builder a constant of its own pattern and swaps both chains in, with the
-    same logits as eager."""
+def _gemma_windowed(monkeypatch, base_doc, tmp_path):
+    """Gemma 4 at a prompt longer than its 512-key window: (hotspots, compile mode with a region per hotspot
+    whose op computes HF's eager attention with the hotspot's causal pattern, model, inputs)."""
     from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
 
     monkeypatch.setenv("FORGE_BENCH_SEQ", "600")
@@ -105,12 +102,11 @@ def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causa
     chains = find_attention_chains(graph)
     assert len(chains) == 2
     hs = attention_hotspots(chains, graph.run(keep=keep_names(chains)), tmp_path)
-    windows = sorted((h.signature.param("causal"), h.signature.param("window", 0)) for h in hs)
-    assert windows == [(True, 0), (True, 512)] and all(h.signature.input("mask") is None for h in hs)
     doc = copy.deepcopy(base_doc)
     doc.pop("integrity", None)
     doc["targets"], doc["regions"] = [], []
-    lib = torch.library.Library("forge_hf_gemma_window", "DEF")
+    ns = f"forge_hf_gemma_window_{len(cf._LIBS)}"
+    lib = torch.library.Library(ns, "DEF")
     cf._LIBS.append(lib)
     for h, c in zip(hs, chains):
         c = dataclasses.replace(c, causal_mask=True, window=h.signature.param("window", 0))
@@ -119,13 +115,45 @@ def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causa
         lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
         fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
         lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
-        doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"forge_hf_gemma_window::{rid}",
+        doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"{ns}::{rid}",
                                "output": c.region.output_spec.to_json(), "args": c.abi_order(),
                                "causal_mask": c.mask_index(), **({"window": c.window} if c.window else {}),
                                "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
-    cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))
+    return hs, cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None)), model, inputs
+
+
+def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causal_mask(monkeypatch, base_doc,
+                                                                                          tmp_path):
+    """A prompt longer than Gemma 4's 512-key window: the sliding layer's captured mask is transformers'
+    sliding-window causal mask, so its hotspot is causal with window 512; the full layer's is plainly causal.
+    Compile mode proves each mask builder a constant of its own pattern and swaps both chains in, with the
+    same logits as eager."""
+    hs, cm, model, inputs = _gemma_windowed(monkeypatch, base_doc, tmp_path)
+    windows = sorted((h.signature.param("causal"), h.signature.param("window", 0)) for h in hs)
+    assert windows == [(True, 0), (True, 512)] and all(h.signature.input("mask") is None for h in hs)
     with torch.no_grad():
         ref = model(*inputs)
     got, _ = cf.aot_only(cm, model, *inputs)
     assert cm.report()["regions"] == {"a0": 1, "a1": 1}
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_the_pt2_export_holds_both_mask_computing_regions(monkeypatch, base_doc, tmp_path):
+    """The deployment artifact: an AOTInductor .pt2 of the model holds both attention ops, transformers' mask
+    builders (aranges, comparisons, a tensor constant) proven constant there too; loaded and run, it is as
+    close to eager as a plain AOTInductor package of the model (the rest of the model is Inductor's either
+    way)."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    _, cm, model, inputs = _gemma_windowed(monkeypatch, base_doc, tmp_path)
+    with torch.no_grad():
+        ref = model(*inputs).float()
+    res = cm.export(model, inputs, path=str(tmp_path / "g.pt2"))
+    assert res["regions"] == {"a0": 1, "a1": 1}
+    with torch.no_grad():
+        plain = torch.export.export(model, inputs, strict=False)
+        aoti_compile_and_package(plain, package_path=str(tmp_path / "plain.pt2"))
+        outs = [aoti_load_package(str(tmp_path / f))(*inputs) for f in ("g.pt2", "plain.pt2")]
+    ours, theirs = ((o[0] if isinstance(o, (list, tuple)) else o).float() for o in outs)
+    assert (ours - ref).abs().max() <= (theirs - ref).abs().max() + 2 ** -7 * ref.abs().max()

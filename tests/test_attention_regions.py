@@ -82,6 +82,28 @@ def test_scaling_by_a_division_reads_as_its_reciprocal():
     assert check(c) is None
 
 
+@pytest.mark.parametrize("how, scale", [("q", 0.5), ("q_div", 0.5), ("q_and_k", 0.5 * 0.25), ("k_transposed", 0.125)])
+def test_a_scale_on_the_operands_before_the_product_is_read_into_the_scale(how, scale):
+    """q * s, q / c, k * s (before or after its transpose), or both operands scaled (q * d^-0.25 and k * d^-0.25)
+    scale the logits all the same: one chain whose scale is the product of every factor, proven in float64."""
+    class Prescaled(nn.Module):
+        def forward(self, q, k, v):
+            if how in ("q", "q_and_k"):
+                q = q * 0.5
+            if how == "q_div":
+                q = q / 2.0
+            if how == "q_and_k":
+                k = k * 0.25
+            kt = k.transpose(2, 3) * 0.125 if how == "k_transposed" else k.transpose(2, 3)
+            p = torch.softmax(torch.matmul(q, kt), dim=-1)
+            return torch.matmul(p, v).transpose(1, 2).contiguous()
+
+    torch.manual_seed(0)
+    (c,) = _chains(Prescaled().eval(), tuple(torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3)))
+    assert c.scale == pytest.approx(scale) and check(c) is None
+    assert check(dataclasses.replace(c, scale=2 * scale)) is not None
+
+
 @pytest.mark.parametrize("field", ["scale", "softcap", "roles"])
 def test_check_rejects_a_chain_read_with_other_parameters(block_chain, field):
     """The chain's own subgraph in float64 against the attention reference: a misread parameter, or keys and
@@ -102,6 +124,11 @@ class _Variant(nn.Module):
     def forward(self, q, k, v):
         if self.how == "keys_are_queries":
             k = q
+        if self.how == "q_scaled_by_a_tensor":  # a per-element factor: not a scale of the logits
+            q = q * torch.linspace(0.5, 1.5, q.shape[-1], dtype=q.dtype)
+        side = None
+        if self.how == "scaled_q_read_twice":  # the scaled queries are also an output: not inside one kernel
+            q = side = q * 0.5
         w = torch.matmul(q, k.transpose(2, 3)) * 0.25
         p = torch.softmax(w, dim=-2 if self.how == "softmax_dim" else -1)
         if self.how == "dropout_train":
@@ -110,6 +137,8 @@ class _Variant(nn.Module):
         if self.how == "no_transpose":
             return out
         out = out.transpose(1, 2).contiguous()
+        if side is not None:
+            return out, side
         return (out, p) if self.how == "weights_returned" else out
 
 
@@ -125,6 +154,16 @@ def test_only_the_exact_computation_is_a_chain(how):
 
 
 # --- the hotspot ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["q_scaled_by_a_tensor", "scaled_q_read_twice"])
+def test_a_factor_that_is_not_the_logits_scale_stays_outside_the_chain(how):
+    """A per-element factor, or scaled queries another op reads too: the chain starts after it (its input is the
+    product) and its scale is the logits' own."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))
+    (c,) = _chains(_Variant(how).eval(), (q, k, v))
+    assert c.scale == 0.25 and c.region.ops.count("aten.mul.Tensor") == 1 and check(c) is None
+
 
 def test_the_hotspot_captures_the_chains_own_inputs_and_output(tmp_path):
     from forge_pack.graph.attention_hotspots import attention_hotspots

@@ -210,6 +210,17 @@ def _unrepeat(n: torch.fx.Node, members: list) -> tuple[torch.fx.Node, int]:
     return src, int(rep)
 
 
+def _prescaled(n: torch.fx.Node, reader: torch.fx.Node, members: list) -> tuple[torch.fx.Node, float]:
+    """(the operand before a scaling by a number, the factor) where `n` is ``x * c`` or ``x / c`` read only by
+    `reader` (the scaling joins `members`); else (n, 1.0)."""
+    if (_base(n) in ("mul", "div") and _only_user(n) is reader and len(n.args) == 2 and not n.kwargs
+            and isinstance(n.args[0], torch.fx.Node) and _number(n.args[1])):
+        c = _number(n.args[1])
+        members.append(n)
+        return n.args[0], (c if _base(n) == "mul" else 1.0 / c)
+    return n, 1.0
+
+
 def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
     """The chain whose value matmul is `m2` (None when the ops around it are not one)."""
     if len(m2.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in m2.args):
@@ -273,10 +284,16 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
     q, kt = m1.args
     if not isinstance(q, torch.fx.Node) or not isinstance(kt, torch.fx.Node) or _only_user(kt) is not m1:
         return None
+    # the scale may come before the product instead, on the queries, the keys (either side of their
+    # transpose) or both (q * d^-0.25 and k * d^-0.25): a scalar factor of the logits all the same
+    q, s_q = _prescaled(q, m1, members)
+    kt, s_k = _prescaled(kt, m1, members)
     krep = _transpose_last2(kt)
-    if krep is None:
+    if krep is None or (kt is not m1.args[1] and _only_user(kt) is None):
         return None
     members.append(kt)
+    krep, s_kt = _prescaled(krep, kt, members)
+    scale *= s_q * s_k * s_kt
     k, gk = _unrepeat(krep, members)
     v, gv = _unrepeat(vrep, members) if vrep is not krep else (None, 0)
     if v is None or gk != gv:

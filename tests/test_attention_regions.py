@@ -104,6 +104,58 @@ def test_a_scale_on_the_operands_before_the_product_is_read_into_the_scale(how, 
     assert check(dataclasses.replace(c, scale=2 * scale)) is not None
 
 
+class _Einsum(nn.Module):
+    """Attention written with einsum (any letters, spaces allowed), for one or both products."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, q, k, v, mask):
+        if self.how == "mixed":
+            w = torch.einsum("bhid,bhjd->bhij", q, k) * 0.25
+        elif self.how == "spaced":
+            w = torch.einsum("n h q c, n h k c -> n h q k", q, k) * 0.25
+        else:
+            w = torch.einsum("bhqd,bhkd->bhqk", q, k) * 0.25
+        p = torch.softmax(w + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(p, v) if self.how == "mixed" else torch.einsum("bhqk,bhkd->bhqd", p, v)
+        return out.transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("how", ["both", "spaced", "mixed"])
+def test_einsum_attention_is_a_chain_and_is_swapped_in_compile_mode(base_doc, how):
+    """einsum("bhqd,bhkd->bhqk") for the logits and einsum("bhqk,bhkd->bhqd") for the output (or a matmul) are
+    the same products: one chain, proven in float64; compile mode finds its form in Inductor's graph (where
+    einsum is decomposed) and calls the attention op there."""
+    model = _Einsum(how).eval()
+    inputs = _masked_inputs()
+    (c,) = _chains(model, inputs)
+    assert c.scale == 0.25 and sorted(c.roles) == ["k", "mask", "v", "x"] and check(c) is None
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, c, c.abi_order()))
+    got, graphs = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"a0": 1}
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("equation", ["bhqd,bhkd->bhkq", "bhqd,bhkd->hbqk", "bhqd,bhkc->bhqk"])
+def test_an_einsum_of_other_products_is_not_the_logits(equation):
+    """k q^T, heads and batch swapped, or each operand summed on its own: other computations, no chain."""
+    class Other(nn.Module):
+        def forward(self, q, k, v):
+            w = torch.einsum(equation, q, k) * 0.25
+            if w.shape[-1] != v.shape[-2] or w.shape[:2] != v.shape[:2]:
+                w = w.reshape(v.shape[0], v.shape[1], w.shape[-2], -1)[..., : v.shape[-2]]
+            p = torch.softmax(w, dim=-1)
+            return torch.matmul(p, v).transpose(1, 2).contiguous()
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    assert _chains(Other().eval(), (q, k, v)) == []
+
+
 @pytest.mark.parametrize("field", ["scale", "softcap", "roles"])
 def test_check_rejects_a_chain_read_with_other_parameters(block_chain, field):
     """The chain's own subgraph in float64 against the attention reference: a misread parameter, or keys and

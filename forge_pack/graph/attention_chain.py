@@ -124,7 +124,7 @@ def find_attention_chains(graph: Graph) -> list[AttentionChain]:
     """Every eager attention chain of the graph, in graph order of their outputs."""
     out = []
     for n in graph.gm.graph.nodes:
-        if n.op == "call_function" and _base(n) in MATMUL:
+        if n.op == "call_function" and _base(n) in (*MATMUL, "einsum"):
             chain = _chain_at(graph, n)
             if chain is not None:
                 out.append(chain)
@@ -221,9 +221,62 @@ def _prescaled(n: torch.fx.Node, reader: torch.fx.Node, members: list) -> tuple[
     return n, 1.0
 
 
+def _einsum(n: torch.fx.Node) -> tuple[str, str, str, list] | None:
+    """(a, b, out subscripts, [a, b] operands) of a two-operand einsum over 4-d tensors (spaces dropped)."""
+    if _base(n) != "einsum" or len(n.args) != 2 or n.kwargs:
+        return None
+    eq, operands = n.args
+    if not isinstance(eq, str) or not isinstance(operands, (list, tuple)) or len(operands) != 2:
+        return None
+    if not all(isinstance(o, torch.fx.Node) for o in operands):
+        return None
+    eq = eq.replace(" ", "")
+    if eq.count("->") != 1 or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    parts = lhs.split(",")
+    if len(parts) != 2 or any(len(p) != 4 for p in (*parts, out)) or len(set(parts[0] + parts[1])) != 5:
+        return None
+    return parts[0], parts[1], out, list(operands)
+
+
+def _qk_operands(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, bool] | None:
+    """(query, key operand, whether the key operand is the transposed keys) of the logits' product:
+    ``matmul(q, k^T)`` (the operand is k^T), or ``einsum("bhid,bhjd->bhij", q, k)`` (any letters)."""
+    if _base(n) in MATMUL:
+        if len(n.args) == 2 and all(isinstance(a, torch.fx.Node) for a in n.args):
+            return n.args[0], n.args[1], True
+        return None
+    e = _einsum(n)
+    if e is None:
+        return None
+    a, b, out, (q, k) = e
+    batch, head, i, d = a
+    if b != batch + head + b[2] + d or out != batch + head + i + b[2]:
+        return None
+    return q, k, False
+
+
+def _pv_operands(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
+    """(probabilities, values) of the output's product: ``matmul(p, v)`` or ``einsum("bhij,bhjd->bhid", p, v)``."""
+    if _base(n) in MATMUL:
+        if len(n.args) == 2 and all(isinstance(a, torch.fx.Node) for a in n.args):
+            return n.args[0], n.args[1]
+        return None
+    e = _einsum(n)
+    if e is None:
+        return None
+    a, b, out, (p, v) = e
+    batch, head, i, j = a
+    if b != batch + head + j + b[3] or out != batch + head + i + b[3]:
+        return None
+    return p, v
+
+
 def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
-    """The chain whose value matmul is `m2` (None when the ops around it are not one)."""
-    if len(m2.args) != 2 or not all(isinstance(a, torch.fx.Node) for a in m2.args):
+    """The chain whose value product is `m2` (None when the ops around it are not one)."""
+    pv = _pv_operands(m2)
+    if pv is None:
         return None
     out2 = _val(m2)
     if out2 is None or out2.dim() != 4:
@@ -237,7 +290,7 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
             None, torch.contiguous_format) or _val(end) is None or not _val(end).is_contiguous():
         return None
     members = [end, t, m2]
-    probs, vrep = m2.args
+    probs, vrep = pv
     # probabilities: softmax over the keys, then casts (back to the input dtype) and eval dropout
     n = probs
     while _base(n) in (*CASTS, "dropout", "alias") and _only_user(n) is not None:
@@ -277,22 +330,27 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
         scale = c if _base(n) == "mul" else 1.0 / c
         members.append(n)
         n = n.args[0]
-    if _base(n) not in MATMUL or _only_user(n) is None or len(n.args) != 2:
+    qk = _qk_operands(n)
+    if qk is None or _only_user(n) is None:
         return None
     m1 = n
     members.append(m1)
-    q, kt = m1.args
-    if not isinstance(q, torch.fx.Node) or not isinstance(kt, torch.fx.Node) or _only_user(kt) is not m1:
+    q, kx, transposed = qk
+    if transposed and _only_user(kx) is not m1:
         return None
     # the scale may come before the product instead, on the queries, the keys (either side of their
     # transpose) or both (q * d^-0.25 and k * d^-0.25): a scalar factor of the logits all the same
     q, s_q = _prescaled(q, m1, members)
-    kt, s_k = _prescaled(kt, m1, members)
-    krep = _transpose_last2(kt)
-    if krep is None or (kt is not m1.args[1] and _only_user(kt) is None):
-        return None
-    members.append(kt)
-    krep, s_kt = _prescaled(krep, kt, members)
+    kx, s_k = _prescaled(kx, m1, members)
+    s_kt = 1.0
+    if transposed:  # matmul's operand is k^T; einsum's is k itself
+        krep = _transpose_last2(kx)
+        if krep is None or (kx is not qk[1] and _only_user(kx) is None):
+            return None
+        members.append(kx)
+        krep, s_kt = _prescaled(krep, kx, members)
+    else:
+        krep = kx
     scale *= s_q * s_k * s_kt
     k, gk = _unrepeat(krep, members)
     v, gv = _unrepeat(vrep, members) if vrep is not krep else (None, 0)

@@ -156,6 +156,37 @@ def test_an_einsum_of_other_products_is_not_the_logits(equation):
     assert _chains(Other().eval(), (q, k, v)) == []
 
 
+class _VitAttention(nn.Module):
+    """A vision transformer's attention written out (timm's with fused_attn off): q, k, v unbound from one
+    permuted qkv projection (strided views), the query pre-scaled, `@`, softmax, transpose + reshape."""
+
+    def __init__(self, dim: int = 64, heads: int = 4):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, dim * 3), nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+def test_a_hand_written_vit_attention_is_a_chain_over_strided_views_and_is_swapped(base_doc):
+    torch.manual_seed(0)
+    model = _VitAttention().to(torch.bfloat16).eval()
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+    (c,) = _chains(model, (x,))
+    assert c.scale == 0.25 and c.spec("x").strides == (3072, 16, 192, 1) and check(c) is None
+    assert registry.spec_for(c.signature()).supports(c.signature()) is None
+    with torch.no_grad():
+        ref = model(x)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, c, c.abi_order()))
+    got, _ = cf.aot_only(cm, model, x)
+    assert cm.report()["regions"] == {"a0": 1}
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("field", ["scale", "softcap", "roles"])
 def test_check_rejects_a_chain_read_with_other_parameters(block_chain, field):
     """The chain's own subgraph in float64 against the attention reference: a misread parameter, or keys and
@@ -188,6 +219,10 @@ class _Variant(nn.Module):
         out = torch.matmul(p, v)
         if self.how == "no_transpose":
             return out
+        if self.how == "permute":  # einops' "b h n d -> b n (h d)": the same [B, L, H, D] copy
+            return out.permute(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+        if self.how == "other_permute":  # [B, D, L, H]: not the composite's layout
+            return out.permute(0, 3, 2, 1).contiguous()
         out = out.transpose(1, 2).contiguous()
         if side is not None:
             return out, side
@@ -195,12 +230,12 @@ class _Variant(nn.Module):
 
 
 @pytest.mark.parametrize("how", ["plain", "softmax_dim", "dropout_train", "no_transpose", "weights_returned",
-                                 "keys_are_queries"])
+                                 "keys_are_queries", "permute", "other_permute"])
 def test_only_the_exact_computation_is_a_chain(how):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))
     chains = _chains(_Variant(how).eval(), (q, k, v))
-    assert len(chains) == (1 if how == "plain" else 0)
+    assert len(chains) == (1 if how in ("plain", "permute") else 0)
     if chains:
         assert chains[0].roles.count("mask") == 0 and check(chains[0]) is None
 

@@ -179,6 +179,16 @@ def _transpose_last2(n: torch.fx.Node) -> torch.fx.Node | None:
     return n.args[0] if dims == {2, 3} and _val(n) is not None and _val(n).dim() == 4 else None
 
 
+def _swaps_heads_and_rows(n: torch.fx.Node) -> bool:
+    """Whether `n` is transpose(1, 2) or permute(0, 2, 1, 3) of a 4-d tensor (negative dims too)."""
+    if _base(n) == "transpose" and len(n.args) == 3:
+        return {a % 4 for a in n.args[1:] if isinstance(a, int) and not isinstance(a, bool)} == {1, 2}
+    if _base(n) == "permute" and len(n.args) == 2 and isinstance(n.args[1], (list, tuple)) and len(n.args[1]) == 4:
+        dims = n.args[1]
+        return all(isinstance(a, int) and not isinstance(a, bool) for a in dims) and [a % 4 for a in dims] == [0, 2, 1, 3]
+    return False
+
+
 def _unrepeat(n: torch.fx.Node, members: list) -> tuple[torch.fx.Node, int]:
     """(the key/value heads before ``repeat_kv``, the repetition) of a [B, H, S, D] operand; the
     repetition's ops join `members`. An operand that is not repeated is itself, once."""
@@ -281,9 +291,10 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
     out2 = _val(m2)
     if out2 is None or out2.dim() != 4:
         return None
-    # the end: transpose(1, 2) then a contiguous copy, the composite's [B, L, H, D]
+    # the end: transpose(1, 2) (or permute(0, 2, 1, 3): einops' "b h n d -> b n h d") then a contiguous copy,
+    # the composite's [B, L, H, D]
     t = _only_user(m2)
-    if t is None or _base(t) != "transpose" or {a % 4 for a in t.args[1:] if isinstance(a, int)} != {1, 2}:
+    if t is None or not _swaps_heads_and_rows(t):
         return None
     end = _only_user(t)
     if end is None or _base(end) not in ("clone", "contiguous") or end.kwargs.get("memory_format") not in (

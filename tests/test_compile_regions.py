@@ -119,6 +119,22 @@ def test_used_regions_are_swapped_in_and_the_output_equals_eager(base_doc, llama
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
+def test_a_region_through_a_permute_is_found_and_swapped_in_compile_mode(base_doc):
+    """ConvNeXt's layer scale, permuted back, plus the residual (one region whose form holds the permute): found
+    in the graph Inductor traces, once per block, and swapped for the region's op; the output equals eager."""
+    import convnext_block
+
+    model, inputs = convnext_block.get_model(), convnext_block.get_inputs()
+    regions = find_regions(capture(model, inputs, profile=False, routes=("export",)))
+    (scale,) = {r.key: r for r in regions if r.pattern == "mul+add"}.values()
+    cm = cf.COMPILE.CompileMode(cf.region_patcher(base_doc, [("r0", scale)], use=["r0"]))
+    with torch.no_grad():
+        ref = model(*inputs)
+    got, graphs = aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"r0": 2}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_regions_without_compile_use_are_not_swapped_in(base_doc, llama_regions_export):
     chosen = _pick(llama_regions_export)
     ids = _ids(chosen)

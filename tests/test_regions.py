@@ -21,6 +21,7 @@ from forge_pack.graph.report import format_regions, group_regions, regions_json
 MODELS = Path(__file__).resolve().parent / "models" / "regions"
 sys.path.insert(0, str(MODELS))
 import conv_bn_block  # noqa: E402
+import convnext_block  # noqa: E402
 import llama_regions  # noqa: E402
 import vae_resblock  # noqa: E402
 
@@ -203,18 +204,50 @@ class Rules(nn.Module):
         y = x.exp()  # read by two ops: its own region
         a = y.sum(-1)
         b = (y * 2).softmax(-1).sum(1)  # two reductions over different dims: two regions
-        c = (x + 1).transpose(1, 2).contiguous() * 3  # a layout-changing view ends a region
-        return a, b, c
+        c = (x + 1).transpose(1, 2).contiguous() * 3  # a transpose inside a pointwise chain: one region
+        d = (x * 4)[:, 1:] - 1  # a slice ends a region
+        e = (x - 2).transpose(1, 2).softmax(-1)  # so does a transpose next to a reduction
+        return a, b, c, d, e
 
 
 def test_region_boundaries_other_consumers_other_reduction_dims_and_layout_views():
     g, regions = _regions(Rules(), (torch.randn(2, 3, 4),))
     assert _table(regions) == sorted([
         ("exp", ("exp",)), ("sum", ("sum",)), ("mul+softmax", ("mul", "softmax")), ("sum", ("sum",)),
-        ("add", ("add",)), ("clone+mul", ("clone", "mul")),
+        ("add+clone+mul", ("add", "clone", "mul")), ("mul", ("mul",)), ("sub", ("sub",)),
+        ("sub", ("sub",)), ("softmax", ("softmax",)),
     ])
+    (c,) = [r for r in regions if r.pattern == "add+clone+mul"]
+    assert c.short_ops == ("add", "transpose", "clone", "mul")
     kinds = sorted((r.pattern, r.kind) for r in regions if r.compute_ops[-1] == "sum")
     assert kinds == [("sum", "row"), ("sum", "strided")]  # sum(-1) of exp; sum(1) of the softmax
+
+
+def test_convnext_layer_scale_is_one_region_through_its_permute_and_the_norms_stay_strided():
+    """ConvNeXt's gamma * y, permuted back to NCHW, plus the residual: one pointwise region (the permute is a
+    reordering of strides a pointwise kernel reads through); its LayerNorms over permuted views stay strided
+    reductions with the permutes outside."""
+    _, regions = _regions(convnext_block.get_model(), convnext_block.get_inputs())
+    assert _table(regions) == sorted([("layer_norm", ("layer_norm",))] * 3 + [("gelu", ("gelu",))] * 2
+                                     + [("mul+add", ("mul", "add"))] * 2)
+    scale = [r for r in regions if r.pattern == "mul+add"]
+    assert all(r.short_ops == ("mul", "permute", "add") and r.kind == "pointwise" for r in scale)
+    assert {r.kind for r in regions if r.pattern == "layer_norm"} == {"strided"}
+
+
+def test_a_region_through_a_permute_verifies_on_the_cpu(cpu_evaluator):
+    """The generated kernel reads the pre-permute operand at the permuted strides: the float64 reference of the
+    region's own subgraph agrees; a kernel that ignored the permute (its strides as given) would not."""
+    from forge_pack.core.hotspot import Hotspot
+    from forge_pack.search.templates_proposer import applicable_families, instantiate
+    from forge_pack.targets.region_target import signature
+
+    _, regions = _regions(convnext_block.get_model(), convnext_block.get_inputs())
+    sig = signature(next(r for r in regions if r.pattern == "mul+add"))
+    hot = Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu")
+    for fam in applicable_families(sig, "cpu"):
+        e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), hot)
+        assert e.verdict.ok, (fam.name, e.verdict.reason, e.verdict.detail)
 
 
 @pytest.mark.parametrize("ops,name", [

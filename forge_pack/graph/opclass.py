@@ -13,10 +13,12 @@ from typing import Any
 # Views that keep the element order of a contiguous tensor: a fused kernel indexes through them.
 VIEW = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "expand", "alias", "detach",
                   "getitem", "flatten", "unflatten", "view_as", "expand_as", "_reshape_alias"})
-# Views that reorder or cut elements: a region stops at them (the kernel after it sees new strides).
+# Views that reorder or cut elements: a region stops at them (the kernel after it sees new strides), except
+# a reordering inside a pointwise chain (PERMUTES): a pointwise kernel indexes through it as through any view.
 LAYOUT_VIEW = frozenset({"permute", "transpose", "t", "slice", "select", "as_strided", "diagonal", "unfold",
                          "narrow", "split", "split_with_sizes", "unbind", "chunk", "movedim", "swapaxes",
                          "tensor_split", "numpy_T", "mT"})
+PERMUTES = frozenset({"permute", "transpose"})
 POINTWISE = frozenset({
     "add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "neg", "abs",
     "reciprocal", "sqrt", "rsqrt", "pow", "square", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",

@@ -3,10 +3,12 @@
 A region is a reduction (row, group, strided, global or window) with its pointwise prologue and
 epilogue, or a pointwise chain. It grows backwards from its output: a producer joins when it is
 pointwise, a reduction over the same domain (same input shape, reduced dims and groups) as the
-region's, or a view that keeps element order, and when every one of its users is already in the
-region. So a region has one output by construction, and it stops at matmuls, convolutions,
-attention, layout-changing views (permute, transpose, slice), ops it cannot fuse, and any value
-that another op outside it also reads. A single memory-bound op is a region of one.
+region's, a view that keeps element order, or a permute / transpose inside a chain without a reduction
+(ConvNeXt's layer scale, permuted back, then its residual add), and when every one of its users is
+already in the region. So a region has one output by construction, and it stops at matmuls,
+convolutions, attention, other layout-changing views (slice, select, ...), a permute next to a
+reduction, ops it cannot fuse, and any value that another op outside it also reads. A single
+memory-bound op is a region of one.
 
 Each region has a canonical form (``canonical``): its key is stable across captures and routes,
 its hash names it, and the form alone rebuilds the subgraph for the eager and float64 references.
@@ -62,8 +64,8 @@ class Region:
 
     @property
     def compute_ops(self) -> tuple[str, ...]:
-        """The ops that do work (views and tuple selects left out)."""
-        return tuple(o for o in self.short_ops if o not in opclass.VIEW)
+        """The ops that do work (views, permutes and tuple selects left out)."""
+        return tuple(o for o in self.short_ops if o not in opclass.VIEW and o not in opclass.PERMUTES)
 
     def reference(self, device: str | None = None) -> torch.fx.GraphModule:
         """The eager reference: the subgraph rebuilt from the form; call it with the inputs."""
@@ -147,6 +149,7 @@ class _Group:
     members: list[torch.fx.Node]
     domain: tuple | None = None  # (kind, input shape, reduced dims, extra) of its reductions
     full_numel: int = 0  # the iteration space: the domain's input size, else the largest output
+    permuted: bool = False  # holds a permute / transpose: pointwise only, no reduction may join
 
 
 def find_regions(graph: Graph) -> list[Region]:
@@ -155,7 +158,8 @@ def find_regions(graph: Graph) -> list[Region]:
     group_of: dict[torch.fx.Node, _Group] = {}
     groups: list[_Group] = []
     for n in reversed(order):
-        if _kind(graph, n) not in FUSABLE or _spec(n) is None and op_name(n) != "getitem" and not _is_multi(n):
+        if ((_kind(graph, n) not in FUSABLE and not _is_permute(graph, n))
+                or _spec(n) is None and op_name(n) != "getitem" and not _is_multi(n)):
             continue
         users = list(n.users)
         owners = {id(group_of.get(u)) for u in users}
@@ -213,10 +217,23 @@ def _domain(graph: Graph, n: torch.fx.Node) -> tuple | None:
     return (kind, spec.shape, dims, extra)
 
 
+def _is_permute(graph: Graph, n: torch.fx.Node) -> bool:
+    return _kind(graph, n) == "layout_view" and opclass.base_name(op_name(n)) in opclass.PERMUTES
+
+
 def _admits(graph: Graph, g: _Group, n: torch.fx.Node, fresh: bool = False) -> bool:
     """Whether n can join g (or, ``fresh``, start a group) and one kernel still computes it."""
     kind = _kind(graph, n)
+    if _is_permute(graph, n):
+        # inside a pointwise chain only: a reduction's rows are found from the reduced dims' strides, which a
+        # permute between its ops would reorder; a region does not start (end) at one either
+        if fresh or g.domain is not None:
+            return False
+        g.permuted = True
+        return True
     if kind == "reduction":
+        if g.permuted:
+            return False
         d = _domain(graph, n)
         if d is None:
             return False
@@ -314,7 +331,7 @@ CORES = {
 def pattern_name(ops: tuple[str, ...]) -> str:
     """A readable name of the chain: a norm or softmax written as eager ops is named as such
     (x2 when the region holds two over the same rows), other ops keep their labels in order."""
-    work = [o for o in ops if o not in opclass.VIEW]
+    work = [o for o in ops if o not in opclass.VIEW and o not in opclass.PERMUTES]
     s = set(work)
     core, count = None, 0
     if "mean" in s and "sub" not in s and ("rsqrt" in s or work.count("pow") >= 2 or "sqrt" in s) and (

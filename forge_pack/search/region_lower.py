@@ -459,6 +459,8 @@ class Lowering:
             return Val(v.shape, v.space, expr, v.leaves, d, d in FLOAT_DTYPES)
         if name in _VIEWS:
             return self.view_op(name, args)
+        if name in ("permute", "transpose"):
+            return self.permute_op(name, args)
         if name in ("sum", "mean", "amax", "amin", "max", "min") and len(args) > 1:
             return self.reduction_op(name, args, kwargs)
         if name in ("var", "var_mean", "std"):
@@ -541,6 +543,24 @@ class Lowering:
         if _is_ref(value):
             raise Uncovered(f"not covered: {name} of a tensor value")
         return Val(tuple(int(x) for x in shape), tuple(int(x) for x in shape), _const(value), [], dtype)
+
+    def permute_op(self, name: str, args: list) -> Val:
+        """A reordering of dims: each leaf's strides reordered alike (w[j] = v[i] with i[perm[k]] = j[k])."""
+        v = self.arg(args[0])
+        nd = len(v.shape)
+        if name == "transpose":
+            a, b = args[1] % max(nd, 1), args[2] % max(nd, 1)
+            perm = list(range(nd))
+            perm[a], perm[b] = perm[b], perm[a]
+        else:
+            perm = [d % max(nd, 1) for d in args[1]]
+        if sorted(perm) != list(range(nd)):
+            raise Uncovered(f"not covered: {name} {args[1:]} of a {nd}-d value")
+        if v.space != v.shape:
+            raise Uncovered(f"a {name} of a re-spaced value")
+        shape = tuple(v.shape[p] for p in perm)
+        leaves = [Leaf(leaf.source, tuple(leaf.strides[p] for p in perm)) for leaf in v.leaves]
+        return Val(shape, shape, v.expr, leaves, v.dtype, v.exact)
 
     def view_op(self, name: str, args: list) -> Val:
         v = self.arg(args[0])

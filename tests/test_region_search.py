@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
 
 from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph.capture import capture
@@ -46,6 +48,34 @@ def test_generated_region_kernel_verifies_on_every_input_set(cpu_evaluator, mod,
     assert e.verdict.ok, e.verdict.detail
     kinds = {c.input_kind for c in e.verdict.checks}
     assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
+
+
+class _Act(nn.Module):
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x * 1.5 + 0.25)
+
+
+ACTIVATIONS = {"hardswish": nn.Hardswish(), "hardsigmoid": nn.Hardsigmoid(), "elu": nn.ELU(alpha=0.7),
+               "selu": nn.SELU(), "celu": nn.CELU(alpha=1.3), "softplus": nn.Softplus(beta=2.0, threshold=5.0),
+               "mish": nn.Mish()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations_of_vision_and_detection_models_lower_and_verify(cpu_evaluator, name, dtype):
+    """MobileNetV3's hardswish / hardsigmoid, ELU, SELU, CELU, softplus (beta, threshold) and mish: one region with
+    the affine before them, lowered from the op table and verified against the float64 reference."""
+    (region,) = find_regions(capture(_Act(ACTIVATIONS[name]).eval(), (torch.randn(4, 33, 20).to(dtype),),
+                                     profile=False))
+    assert region.short_ops[-1] == name, region.short_ops
+    sig = signature(region)
+    assert coverage(sig) == ""
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", "pointwise", None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
 def test_a_mutated_generated_expression_is_rejected_as_mismatch(cpu_evaluator):

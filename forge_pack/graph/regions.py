@@ -374,7 +374,7 @@ REASONS = {
     "matmul": "matmul: compute-bound, bounds a region (left to cuBLAS / Inductor)",
     "conv": "convolution: bounds a region (one followed by an inference batch_norm is a conv epilogue region)",
     "attention": "attention (sdpa): bounds a region (an SDPA call is the attention op target; eager attention chains are attention regions)",
-    "layout_view": "layout-changing view (permute / transpose / slice): bounds a region",
+    "layout_view": "layout-changing view (a slice or select, or a permute next to a reduction): bounds a region",
     "view": "view outside any region",
     "alloc": "allocation: nothing to compute",
     "other": "op outside the fusable set (gather, scatter, cat, index, data-dependent)",

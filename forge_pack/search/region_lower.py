@@ -325,6 +325,40 @@ _POINTWISE = {
     "where": "({a0} != 0.0f ? {a1} : {a2})", "masked_fill": "({a1} != 0.0f ? {a2} : {a0})",
     "logical_not": "({a0} == 0.0f ? 1.0f : 0.0f)", "hardtanh": "fp_clamp({a0}, {a1}, {a2})",
 }
+# activations with constant parameters, as PyTorch's kernels compute them in fp32 (one rounding after):
+# MobileNetV3's hardswish / hardsigmoid, ELU / SELU / CELU, softplus and mish (YOLO-style detectors)
+_ACTIVATIONS = ("hardswish", "hardsigmoid", "elu", "selu", "celu", "softplus", "mish")
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def _activation(name: str, args: list, kwargs: dict) -> str:
+    def arg(i: int, key: str, default: float) -> Any:
+        v = args[i] if len(args) > i else kwargs.get(key, default)
+        if _is_ref(v) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise Uncovered(f"not covered: {name} with a non-constant {key}")
+        return v
+
+    relu6 = "fp_clamp_hi(fp_clamp_lo({a0} + 3.0f, 0.0f), 6.0f)"
+    if name == "hardswish":
+        return "{a0} * " + relu6 + " / 6.0f"
+    if name == "hardsigmoid":
+        return relu6 + " / 6.0f"
+    if name in ("elu", "selu", "celu"):
+        if name == "selu":
+            alpha, scale, in_scale = _SELU_ALPHA, _SELU_SCALE, 1.0
+        elif name == "celu":
+            alpha = arg(1, "alpha", 1.0)
+            scale, in_scale = 1.0, 1.0 / alpha
+        else:
+            alpha, scale, in_scale = arg(1, "alpha", 1.0), arg(2, "scale", 1.0), arg(3, "input_scale", 1.0)
+        return (f"({{a0}} > 0.0f ? {{a0}} * {_const(scale)} : "
+                f"fp_expm1({{a0}} * {_const(in_scale)}) * {_const(alpha * scale)})")
+    softplus = "({{a0}} * {b} > {t} ? {{a0}} : fp_log1p(fp_exp({{a0}} * {b})) / {b})"
+    if name == "softplus":
+        return softplus.format(b=_const(arg(1, "beta", 1.0)), t=_const(arg(2, "threshold", 20.0)))
+    return "{a0} * fp_tanh(" + softplus.format(b="1.0f", t="20.0f") + ")"  # mish
+
+
 # ops whose result is one of their operands (or its negation / magnitude): exact in the operands'
 # dtype when the operands are, so eager's rounding after them is the identity
 _EXACT = {_POINTWISE[k] for k in ("relu", "neg", "abs", "maximum", "minimum")}
@@ -514,6 +548,8 @@ class Lowering:
         if name in ("hardtanh",):
             lo, hi = (args[1] if len(args) > 1 else -1.0), (args[2] if len(args) > 2 else 1.0)
             return _combine(f"fp_clamp_hi(fp_clamp_lo({{a0}}, {_const(lo)}), {_const(hi)})", [self.arg(args[0])], dtype)
+        if name in _ACTIVATIONS:
+            return _combine(_activation(name, args, kwargs), [self.arg(args[0])], dtype)
         template = _POINTWISE.get(name)
         if template is None:
             raise Uncovered(f"not covered: {op}")

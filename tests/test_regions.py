@@ -235,6 +235,20 @@ def test_convnext_layer_scale_is_one_region_through_its_permute_and_the_norms_st
     assert {r.kind for r in regions if r.pattern == "layer_norm"} == {"strided"}
 
 
+class _ViewsBetweenMatmuls(nn.Module):
+    def forward(self, x, w):
+        h = (x @ w).view(2, 4, 3, 2).transpose(1, 2).unsqueeze(0)  # views and a transpose: nothing to compute
+        g = (h[0].reshape(2, 3, 8) * 2).transpose(1, 2).unsqueeze(0)  # a product, then a trailing transpose + view
+        return h @ torch.ones(2, 5), g @ torch.ones(3, 5)
+
+
+def test_a_permute_neither_makes_a_region_alone_nor_ends_one():
+    _, regions = _regions(_ViewsBetweenMatmuls(), (torch.randn(2, 4, 6), torch.randn(6, 6)))
+    assert all(r.compute_ops for r in regions)
+    (mul,) = [r for r in regions if "mul" in r.compute_ops]
+    assert mul.short_ops[-1] == "mul" and mul.output_spec.shape == (2, 3, 8)
+
+
 def test_a_region_through_a_permute_verifies_on_the_cpu(cpu_evaluator):
     """The generated kernel reads the pre-permute operand at the permuted strides: the float64 reference of the
     region's own subgraph agrees; a kernel that ignored the permute (its strides as given) would not."""

@@ -178,7 +178,7 @@ def find_regions(graph: Graph) -> list[Region]:
     for g in reversed(groups):
         _drop_outside_selects(g)
         _trim_trailing_views(graph, g)
-        if not g.members or all(_kind(graph, m) == "view" for m in g.members):
+        if not g.members or all(_kind(graph, m) == "view" or _is_permute(graph, m) for m in g.members):
             continue  # views only: nothing to compute
         g.members.sort(key=position.__getitem__)
         regions.append(_region(graph, g))
@@ -278,8 +278,8 @@ def _drop_outside_selects(g: _Group) -> None:
 
 
 def _trim_trailing_views(graph: Graph, g: _Group) -> None:
-    """A region ends at its last op that computes: the views after it are free reinterpretations."""
-    while g.members and _kind(graph, g.sink) == "view" and op_name(g.sink) != "getitem":
+    """A region ends at its last op that computes: the views (and permutes) after it are free reinterpretations."""
+    while g.members and (_kind(graph, g.sink) == "view" and op_name(g.sink) != "getitem" or _is_permute(graph, g.sink)):
         inner = [a for a in g.sink.all_input_nodes if a in g.members]
         g.members.remove(g.sink)
         if len(inner) != 1:

@@ -59,22 +59,63 @@ class _Act(nn.Module):
         return self.act(x * 1.5 + 0.25)
 
 
+class _Addc(nn.Module):
+    """ConvNeXt V2's global response norm ends in torch.addcmul(bias, weight, x * n) (and addcdiv alike)."""
+
+    def __init__(self, op: str, value: float):
+        super().__init__()
+        self.op, self.value = getattr(torch, op), value
+
+    def forward(self, x):
+        return self.op(x[..., :1] + 1.0, x * 0.5, x.abs() + 2.0, value=self.value)
+
+
 ACTIVATIONS = {"hardswish": nn.Hardswish(), "hardsigmoid": nn.Hardsigmoid(), "elu": nn.ELU(alpha=0.7),
                "selu": nn.SELU(), "celu": nn.CELU(alpha=1.3), "softplus": nn.Softplus(beta=2.0, threshold=5.0),
-               "mish": nn.Mish()}
+               "mish": nn.Mish(), "addcmul": _Addc("addcmul", 1.0), "addcdiv": _Addc("addcdiv", -0.75)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_activations_of_vision_and_detection_models_lower_and_verify(cpu_evaluator, name, dtype):
-    """MobileNetV3's hardswish / hardsigmoid, ELU, SELU, CELU, softplus (beta, threshold) and mish: one region with
-    the affine before them, lowered from the op table and verified against the float64 reference."""
-    (region,) = find_regions(capture(_Act(ACTIVATIONS[name]).eval(), (torch.randn(4, 33, 20).to(dtype),),
-                                     profile=False))
+    """MobileNetV3's hardswish / hardsigmoid, ELU, SELU, CELU, softplus (beta, threshold) and mish (one region with
+    the affine before them), and addcmul / addcdiv with a value (broadcast operands): lowered from the op table
+    and verified against the float64 reference."""
+    model = ACTIVATIONS[name] if name.startswith("addc") else _Act(ACTIVATIONS[name])
+    (region,) = find_regions(capture(model.eval(), (torch.randn(4, 33, 20).to(dtype),), profile=False))
     assert region.short_ops[-1] == name, region.short_ops
     sig = signature(region)
     assert coverage(sig) == ""
     e = cpu_evaluator.evaluate(instantiate("region", "cpu", "pointwise", None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+class _SpatialNorm(nn.Module):
+    """ConvNeXt V2's global response norm statistic: the norm over H, W of an NHWC view of an NCHW tensor (the
+    reduced dims are not the trailing ones of the view, but contiguous in memory), and a mean over them too."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        y = x.permute(0, 2, 3, 1)
+        if self.how == "mean":
+            return (y * 2.0).mean(dim=(1, 2), keepdim=True)
+        p = {"norm2": 2, "norm1": 1, "norm_inf": float("inf")}[self.how]
+        return torch.linalg.vector_norm(y, ord=p, dim=(1, 2), keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("how", ["norm2", "norm1", "norm_inf", "mean"])
+def test_a_reduction_over_dims_that_are_not_trailing_lowers_and_verifies(cpu_evaluator, how, dtype):
+    (region,) = find_regions(capture(_SpatialNorm(how).eval(), (torch.randn(2, 24, 7, 9).to(dtype),), profile=False))
+    sig = signature(region)
+    assert coverage(sig) == ""
+    prog = program(sig)
+    assert prog.space == (2, 24, 7, 9) and prog.nred == 2 and prog.per_row  # the rows: (n, c); the columns: h, w
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 

@@ -260,6 +260,11 @@ def _combine(template: str, vals: list[Val], dtype: str, shape: tuple[int, ...] 
     return Val(out_shape, space, expr, leaves, dtype, True)
 
 
+def _as_dtype(v: Val, dtype: str) -> Val:
+    """A reduction's fp32 result as eager returns it: in the input's dtype (rounded once), unless fp32."""
+    return v if dtype == v.dtype else _combine("{a0}", [v], dtype)
+
+
 def _constant_val(x: Any, dtype: str) -> Val:
     return Val((), (), _const(x), [], dtype)
 
@@ -497,6 +502,8 @@ class Lowering:
             return self.permute_op(name, args)
         if name in ("sum", "mean", "amax", "amin", "max", "min") and len(args) > 1:
             return self.reduction_op(name, args, kwargs)
+        if name == "linalg_vector_norm":
+            return self.norm_op(args, kwargs)
         if name in ("var", "var_mean", "std"):
             return self.var_op(name, args, kwargs)
         if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax"):
@@ -550,6 +557,14 @@ class Lowering:
             return _combine(f"fp_clamp_hi(fp_clamp_lo({{a0}}, {_const(lo)}), {_const(hi)})", [self.arg(args[0])], dtype)
         if name in _ACTIVATIONS:
             return _combine(_activation(name, args, kwargs), [self.arg(args[0])], dtype)
+        if name in ("addcmul", "addcdiv"):  # self + value * t1 (* or /) t2, in the ops' promoted dtype
+            value = args[3] if len(args) > 3 else kwargs.get("value", 1)
+            if _is_ref(value) or isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise Uncovered(f"not covered: {name} with a non-constant value")
+            op = "*" if name == "addcmul" else "/"
+            vals = [self.operand(a, dtype) for a in args[:3]]
+            scaled = "{a1}" if value == 1 else f"{_const(value)} * {{a1}}"
+            return _combine(f"{{a0}} + {scaled} {op} {{a2}}", vals, dtype)
         template = _POINTWISE.get(name)
         if template is None:
             raise Uncovered(f"not covered: {op}")
@@ -621,10 +636,53 @@ class Lowering:
         keepdim = bool(args[2]) if len(args) > 2 else bool(kwargs.get("keepdim", False))
         if name in ("max", "min"):
             raise Uncovered(f"not covered: {name} with indices")
-        self.domain(v, dims)
+        keep = self.keep_shape(v.shape, dims, keepdim)
+        v = self.trailing(v, dims)
         combine = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}[name]
         scale = 1.0 / max(_prod(self.space[len(self.space) - self.nred:]), 1) if name == "mean" else 1.0
-        return self.reduce(v, combine, scale, keep_shape=self.keep_shape(v.shape, dims, keepdim))
+        dt = kwargs.get("dtype")
+        return _as_dtype(self.reduce(v, combine, scale, keep_shape=keep),
+                         dt["dtype"] if isinstance(dt, dict) and "dtype" in dt else v.dtype)
+
+    def norm_op(self, args: list, kwargs: dict) -> Val:
+        """linalg_vector_norm(x, ord, dim, keepdim): ord 2 (sqrt of the sum of squares), 1 or +-inf (ConvNeXt V2's
+        global response norm: the 2-norm over the spatial dims of an NHWC view)."""
+        v = self.arg(args[0])
+        order = args[1] if len(args) > 1 else kwargs.get("ord", 2)
+        dims = args[2] if len(args) > 2 else kwargs.get("dim")
+        keepdim = bool(args[3]) if len(args) > 3 else bool(kwargs.get("keepdim", False))
+        if kwargs.get("dtype") is not None or _is_ref(order) or isinstance(order, bool):
+            raise Uncovered("not covered: linalg_vector_norm with a dtype or a tensor order")
+        dims = list(range(len(v.shape))) if dims is None else (dims if isinstance(dims, list) else [dims])
+        order = float(order["float"]) if isinstance(order, dict) and "float" in order else float(order)
+        keep = self.keep_shape(v.shape, dims, keepdim)
+        v = self.trailing(v, dims)
+        vf = Val(v.shape, v.space, v.expr, v.leaves, "float32")
+        if order == 2.0:
+            red = self.reduce(_combine("{a0} * {a0}", [vf], "float32"), "sum", post="fp_sqrt({0})", keep_shape=keep)
+        elif order == 1.0:
+            red = self.reduce(_combine("fp_abs({a0})", [vf], "float32"), "sum", keep_shape=keep)
+        elif order in (math.inf, -math.inf):
+            red = self.reduce(_combine("fp_abs({a0})", [vf], "float32"), "max" if order > 0 else "min",
+                              keep_shape=keep)
+        else:
+            raise Uncovered(f"not covered: linalg_vector_norm of order {order}")
+        return _as_dtype(red, v.dtype)
+
+    def trailing(self, v: Val, dims: list) -> Val:
+        """``v`` with the reduced dims moved last (a permute of its leaves' strides: a reduction over the spatial
+        dims of an NHWC view reads each row at the memory's own strides) and the region's domain set over it."""
+        nd = len(v.shape)
+        red = sorted(d % nd for d in dims) if dims else list(range(nd))
+        if red != list(range(nd - len(red), nd)):
+            if v.space != v.shape:
+                raise Uncovered("a reduction of a re-spaced value")
+            order = [d for d in range(nd) if d not in red] + red
+            v = Val(tuple(v.shape[d] for d in order), tuple(v.shape[d] for d in order), v.expr,
+                    [Leaf(leaf.source, tuple(leaf.strides[d] for d in order)) for leaf in v.leaves], v.dtype, v.exact)
+            red = list(range(nd - len(red), nd))
+        self.domain(v, red)
+        return v
 
     def var_op(self, name: str, args: list, kwargs: dict) -> Any:
         v = self.arg(args[0])

@@ -249,6 +249,35 @@ def test_a_permute_neither_makes_a_region_alone_nor_ends_one():
     assert mul.short_ops[-1] == "mul" and mul.output_spec.shape == (2, 3, 8)
 
 
+class _WindowPartition(nn.Module):
+    """Swin's window partition: a permuted view reshaped (a copy, then a view that merges the window dims)."""
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        win = (x * 2.0).view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, 49, c)
+        return win + 1.0
+
+
+def test_a_copy_that_makes_a_view_possible_ends_its_own_region(cpu_evaluator):
+    """The reshape's copy writes the windows in order and ends a region; the view of it starts the next. Kept in
+    one region, the kernel would have to index the copy's input through a view no strides express (its lowering
+    says so, and the region was found but not computed)."""
+    from forge_pack.core.hotspot import Hotspot
+    from forge_pack.search.families.region import coverage
+    from forge_pack.search.templates_proposer import instantiate
+    from forge_pack.targets.region_target import signature
+
+    _, regions = _regions(_WindowPartition(), (torch.randn(2, 14, 21, 8),))
+    assert sorted(r.short_ops for r in regions) == [("_unsafe_view", "add"),
+                                                    ("mul", "view", "permute", "clone")]
+    for r in regions:
+        sig = signature(r)
+        assert coverage(sig) == "", coverage(sig)
+        e = cpu_evaluator.evaluate(instantiate("region", "cpu", "pointwise", None, sig),
+                                   Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cpu"))
+        assert e.verdict.ok, (r.short_ops, e.verdict.reason, e.verdict.detail)
+
+
 def test_a_region_through_a_permute_verifies_on_the_cpu(cpu_evaluator):
     """The generated kernel reads the pre-permute operand at the permuted strides: the float64 reference of the
     region's own subgraph agrees; a kernel that ignored the permute (its strides as given) would not."""

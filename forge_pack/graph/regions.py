@@ -164,7 +164,8 @@ def find_regions(graph: Graph) -> list[Region]:
         users = list(n.users)
         owners = {id(group_of.get(u)) for u in users}
         g = group_of.get(users[0]) if users else None
-        if g is not None and len(owners) == 1 and not _select_of_other_domain(graph, g, n) and _admits(graph, g, n):
+        if (g is not None and len(owners) == 1 and not _select_of_other_domain(graph, g, n)
+                and not _copy_for_a_view(n) and _admits(graph, g, n)):
             g.members.append(n)
             group_of[n] = g
             continue
@@ -256,6 +257,29 @@ def _admits(graph: Graph, g: _Group, n: torch.fx.Node, fresh: bool = False) -> b
         g.full_numel = max(g.full_numel, numel)
         return True
     return numel <= g.full_numel  # a prologue no larger than what the reduction reads
+
+
+_COPIES = ("clone", "contiguous")
+
+
+def _copy_for_a_view(n: torch.fx.Node) -> bool:
+    """A copy whose reader views the copy in a shape its input's layout cannot be viewed in (``reshape`` of a
+    permuted tensor: Swin's window partition and its mask): the copy is what makes that view possible, so it ends
+    its own region (it writes the reordered tensor) and the view starts the next, as eager runs it. Inside one
+    region the kernel would index the copy's input through the view, which no strides express."""
+    if opclass.base_name(op_name(n)) not in _COPIES or not n.args or not isinstance(n.args[0], torch.fx.Node):
+        return False
+    spec = _spec(n.args[0])
+    if spec is None:
+        return False
+    src = torch.empty_strided(tuple(spec.shape), tuple(spec.strides), device="meta")
+    for u in n.users:
+        if opclass.base_name(op_name(u)) in ("view", "_unsafe_view", "reshape") and _spec(u) is not None:
+            try:
+                src.view(tuple(_spec(u).shape))
+            except RuntimeError:
+                return True
+    return False
 
 
 def _select_of_other_domain(graph: Graph, g: _Group, n: torch.fx.Node) -> bool:

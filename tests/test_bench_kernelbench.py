@@ -71,3 +71,26 @@ def test_row_when_nothing_is_targeted():
     assert row["status"] == "not targeted" and row["note"] == "relu(...): not a target op"
     row = kb.row_of("l1_19_relu", {"hotspots": []}, 5.0, "ok", ["py"], "")
     assert row["note"] == "no targeted op in the forward"
+
+
+@pytest.mark.parametrize("mode, first, want", [("auto", "not targeted", ["ops", "regions"]), ("auto", "ok", ["ops"]),
+                                               ("always", "ok", ["regions"]), ("never", "not targeted", ["ops"])])
+def test_a_problem_no_op_target_covers_is_searched_as_regions(monkeypatch, mode, first, want):
+    """auto: the op search first, the region search only where it found nothing to target (its wall time added);
+    always / never: one search, as regions / as ops."""
+    import argparse
+    import time
+
+    calls = []
+
+    def fake(name, args, deadline_at, regions):
+        calls.append("regions" if regions else "ops")
+        return {"status": "ok" if regions else first, "search_wall_s": 2.0, "note": "relu(...): not a target op",
+                "mode": calls[-1]}
+
+    monkeypatch.setattr(kb, "_search", fake)
+    row = kb.run_one("l1_19_relu", argparse.Namespace(regions=mode), time.monotonic() + 60)
+    assert calls == want and row["mode"] == want[-1]
+    assert row["search_wall_s"] == 2.0 * len(want)
+    if len(want) == 2:
+        assert row["ops_note"] == "relu(...): not a target op"

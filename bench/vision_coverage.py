@@ -1,7 +1,10 @@
-"""Which parts of vision models forge-pack's regions cover: a coverage survey of models it has not seen.
+"""Which parts of vision models (and LLMs) forge-pack's regions cover: a survey of models it has not seen.
 
     python bench/vision_coverage.py [OUT_BASE] [--models a,b] [--size 224] [--batch 2]
         (needs torchvision; timm for the timm rows; no GPU needed: CPU profile times)
+    python bench/vision_coverage.py [OUT_BASE] --llm [--tokens 64]
+        (transformers' causal LMs from tiny configurations, bench/attention_chains.py's, eager attention,
+        bf16: one prompt; default OUT_BASE bench/results/llm_coverage)
 
 Per model (torchvision / timm architectures, random weights, fp32, eval): the graph as `forge-pack
 profile --regions` captures it (export route, per-node eager CPU times), then the time share in
@@ -38,7 +41,38 @@ def build(name: str):
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def survey_one(name: str, size: int, batch: int) -> dict:
+class _Prefill:
+    """A causal LM's logits for a prompt (no cache), as a module the capture can export."""
+
+    @staticmethod
+    def wrap(lm):
+        import torch
+
+        class Prefill(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm = lm
+
+            def forward(self, ids):
+                return self.lm(input_ids=ids, use_cache=False).logits
+
+        return Prefill().eval()
+
+
+def llm_inputs(name: str, tokens: int):
+    """(model, inputs) of a transformers causal LM from attention_chains.py's tiny configurations."""
+    import torch
+    import transformers as tf
+
+    from attention_chains import cases
+
+    config_cls, model_cls, kwargs = cases(tf)[name]
+    torch.manual_seed(0)
+    lm = model_cls._from_config(config_cls(**kwargs), attn_implementation="eager", dtype=torch.bfloat16).eval()
+    return _Prefill.wrap(lm), (torch.randint(1, 128, (1, tokens)),)
+
+
+def survey_one(name: str, size: int, batch: int, llm: bool = False) -> dict:
     import torch
 
     from forge_pack.graph.capture import capture
@@ -47,9 +81,12 @@ def survey_one(name: str, size: int, batch: int) -> dict:
     row: dict = {"model": name}
     t0 = time.time()
     try:
-        model = build(name)
+        if llm:
+            model, inputs = llm_inputs(name, size)
+        else:
+            model, inputs = build(name), (torch.randn(batch, 3, size, size),)
         with torch.no_grad():
-            graph = capture(model, (torch.randn(batch, 3, size, size),), {})
+            graph = capture(model, inputs, {})
         doc = regions_json(graph)
         total = max(doc["attributed_us"], 1e-9)
         no_family = [{"pattern": g["pattern"], "share": g["time_share"], "why": g["kernel"]}
@@ -76,9 +113,17 @@ def _pct(x: float) -> str:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["# Vision models: what forge-pack's regions cover", "",
-             f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, CPU, fp32, batch {doc['batch']}, "
-             f"{doc['size']}x{doc['size']}, random weights; shares of the attributed eager CPU time.", "",
+    if doc.get("llm"):
+        head = ["# Causal LMs (eager attention): what forge-pack's regions cover", "",
+                f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, transformers "
+                f"{doc['environment'].get('transformers')}, CPU, bf16, one prompt of {doc['size']} tokens, tiny "
+                "configurations (bench/attention_chains.py's), random weights; shares of the attributed eager CPU "
+                "time.", ""]
+    else:
+        head = ["# Vision models: what forge-pack's regions cover", "",
+                f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, CPU, fp32, batch {doc['batch']}, "
+                f"{doc['size']}x{doc['size']}, random weights; shares of the attributed eager CPU time.", ""]
+    lines = head + [
              "| model | regions (signatures) | conv epilogue regions | attention chains | matmul / conv left to "
              "the library | other uncovered | regions no kernel computes |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -107,19 +152,30 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(TORCHVISION + TIMM))
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--llm", action="store_true", help="transformers causal LMs instead of vision models")
+    ap.add_argument("--tokens", type=int, default=64)
     a = ap.parse_args()
-    base = out_path("vision_coverage")
+    base = out_path("llm_coverage" if a.llm else "vision_coverage")
+    extra = {}
+    if a.llm:
+        import transformers as tf
+
+        from attention_chains import cases
+
+        names, a.size, extra = list(cases(tf)), a.tokens, {"transformers": tf.__version__}
+    else:
+        names = a.models.split(",")
     t0 = time.time()
     rows = []
-    for name in a.models.split(","):
-        rows.append(survey_one(name, a.size, a.batch))
+    for name in names:
+        rows.append(survey_one(name, a.size, a.batch, a.llm))
         print(f"[{time.time() - t0:.0f}s] {name}: {rows[-1].get('error') or _pct(rows[-1]['region_share'])}",
               flush=True)
     import torch
 
     doc = {"command": "python bench/vision_coverage.py " + " ".join(__import__("sys").argv[1:]),
-           "environment": {**environment(), "torch": torch.__version__}, "size": a.size, "batch": a.batch,
-           "seconds": round(time.time() - t0, 1), "rows": rows}
+           "environment": {**environment(), "torch": torch.__version__, **extra}, "size": a.size, "batch": a.batch,
+           "llm": a.llm, "seconds": round(time.time() - t0, 1), "rows": rows}
     write(base, doc, markdown(doc))
 
 

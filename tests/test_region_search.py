@@ -21,6 +21,7 @@ from forge_pack.targets.region_target import roles, signature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
+import unseen_ops  # noqa: E402
 import llama_regions  # noqa: E402
 import vae_resblock  # noqa: E402
 
@@ -117,6 +118,87 @@ def test_a_reduction_over_dims_that_are_not_trailing_lowers_and_verifies(cpu_eva
     (fam,) = applicable_families(sig, "cpu")
     e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+class _GemmaRmsNorm(nn.Module):
+    """Gemma's RMSNorm: in fp32, times (1 + weight), then ``type_as(x)`` (a cast to another tensor's dtype)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(64) * 0.1)
+
+    def forward(self, x):
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class _Rope(nn.Module):
+    """Llama's rotary tables: cos and sin of the fp32 angles, scaled, cast to the model's dtype."""
+
+    def forward(self, emb):
+        return (emb.cos() * 0.5).to(torch.bfloat16) + (emb.sin() * 0.5).to(torch.bfloat16)
+
+
+class _MaskBuilder(nn.Module):
+    """transformers' mask builders: comparisons of positions, & with new_ones, where into the logits."""
+
+    def forward(self, x, pos):
+        keep = (pos[:, None] >= pos[None, :]) & (pos[:, None] - pos[None, :] < 4)
+        keep = keep & x.new_ones(x.shape, dtype=torch.bool)
+        return torch.where(keep, x, torch.finfo(x.dtype).min)
+
+
+def _small_models():
+    torch.manual_seed(0)
+    return {"gemma_rms_norm": (_GemmaRmsNorm().to(torch.bfloat16), (torch.randn(4, 9, 64).to(torch.bfloat16),)),
+            "rope_cos_sin": (_Rope(), (torch.randn(2, 16, 32) * 4,)),
+            "mask_builder": (_MaskBuilder(), (torch.randn(16, 16).to(torch.bfloat16), torch.arange(16)))}
+
+
+@pytest.mark.parametrize("name", sorted(_small_models()))
+def test_llm_regions_gemma_norm_rope_tables_and_mask_builders_lower_and_verify(cpu_evaluator, name):
+    """type_as (Gemma's RMSNorm), cos / sin (RoPE's tables), new_ones and & of booleans (transformers' masks)."""
+    model, inputs = _small_models()[name]
+    regions = [r for r in find_regions(capture(model.eval(), inputs, profile=False)) if r.output_spec.dtype != "int64"]
+    (region,) = [r for r in regions if r.output_spec.numel == max(x.output_spec.numel for x in regions)]
+    sig = signature(region)
+    assert coverage(sig) == "", coverage(sig)
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+def _unseen_regions(dtype):
+    model, inputs = unseen_ops.get_model(), unseen_ops.get_inputs()
+    if dtype is not None:
+        model, inputs = model.to(dtype), [t.to(dtype) if t.is_floating_point() else t for t in inputs]
+    regions = find_regions(capture(model, tuple(inputs), profile=False))
+    return list({r.key: r for r in regions}.values())
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["f32", "bf16"])
+def test_every_region_of_the_unseen_ops_block_is_computed_and_verifies(cpu_evaluator, dtype):
+    """tests/models/regions/unseen_ops.py (the ops the vision and LLM coverage surveys found uncomputed): each
+    region's generated kernel verifies; the GPU side is built by test_region_cuda_compile."""
+    regions = _unseen_regions(dtype)
+    assert len(regions) == 6
+    for region in regions:
+        sig = signature(region)
+        assert coverage(sig) == "", (region.pattern, coverage(sig))
+        for fam in applicable_families(sig, "cpu"):
+            e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+            assert e.verdict.ok, (region.pattern, fam.name, e.verdict.reason, e.verdict.detail)
+
+
+def test_bitwise_and_of_integers_is_not_read_as_logic():
+    class Bits(nn.Module):
+        def forward(self, a, b):
+            return (a & b).float() * 2.0
+
+    (region,) = [r for r in find_regions(capture(Bits(), (torch.arange(8, dtype=torch.int32),
+                                                         torch.full((8,), 6, dtype=torch.int32)), profile=False))]
+    assert coverage(signature(region)) == "not covered: __and__ of non-boolean tensors"
 
 
 def test_a_mutated_generated_expression_is_rejected_as_mismatch(cpu_evaluator):

@@ -321,7 +321,7 @@ def _respace(v: Val, space: tuple[int, ...]) -> Val:
 _POINTWISE = {
     "add": "{a0} + {a1}", "sub": "{a0} - {a1}", "mul": "{a0} * {a1}", "div": "{a0} / {a1}",
     "neg": "-{a0}", "exp": "fp_exp({a0})", "log": "fp_log({a0})", "rsqrt": "fp_rsqrt({a0})",
-    "sqrt": "fp_sqrt({a0})", "tanh": "fp_tanh({a0})", "sigmoid": "fp_sigmoid({a0})", "silu": "fp_silu({a0})",
+    "sqrt": "fp_sqrt({a0})", "tanh": "fp_tanh({a0})", "cos": "fp_cos({a0})", "sin": "fp_sin({a0})", "sigmoid": "fp_sigmoid({a0})", "silu": "fp_silu({a0})",
     "relu": "fp_relu({a0})", "abs": "fp_abs({a0})", "reciprocal": "1.0f / {a0}", "erf": "fp_erf({a0})",
     "square": "{a0} * {a0}", "maximum": "fp_maxnan({a0}, {a1})", "minimum": "fp_minnan({a0}, {a1})",
     "eq": "({a0} == {a1} ? 1.0f : 0.0f)", "ne": "({a0} != {a1} ? 1.0f : 0.0f)",
@@ -330,6 +330,11 @@ _POINTWISE = {
     "where": "({a0} != 0.0f ? {a1} : {a2})", "masked_fill": "({a1} != 0.0f ? {a2} : {a0})",
     "logical_not": "({a0} == 0.0f ? 1.0f : 0.0f)", "hardtanh": "fp_clamp({a0}, {a1}, {a2})",
 }
+_AND, _OR, _XOR = ("(({a0} != 0.0f) && ({a1} != 0.0f) ? 1.0f : 0.0f)", "(({a0} != 0.0f) || ({a1} != 0.0f) ? 1.0f : 0.0f)",
+                   "(({a0} != 0.0f) != ({a1} != 0.0f) ? 1.0f : 0.0f)")
+_LOGIC = {"__and__": _AND, "bitwise_and": _AND, "logical_and": _AND, "__or__": _OR, "bitwise_or": _OR,
+          "logical_or": _OR, "__xor__": _XOR, "bitwise_xor": _XOR, "logical_xor": _XOR}
+
 # activations with constant parameters, as PyTorch's kernels compute them in fp32 (one rounding after):
 # MobileNetV3's hardswish / hardsigmoid, ELU / SELU / CELU, softplus and mish (YOLO-style detectors)
 _ACTIVATIONS = ("hardswish", "hardsigmoid", "elu", "selu", "celu", "softplus", "mish")
@@ -486,6 +491,8 @@ class Lowering:
             return self.arg(args[0])
         if name in ("_to_copy", "to", "type_as", "_convert_element_type", "convert_element_type"):
             dt = kwargs.get("dtype") or (args[1] if len(args) > 1 else None)
+            if name == "type_as" and _is_ref(dt):  # Gemma's RMSNorm: out.type_as(x), x's dtype
+                dt = {"dtype": self.arg(dt).dtype}
             if not (isinstance(dt, dict) and "dtype" in dt):
                 raise Uncovered(f"not covered: {name} without a dtype")
             v = self.arg(args[0])
@@ -510,7 +517,8 @@ class Lowering:
             return self.softmax_op(name, args, kwargs)
         if name in ("layer_norm", "native_layer_norm"):
             return self.layer_norm_op(name, args)
-        if name in ("zeros_like", "ones_like", "full_like", "full", "zeros", "ones", "scalar_tensor"):
+        if name in ("zeros_like", "ones_like", "full_like", "full", "zeros", "ones", "scalar_tensor", "new_ones",
+                    "new_zeros", "new_full"):
             return self.constant_op(name, args, kwargs)
         if name in ("adaptive_avg_pool2d", "_adaptive_avg_pool2d") and list(args[1]) == [1, 1]:
             return self.reduction_op("mean", [args[0], [-2, -1], True], {})
@@ -557,6 +565,11 @@ class Lowering:
             return _combine(f"fp_clamp_hi(fp_clamp_lo({{a0}}, {_const(lo)}), {_const(hi)})", [self.arg(args[0])], dtype)
         if name in _ACTIVATIONS:
             return _combine(_activation(name, args, kwargs), [self.arg(args[0])], dtype)
+        if name in _LOGIC:  # the mask builders of transformers: bool & bool (bitwise on ints is not logic)
+            if not name.startswith("logical_") and any(t.dtype != "bool" for t in tensors):
+                raise Uncovered(f"not covered: {name} of non-boolean tensors")
+            vals = [self.operand(a, "bool") for a in args[:2]]
+            return _combine(_LOGIC[name], vals, "bool")
         if name in ("addcmul", "addcdiv"):  # self + value * t1 (* or /) t2, in the ops' promoted dtype
             value = args[3] if len(args) > 3 else kwargs.get("value", 1)
             if _is_ref(value) or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -586,6 +599,9 @@ class Lowering:
             like = self.arg(args[0])
             shape, dtype = like.shape, (dtype if isinstance(dt, dict) else like.dtype)
             value = {"zeros_like": 0.0, "ones_like": 1.0}.get(name, args[1] if len(args) > 1 else 0.0)
+        elif name in ("new_ones", "new_zeros", "new_full"):  # x.new_ones(size): x's dtype unless given
+            shape, dtype = tuple(args[1]), (dtype if isinstance(dt, dict) else self.arg(args[0]).dtype)
+            value = {"new_zeros": 0.0, "new_ones": 1.0}.get(name, args[2] if len(args) > 2 else 0.0)
         elif name == "scalar_tensor":
             shape, value = (), args[0]
         else:

@@ -32,6 +32,8 @@ FP_FN float fp_gelu(float v) { return 0.5f * v * (1.0f + std::erf(v * 0.70710678
 FP_FN float fp_gelu_tanh(float v) {
   return 0.5f * v * (1.0f + std::tanh(0.79788456080286536f * (v + 0.044715f * v * v * v)));
 }
+FP_FN float fp_cos(float v) { return std::cos(v); }
+FP_FN float fp_sin(float v) { return std::sin(v); }
 FP_FN float fp_expm1(float v) { return std::expm1(v); }
 FP_FN float fp_log1p(float v) { return std::log1p(v); }
 FP_FN float fp_clamp_lo(float v, float lo) { return v < lo ? lo : v; }

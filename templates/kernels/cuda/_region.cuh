@@ -42,6 +42,8 @@ FP_FN float fp_silu(float v) { return v / (1.0f + fp_exp(-v)); }
 FP_FN float fp_relu(float v) { return v < 0.0f ? 0.0f : v; }
 FP_FN float fp_gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
 FP_FN float fp_gelu_tanh(float v) { return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v))); }
+FP_FN float fp_cos(float v) { return cosf(v); }
+FP_FN float fp_sin(float v) { return sinf(v); }
 FP_FN float fp_expm1(float v) { return expm1f(v); }
 FP_FN float fp_log1p(float v) { return log1pf(v); }
 FP_FN float fp_clamp_lo(float v, float lo) { return v < lo ? lo : v; }

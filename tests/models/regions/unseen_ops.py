@@ -1,0 +1,44 @@
+"""Ops of models forge-pack was not built on, one block: Gemma's RMSNorm (``type_as``), Llama's rotary tables
+(cos, sin), a transformers mask builder from positions (``new_ones``, ``&``), MobileNetV3's hardswish, ELU / SELU / softplus /
+mish, ConvNeXt V2's global response norm (a 2-norm over the spatial dims of an NHWC view, ``addcmul``) and
+ConvNeXt's layer scale permuted back to NCHW before the residual add. Every region here is one the generated
+kernels compute (tests/test_region_cuda_compile.py builds each with nvcc and NVRTC)."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, c: int = 32):
+        super().__init__()
+        self.norm_w = nn.Parameter(torch.randn(c) * 0.1)
+        self.grn_w, self.grn_b = nn.Parameter(torch.randn(c) * 0.1), nn.Parameter(torch.randn(c) * 0.1)
+        self.gamma = nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x, seq, angles, pos):
+        # an LLM's pieces over a [B, L, C] sequence
+        sf = seq.float()
+        h = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.norm_w.float())).type_as(seq)
+        rope = (angles.cos() * 0.5).to(seq.dtype) + (angles.sin() * 0.5).to(seq.dtype)
+        keep = (pos[:, None] >= pos[None, :]) & seq.new_ones((seq.shape[1], seq.shape[1]), dtype=torch.bool)
+        mask = torch.where(keep, 0.0, torch.finfo(seq.dtype).min).to(seq.dtype)
+        mixed = torch.matmul(h + rope, h.transpose(1, 2)) + mask
+        # a vision block's pieces over [N, C, H, W]
+        y = x.permute(0, 2, 3, 1)
+        gx = torch.linalg.vector_norm(y, ord=2, dim=(1, 2), keepdim=True)
+        nx = gx / (gx.mean(dim=-1, keepdim=True) + 1e-6)
+        y = torch.addcmul(self.grn_b, self.grn_w, y * nx) + y
+        y = F.mish(F.softplus(F.selu(F.elu(F.hardswish(y), 0.7)), beta=2.0))
+        z = x + (self.gamma * y).permute(0, 3, 1, 2)
+        return mixed, z
+
+
+def get_model():
+    torch.manual_seed(0)
+    return Model().eval()
+
+
+def get_inputs():
+    torch.manual_seed(0)
+    return [torch.randn(2, 32, 6, 5), torch.randn(2, 12, 32), torch.randn(1, 12, 32) * 3, torch.arange(12)]

@@ -123,6 +123,8 @@ def markdown(doc: dict) -> str:
         head = ["# Vision models: what forge-pack's regions cover", "",
                 f"Command: `{doc['command']}`; torch {doc['environment']['torch']}, CPU, fp32, batch {doc['batch']}, "
                 f"{doc['size']}x{doc['size']}, random weights; shares of the attributed eager CPU time.", ""]
+    head += ["CPU shares move by up to 2x between runs on a shared 2-core machine: read the table as a map of what "
+             "is covered and what is not, not as timings.", ""]
     lines = head + [
              "| model | regions (signatures) | conv epilogue regions | attention chains | matmul / conv left to "
              "the library | other uncovered | regions no kernel computes |",

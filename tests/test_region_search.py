@@ -169,6 +169,30 @@ def test_llm_regions_gemma_norm_rope_tables_and_mask_builders_lower_and_verify(c
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
+class _ShiftedWindowLogits(nn.Module):
+    """Swin's shifted-window attention logits: a per-window mask added over [B, nW, heads, L, L], viewed back to
+    [B * nW, heads, L, L] (the mask's broadcast batch dim merged with its window dim: no strides read the mask in
+    that shape), then the softmax."""
+
+    def forward(self, attn, mask):
+        nw, heads, length = mask.shape[0], attn.shape[1], attn.shape[-1]
+        attn = attn.view(attn.shape[0] // nw, nw, heads, length, length) + mask.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(attn.view(-1, heads, length, length), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_view_that_merges_a_broadcast_dim_keeps_its_index_space_and_verifies(cpu_evaluator, dtype):
+    attn, mask = torch.randn(2 * 4, 3, 16, 16).to(dtype), (torch.randn(4, 16, 16) * 3).to(dtype)
+    (region,) = find_regions(capture(_ShiftedWindowLogits(), (attn, mask), profile=False))
+    sig = signature(region)
+    assert coverage(sig) == ""
+    prog = program(sig)
+    assert prog.space == (2, 4, 3, 16, 16) and prog.nred == 1  # the rows: the unmerged leading dims
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
 def _unseen_regions(dtype):
     model, inputs = unseen_ops.get_model(), unseen_ops.get_inputs()
     if dtype is not None:
@@ -182,7 +206,7 @@ def test_every_region_of_the_unseen_ops_block_is_computed_and_verifies(cpu_evalu
     """tests/models/regions/unseen_ops.py (the ops the vision and LLM coverage surveys found uncomputed): each
     region's generated kernel verifies; the GPU side is built by test_region_cuda_compile."""
     regions = _unseen_regions(dtype)
-    assert len(regions) == 6
+    assert len(regions) == 7
     for region in regions:
         sig = signature(region)
         assert coverage(sig) == "", (region.pattern, coverage(sig))

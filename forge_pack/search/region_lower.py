@@ -282,7 +282,10 @@ def _view(v: Val, new_shape) -> Val:
     for leaf in v.leaves:
         st = view_strides(v.shape, leaf.strides, new_shape)
         if st is None:
-            raise Uncovered(f"a view {v.shape} -> {new_shape} that needs a copy")
+            # a leaf no strides read in the new shape (a broadcast operand whose batch and window dims are
+            # merged: Swin's masked logits viewed [B * nW, heads, L, L]): the value keeps its own index space,
+            # re-spaced (what later ops combine with is read in that space)
+            return Val(new_shape, v.shape, v.expr, v.leaves, v.dtype, v.exact)
         leaves.append(Leaf(leaf.source, st))
     return Val(new_shape, new_shape, v.expr, leaves, v.dtype, v.exact)
 
@@ -412,12 +415,17 @@ class Lowering:
 
     # -- reductions
     def domain(self, v: Val, dims: list[int]) -> None:
-        if v.space != v.shape:
-            raise Uncovered("a reduction of a re-spaced value")
         nd = len(v.shape)
         dims = sorted(d % nd for d in dims) if dims else list(range(nd))
         if dims != list(range(nd - len(dims), nd)):
             raise Uncovered(f"a reduction over dims {dims} of {nd} that are not the trailing ones (strided)")
+        if v.space != v.shape:
+            # re-spaced by a view of its leading dims only: its rows are the space's leading dims, in order
+            k = len(dims)
+            if tuple(v.shape[nd - k:]) != tuple(v.space[len(v.space) - k:]):
+                raise Uncovered("a reduction of a re-spaced value")
+            self.set_space(tuple(v.space), k)
+            return
         self.set_space(tuple(v.shape), len(dims))
 
     def set_space(self, space: tuple[int, ...], nred: int) -> None:

@@ -132,12 +132,13 @@ def markdown(rows: list[dict], env: dict) -> str:
              "protocol, ours the best verified kernel's; % BW is the kernel's fraction of the copy bandwidth "
              "(bytes read + written at the measured device-to-device copy rate); wall is the whole search "
              "(profile, baselines, evaluations).", "",
-             "| problem | hot op (searched as) | eager µs | compile µs | ours µs | vs eager | vs compile | % BW | wall s | "
-             "status |",
+             "| problem | hot op (searched as) | eager µs | compile µs | ours µs | vs eager | vs compile | % BW | "
+             "wall s | status |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         mode = f" ({r['mode']})" if r.get("mode") == "regions" else ""
-        lines.append(f"| {r['problem']} | {r['signature'] or '-'}{mode} | {_fmt(r['eager_us'])} | {_fmt(r['compile_us'])} | "
+        lines.append(f"| {r['problem']} | {r['signature'] or '-'}{mode} | {_fmt(r['eager_us'])} | "
+                     f"{_fmt(r['compile_us'])} | "
                      f"{_fmt(r['ours_us'])} | {_fmt(r['vs_eager'], 'x', digits=2)} | "
                      f"{_fmt(r['vs_compile'], 'x', digits=2)} | {_fmt(r['bandwidth_fraction'], '%', 100, 0)} | "
                      f"{r['search_wall_s']:.0f} | {r['status']} |")

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -89,6 +90,7 @@ def run_one(name: str, args, deadline_at: float) -> dict:
 
 def _search(name: str, args, deadline_at: float, regions: bool) -> dict:
     run_dir = Path(args.work) / (name + ("_regions" if regions else ""))
+    shutil.rmtree(run_dir, ignore_errors=True)  # the bench's scratch: a search refuses a run dir that exists
     cmd = _cmd(name, args, run_dir, regions)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if args.small:
@@ -110,7 +112,7 @@ def _search(name: str, args, deadline_at: float, regions: bool) -> dict:
             break
         except ValueError:
             continue
-    if doc is None:  # cut off: the run store's summary, when the search wrote one
+    if doc is None and status.startswith("stopped"):  # cut off: the run store's summary, when the search wrote one
         summary = run_dir / "search.json"
         if summary.exists():
             doc = json.loads(summary.read_text())

@@ -446,7 +446,8 @@ def _draw(chain: AttentionChain, gen: torch.Generator, masked_row: bool) -> list
         if role == "mask" and masked_row:
             t[..., 0, :] = float("-inf")
         if role == "mask" and chain.causal_mask:
-            t = causal_pattern(s, window=chain.window)  # the mask the kernel computes: the subgraph reads it, the reference is causal
+            # the mask the kernel computes: the subgraph reads it, the reference is causal
+            t = causal_pattern(s, window=chain.window)
         tensors.append(t)
     return tensors
 

@@ -99,7 +99,8 @@ def attention_hotspots(chains: list[AttentionChain], values: dict, run_dir: str 
         out.append(Hotspot(sig, ("region",), float(len(group)), total, total / len(group),
                            sum(c.region.time_share for c in group), tuple(captures), r.device,
                            unsupported=why, extra=extra))
-        masked = f" with the causal mask{f' (window {first.window})' if first.window else ''}" if first.causal_mask else ""
+        window = f" (window {first.window})" if first.window else ""
+        masked = f" with the causal mask{window}" if first.causal_mask else ""
         say(f"attention {r.name}: {len(group)} instances{masked}"
             f"{f' (skipped: {why})' if why else ''}")
     return out

@@ -324,7 +324,8 @@ def _respace(v: Val, space: tuple[int, ...]) -> Val:
 _POINTWISE = {
     "add": "{a0} + {a1}", "sub": "{a0} - {a1}", "mul": "{a0} * {a1}", "div": "{a0} / {a1}",
     "neg": "-{a0}", "exp": "fp_exp({a0})", "log": "fp_log({a0})", "rsqrt": "fp_rsqrt({a0})",
-    "sqrt": "fp_sqrt({a0})", "tanh": "fp_tanh({a0})", "cos": "fp_cos({a0})", "sin": "fp_sin({a0})", "sigmoid": "fp_sigmoid({a0})", "silu": "fp_silu({a0})",
+    "sqrt": "fp_sqrt({a0})", "tanh": "fp_tanh({a0})", "cos": "fp_cos({a0})", "sin": "fp_sin({a0})",
+    "sigmoid": "fp_sigmoid({a0})", "silu": "fp_silu({a0})",
     "relu": "fp_relu({a0})", "abs": "fp_abs({a0})", "reciprocal": "1.0f / {a0}", "erf": "fp_erf({a0})",
     "square": "{a0} * {a0}", "maximum": "fp_maxnan({a0}, {a1})", "minimum": "fp_minnan({a0}, {a1})",
     "eq": "({a0} == {a1} ? 1.0f : 0.0f)", "ne": "({a0} != {a1} ? 1.0f : 0.0f)",
@@ -333,8 +334,9 @@ _POINTWISE = {
     "where": "({a0} != 0.0f ? {a1} : {a2})", "masked_fill": "({a1} != 0.0f ? {a2} : {a0})",
     "logical_not": "({a0} == 0.0f ? 1.0f : 0.0f)", "hardtanh": "fp_clamp({a0}, {a1}, {a2})",
 }
-_AND, _OR, _XOR = ("(({a0} != 0.0f) && ({a1} != 0.0f) ? 1.0f : 0.0f)", "(({a0} != 0.0f) || ({a1} != 0.0f) ? 1.0f : 0.0f)",
-                   "(({a0} != 0.0f) != ({a1} != 0.0f) ? 1.0f : 0.0f)")
+_AND = "(({a0} != 0.0f) && ({a1} != 0.0f) ? 1.0f : 0.0f)"
+_OR = "(({a0} != 0.0f) || ({a1} != 0.0f) ? 1.0f : 0.0f)"
+_XOR = "(({a0} != 0.0f) != ({a1} != 0.0f) ? 1.0f : 0.0f)"
 _LOGIC = {"__and__": _AND, "bitwise_and": _AND, "logical_and": _AND, "__or__": _OR, "bitwise_or": _OR,
           "logical_or": _OR, "__xor__": _XOR, "bitwise_xor": _XOR, "logical_xor": _XOR}
 
@@ -665,8 +667,11 @@ class Lowering:
         combine = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min"}[name]
         scale = 1.0 / max(_prod(self.space[len(self.space) - self.nred:]), 1) if name == "mean" else 1.0
         dt = kwargs.get("dtype")
-        return _as_dtype(self.reduce(v, combine, scale, keep_shape=keep),
-                         dt["dtype"] if isinstance(dt, dict) and "dtype" in dt else v.dtype)
+        if isinstance(dt, dict) and "dtype" in dt:
+            out = dt["dtype"]
+        else:  # eager's result dtype: the input's, but a sum of booleans or integers is int64
+            out = v.dtype if v.dtype in FLOAT_DTYPES or combine != "sum" else "int64"
+        return _as_dtype(self.reduce(v, combine, scale, keep_shape=keep), out)
 
     def norm_op(self, args: list, kwargs: dict) -> Val:
         """linalg_vector_norm(x, ord, dim, keepdim): ord 2 (sqrt of the sum of squares), 1 or +-inf (ConvNeXt V2's

@@ -193,6 +193,29 @@ def test_a_view_that_merges_a_broadcast_dim_keeps_its_index_space_and_verifies(c
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
+@pytest.mark.parametrize("how", ["plain", "affine", "running_stats"])
+def test_instance_norm_lowers_and_verifies(cpu_evaluator, how):
+    """KernelBench's InstanceNorm2d (fp32, as published): each (n, c) plane by its own statistics (shifted by its
+    first element, so a constant plane gives exactly 0, as eager's Welford statistics do), with the per-channel
+    affine, or, with running statistics in eval, batch_norm's map."""
+    dtype = torch.float32
+    torch.manual_seed(0)
+    norm = nn.InstanceNorm2d(6, affine=how != "plain", track_running_stats=how == "running_stats")
+    if how == "running_stats":
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+    if how != "plain":
+        nn.init.normal_(norm.weight)
+        nn.init.normal_(norm.bias)
+    model = _Act(norm).to(dtype).eval()
+    (region,) = find_regions(capture(model, (torch.randn(2, 6, 7, 9).to(dtype),), profile=False))
+    sig = signature(region)
+    assert coverage(sig) == "", coverage(sig)
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
 def _unseen_regions(dtype):
     model, inputs = unseen_ops.get_model(), unseen_ops.get_inputs()
     if dtype is not None:

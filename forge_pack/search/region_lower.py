@@ -527,6 +527,8 @@ class Lowering:
             return self.softmax_op(name, args, kwargs)
         if name in ("layer_norm", "native_layer_norm"):
             return self.layer_norm_op(name, args)
+        if name == "instance_norm":
+            return self.instance_norm_op(args)
         if name in ("zeros_like", "ones_like", "full_like", "full", "zeros", "ones", "scalar_tensor", "new_ones",
                     "new_zeros", "new_full"):
             return self.constant_op(name, args, kwargs)
@@ -762,6 +764,39 @@ class Lowering:
         rstd = _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32")
         out = self.affine(x, mean, rstd, w, b, x.dtype)
         return (out, mean, rstd) if name == "native_layer_norm" else out
+
+    def instance_norm_op(self, args: list) -> Val:
+        """instance_norm(x, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn): each
+        (n, c) plane normalised by its own mean and biased variance, then the per-channel affine; with the running
+        statistics instead (use_input_stats False), batch_norm's inference map."""
+        x = self.arg(args[0])
+        w, b, rm, rv, use_stats, eps = args[1], args[2], args[3], args[4], args[5], args[7]
+        tail = (1,) * (len(x.shape) - 2)
+
+        def chan(a):
+            v = self.arg(a) if a is not None else None
+            return _view(v, (v.shape[0],) + tail) if isinstance(v, Val) else None
+
+        if not use_stats:
+            if rm is None or rv is None:
+                raise Uncovered("not covered: instance_norm without input or running statistics")
+            mean, var = chan(rm), chan(rv)
+        else:
+            dims = list(range(2, len(x.shape)))
+            self.domain(x, dims)
+            # shifted by the plane's first element (x - mean = d - mean(d), d = x - x[first]): a constant plane
+            # gives d = 0 exactly, so its output is exactly 0 as eager's Welford statistics give; the fp32 mean
+            # of the plane itself would carry the sum's rounding into every output, times 1 / sqrt(eps)
+            k = len(dims)
+            xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
+            first = Val(x.shape, x.space, x.expr, [Leaf(leaf.source, leaf.strides[:len(leaf.strides) - k] + (0,) * k)
+                                                   for leaf in x.leaves], "float32")
+            x = _combine("{a0} - {a1}", [xf, first], "float32")
+            mean, var = self.row_stats(x, 0.0, self.keep_shape(x.shape, dims, True))
+            return self.affine(x, mean, _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32"),
+                               chan(w), chan(b), self.arg(args[0]).dtype)
+        rstd = _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32")
+        return self.affine(x, mean, rstd, chan(w), chan(b), x.dtype)
 
     def affine(self, x: Val, mean: Val, rstd: Val, w: Val | None, b: Val | None, dtype: str) -> Val:
         xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")

@@ -216,6 +216,27 @@ def test_instance_norm_lowers_and_verifies(cpu_evaluator, how):
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
+class _ChannelRms(nn.Module):
+    """KernelBench's RMSNorm: over the channels of NCHW (dim 1, not the trailing dims), the input divided by it."""
+
+    def forward(self, x):
+        return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_a_norm_over_channels_computes_its_epilogue_in_the_reductions_dim_order(cpu_evaluator, dtype):
+    """The rows are (n, h, w) and the columns c; the division, in the model's NCHW order, is computed over that
+    space too, its output written at NCHW's strides read in that order."""
+    (region,) = find_regions(capture(_ChannelRms(), (torch.randn(2, 8, 5, 7).to(dtype),), profile=False))
+    sig = signature(region)
+    assert coverage(sig) == "", coverage(sig)
+    prog = program(sig)
+    assert prog.space == (2, 5, 7, 8) and prog.out_perm == (0, 2, 3, 1) and prog.out_strides == (280, 7, 1, 35)
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
 def _unseen_regions(dtype):
     model, inputs = unseen_ops.get_model(), unseen_ops.get_inputs()
     if dtype is not None:
@@ -229,7 +250,7 @@ def test_every_region_of_the_unseen_ops_block_is_computed_and_verifies(cpu_evalu
     """tests/models/regions/unseen_ops.py (the ops the vision and LLM coverage surveys found uncomputed): each
     region's generated kernel verifies; the GPU side is built by test_region_cuda_compile."""
     regions = _unseen_regions(dtype)
-    assert len(regions) == 7
+    assert len(regions) == 8
     for region in regions:
         sig = signature(region)
         assert coverage(sig) == "", (region.pattern, coverage(sig))

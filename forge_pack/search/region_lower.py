@@ -92,6 +92,9 @@ class Program:
     # window kind: the pooling; ``space`` is then the pooled output's shape, each reduction's value
     # is over ``window.in_shape`` and its result (one per output element) a leaf of ``out``
     window: Window | None = None
+    # the output's dims in ``space`` order (space dim k is output dim out_perm[k]) where the reduction moved its
+    # dims last (a norm over channels of NCHW: rows over N, H, W, columns over C); None: the output's own order
+    out_perm: tuple[int, ...] | None = None
 
     @property
     def rows(self) -> int:
@@ -396,6 +399,7 @@ class Lowering:
         self.space: tuple[int, ...] | None = None  # the iteration space, fixed by the first reduction
         self.nred = 0
         self.window: Window | None = None
+        self.perm: tuple[int, ...] | None = None  # the dim order ``trailing`` gave the reduction's input
 
     # -- arguments
     def arg(self, a: Any) -> Any:
@@ -709,6 +713,9 @@ class Lowering:
             if v.space != v.shape:
                 raise Uncovered("a reduction of a re-spaced value")
             order = [d for d in range(nd) if d not in red] + red
+            if self.perm is not None and self.perm != tuple(order):
+                raise Uncovered("two reductions over dims in different orders")
+            self.perm = tuple(order)
             v = Val(tuple(v.shape[d] for d in order), tuple(v.shape[d] for d in order), v.expr,
                     [Leaf(leaf.source, tuple(leaf.strides[d] for d in order)) for leaf in v.leaves], v.dtype, v.exact)
             red = list(range(nd - len(red), nd))
@@ -907,12 +914,24 @@ class Lowering:
         target = rows_shape if per_row else space
         if _prod(out.shape) != _prod(target):
             raise Uncovered("an output smaller than the region's domain and not one value per row")
+        out_perm = None
+        if (not per_row and self.perm is not None and out.space == out.shape and len(out.shape) == len(space)
+                and tuple(out.shape[d] for d in self.perm) == tuple(space) and tuple(out.shape) != tuple(space)):
+            # the epilogue is in the model's dim order, the reduction's rows in ``trailing``'s: the output is
+            # computed over the reduction's space, each leaf (and the output's strides) reordered alike
+            out_perm = self.perm
+            out = Val(tuple(space), tuple(space), out.expr,
+                      [Leaf(leaf.source, tuple(leaf.strides[d] for d in out_perm)) for leaf in out.leaves],
+                      out.dtype, out.exact)
         out_t = _respace(out, target) if out.space != target else out
         out_strides = contiguous(target)
+        if out_perm is not None:
+            own = contiguous(tuple(space[out_perm.index(d)] for d in range(len(space))))
+            out_strides = tuple(own[d] for d in out_perm)
         kind = "window" if self.window is not None else ("row" if nred else "pointwise")
         return Program(kind, tuple(space), nred, self.reductions, out_t,
                        out_strides, tuple(i["dtype"] for i in self.inputs), out.dtype, per_row,
-                       tuple(base(o["op"]) for o in self.form["ops"]), self.window)
+                       tuple(base(o["op"]) for o in self.form["ops"]), self.window, out_perm)
 
 
 # pooling ops -> their argument names in schema order (args are read by position, then by keyword)
@@ -970,9 +989,11 @@ def lower(form: dict, out_spec: dict | None = None) -> Program:
     """The region's program; raises ``Uncovered`` (its text is the reason) for what no skeleton computes."""
     prog = Lowering(form).lower()
     if out_spec is not None:
-        out_shape = tuple(out_spec["shape"])
+        out_shape, strides = tuple(out_spec["shape"]), tuple(out_spec["strides"])
+        if prog.out_perm is not None:  # the output read in the reduction's dim order
+            out_shape, strides = tuple(out_shape[d] for d in prog.out_perm), tuple(strides[d] for d in prog.out_perm)
         target = prog.space[:len(prog.space) - prog.nred] if prog.per_row else prog.space
-        st = view_strides(out_shape, tuple(out_spec["strides"]), target)
+        st = view_strides(out_shape, strides, target)
         if st is None:
             raise Uncovered("the output's layout cannot be written in the region's order")
         prog.out_strides = st

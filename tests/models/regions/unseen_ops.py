@@ -2,7 +2,8 @@
 (cos, sin), a transformers mask builder from positions (``new_ones``, ``&``), MobileNetV3's hardswish, ELU / SELU / softplus /
 mish, ConvNeXt V2's global response norm (a 2-norm over the spatial dims of an NHWC view, ``addcmul``),
 ConvNeXt's layer scale permuted back to NCHW before the residual add, and Swin's shifted-window logits (a
-per-window mask added over [B, nW, heads, L, L], viewed back to [B * nW, ...], softmax). Every region here is one the generated
+per-window mask added over [B, nW, heads, L, L], viewed back to [B * nW, ...], softmax), and KernelBench's
+RMSNorm over the channels of NCHW (the input divided by it: the epilogue in the reduction's dim order). Every region here is one the generated
 kernels compute (tests/test_region_cuda_compile.py builds each with nvcc and NVRTC)."""
 
 import torch
@@ -35,7 +36,8 @@ class Model(nn.Module):
         # Swin's shifted-window logits
         nw, heads, n = wmask.shape[0], attn.shape[1], attn.shape[-1]
         w = attn.view(attn.shape[0] // nw, nw, heads, n, n) + wmask.unsqueeze(1).unsqueeze(0)
-        return mixed, z, torch.softmax(w.view(-1, heads, n, n), dim=-1)
+        rms = x * 2.0 / torch.sqrt(torch.mean((x * 2.0) ** 2, dim=1, keepdim=True) + 1e-5)
+        return mixed, z, torch.softmax(w.view(-1, heads, n, n), dim=-1), rms
 
 
 def get_model():

@@ -63,14 +63,27 @@ def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, fo
     chains = find_attention_chains(capture(model, inputs, profile=False, routes=("export",)))
     assert len(chains) == count
     chains = [dataclasses.replace(c, causal_mask=causal) for c in chains]
+    for c in chains:
+        assert check(c) is None and c.signature().param("composite") is True
+    cm = _compile_mode(base_doc, chains)
+    assert len(cm.regions) == forms
+    with torch.no_grad():
+        ref = model(*inputs)
+    got, _ = cf.aot_only(cm, model, *inputs)
+    assert sum(cm.report()["regions"].values()) == count
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def _compile_mode(base_doc, chains):
+    """Compile mode over one region per distinct chain form, each op computing HF's eager attention with the
+    chain's reading (its causal pattern and window where it computes the mask): the package without a compiler."""
     doc = copy.deepcopy(base_doc)
     doc.pop("integrity", None)
     doc["targets"], doc["regions"] = [], []
-    ns = f"forge_hf_att_{name}_{int(causal)}"
+    ns = f"forge_hf_att_{len(cf._LIBS)}"
     lib = torch.library.Library(ns, "DEF")
     cf._LIBS.append(lib)
     for c in chains:
-        assert check(c) is None and c.signature().param("composite") is True
         if any(r["form"] == c.region.form for r in doc["regions"]):
             continue
         rid = f"a{len(doc['regions'])}"
@@ -78,17 +91,11 @@ def test_hf_eager_attention_is_found_and_swapped_in_compile_mode(name, count, fo
         lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
         fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
         lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
+        causal = {"causal_mask": c.mask_index(), **({"window": c.window} if c.window else {})} if c.causal_mask else {}
         doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"{ns}::{rid}",
-                               "output": c.region.output_spec.to_json(), "args": c.abi_order(),
-                               **({"causal_mask": c.mask_index()} if causal else {}),
+                               "output": c.region.output_spec.to_json(), "args": c.abi_order(), **causal,
                                "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
-    assert len(doc["regions"]) == forms
-    cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))
-    with torch.no_grad():
-        ref = model(*inputs)
-    got, _ = cf.aot_only(cm, model, *inputs)
-    assert sum(cm.report()["regions"].values()) == count
-    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    return cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None))
 
 
 def _gemma_windowed(monkeypatch, base_doc, tmp_path):
@@ -102,24 +109,8 @@ def _gemma_windowed(monkeypatch, base_doc, tmp_path):
     chains = find_attention_chains(graph)
     assert len(chains) == 2
     hs = attention_hotspots(chains, graph.run(keep=keep_names(chains)), tmp_path)
-    doc = copy.deepcopy(base_doc)
-    doc.pop("integrity", None)
-    doc["targets"], doc["regions"] = [], []
-    ns = f"forge_hf_gemma_window_{len(cf._LIBS)}"
-    lib = torch.library.Library(ns, "DEF")
-    cf._LIBS.append(lib)
-    for h, c in zip(hs, chains):
-        c = dataclasses.replace(c, causal_mask=True, window=h.signature.param("window", 0))
-        rid = f"a{len(doc['regions'])}"
-        present = c.kernel_roles()
-        lib.define(f"{rid}({', '.join('Tensor ' + p for p in present)}) -> Tensor")
-        fn = registry.get("attention").eager(c.params(), c.region.output_spec.dtype)
-        lib.impl(rid, lambda *t, fn=fn, present=present: fn(dict(zip(present, t))), "CPU")
-        doc["regions"].append({"id": rid, "name": c.name, "form": c.region.form, "op": f"{ns}::{rid}",
-                               "output": c.region.output_spec.to_json(), "args": c.abi_order(),
-                               "causal_mask": c.mask_index(), **({"window": c.window} if c.window else {}),
-                               "compile": {"use": True, "reason": "test", "compiled_ms": 1.0, "compiled_with_ms": 0.9}})
-    return hs, cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "hf_pkg", lambda: None)), model, inputs
+    read = [dataclasses.replace(c, causal_mask=True, window=h.signature.param("window", 0)) for h, c in zip(hs, chains)]
+    return hs, _compile_mode(base_doc, read), model, inputs
 
 
 def test_gemma_sliding_layers_compute_their_window_and_the_full_layers_the_causal_mask(monkeypatch, base_doc,

@@ -51,6 +51,15 @@ def test_generated_region_kernel_verifies_on_every_input_set(cpu_evaluator, mod,
     assert "fresh[0]" in kinds and any(k.startswith("derived:") for k in kinds)
 
 
+def _verifies(cpu_evaluator, region):
+    """The region is computed (coverage "") and its one CPU family's kernel verifies."""
+    sig = signature(region)
+    assert coverage(sig) == "", coverage(sig)
+    (fam,) = applicable_families(sig, "cpu")
+    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
+    assert e.verdict.ok, (region.pattern, e.verdict.reason, e.verdict.detail)
+
+
 class _Act(nn.Module):
     def __init__(self, act: nn.Module):
         super().__init__()
@@ -85,10 +94,7 @@ def test_activations_of_vision_and_detection_models_lower_and_verify(cpu_evaluat
     model = ACTIVATIONS[name] if name.startswith("addc") else _Act(ACTIVATIONS[name])
     (region,) = find_regions(capture(model.eval(), (torch.randn(4, 33, 20).to(dtype),), profile=False))
     assert region.short_ops[-1] == name, region.short_ops
-    sig = signature(region)
-    assert coverage(sig) == ""
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", "pointwise", None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 class _SpatialNorm(nn.Module):
@@ -111,13 +117,9 @@ class _SpatialNorm(nn.Module):
 @pytest.mark.parametrize("how", ["norm2", "norm1", "norm_inf", "mean"])
 def test_a_reduction_over_dims_that_are_not_trailing_lowers_and_verifies(cpu_evaluator, how, dtype):
     (region,) = find_regions(capture(_SpatialNorm(how).eval(), (torch.randn(2, 24, 7, 9).to(dtype),), profile=False))
-    sig = signature(region)
-    assert coverage(sig) == ""
-    prog = program(sig)
+    prog = program(signature(region))
     assert prog.space == (2, 24, 7, 9) and prog.nred == 2 and prog.per_row  # the rows: (n, c); the columns: h, w
-    (fam,) = applicable_families(sig, "cpu")
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 class _GemmaRmsNorm(nn.Module):
@@ -162,11 +164,7 @@ def test_llm_regions_gemma_norm_rope_tables_and_mask_builders_lower_and_verify(c
     model, inputs = _small_models()[name]
     regions = [r for r in find_regions(capture(model.eval(), inputs, profile=False)) if r.output_spec.dtype != "int64"]
     (region,) = [r for r in regions if r.output_spec.numel == max(x.output_spec.numel for x in regions)]
-    sig = signature(region)
-    assert coverage(sig) == "", coverage(sig)
-    (fam,) = applicable_families(sig, "cpu")
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 class _ShiftedWindowLogits(nn.Module):
@@ -184,13 +182,9 @@ class _ShiftedWindowLogits(nn.Module):
 def test_a_view_that_merges_a_broadcast_dim_keeps_its_index_space_and_verifies(cpu_evaluator, dtype):
     attn, mask = torch.randn(2 * 4, 3, 16, 16).to(dtype), (torch.randn(4, 16, 16) * 3).to(dtype)
     (region,) = find_regions(capture(_ShiftedWindowLogits(), (attn, mask), profile=False))
-    sig = signature(region)
-    assert coverage(sig) == ""
-    prog = program(sig)
+    prog = program(signature(region))
     assert prog.space == (2, 4, 3, 16, 16) and prog.nred == 1  # the rows: the unmerged leading dims
-    (fam,) = applicable_families(sig, "cpu")
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 @pytest.mark.parametrize("how", ["plain", "affine", "running_stats"])
@@ -209,11 +203,7 @@ def test_instance_norm_lowers_and_verifies(cpu_evaluator, how):
         nn.init.normal_(norm.bias)
     model = _Act(norm).to(dtype).eval()
     (region,) = find_regions(capture(model, (torch.randn(2, 6, 7, 9).to(dtype),), profile=False))
-    sig = signature(region)
-    assert coverage(sig) == "", coverage(sig)
-    (fam,) = applicable_families(sig, "cpu")
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 class _ChannelRms(nn.Module):
@@ -228,13 +218,9 @@ def test_a_norm_over_channels_computes_its_epilogue_in_the_reductions_dim_order(
     """The rows are (n, h, w) and the columns c; the division, in the model's NCHW order, is computed over that
     space too, its output written at NCHW's strides read in that order."""
     (region,) = find_regions(capture(_ChannelRms(), (torch.randn(2, 8, 5, 7).to(dtype),), profile=False))
-    sig = signature(region)
-    assert coverage(sig) == "", coverage(sig)
-    prog = program(sig)
+    prog = program(signature(region))
     assert prog.space == (2, 5, 7, 8) and prog.out_perm == (0, 2, 3, 1) and prog.out_strides == (280, 7, 1, 35)
-    (fam,) = applicable_families(sig, "cpu")
-    e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+    _verifies(cpu_evaluator, region)
 
 
 def _unseen_regions(dtype):
@@ -252,11 +238,7 @@ def test_every_region_of_the_unseen_ops_block_is_computed_and_verifies(cpu_evalu
     regions = _unseen_regions(dtype)
     assert len(regions) == 8
     for region in regions:
-        sig = signature(region)
-        assert coverage(sig) == "", (region.pattern, coverage(sig))
-        for fam in applicable_families(sig, "cpu"):
-            e = cpu_evaluator.evaluate(instantiate("region", "cpu", fam.name, None, sig), _hotspot(region))
-            assert e.verdict.ok, (region.pattern, fam.name, e.verdict.reason, e.verdict.detail)
+        _verifies(cpu_evaluator, region)
 
 
 def test_bitwise_and_of_integers_is_not_read_as_logic():

@@ -250,37 +250,39 @@ def _einsum(n: torch.fx.Node) -> tuple[str, str, str, list] | None:
     return parts[0], parts[1], out, list(operands)
 
 
+def _product(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, tuple[str, str, str] | None] | None:
+    """(a, b, the einsum's subscripts or None for a matmul) of a two-operand product node."""
+    if _base(n) in MATMUL:
+        if len(n.args) == 2 and all(isinstance(a, torch.fx.Node) for a in n.args):
+            return n.args[0], n.args[1], None
+        return None
+    e = _einsum(n)
+    return None if e is None else (e[3][0], e[3][1], e[:3])
+
+
 def _qk_operands(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node, bool] | None:
     """(query, key operand, whether the key operand is the transposed keys) of the logits' product:
     ``matmul(q, k^T)`` (the operand is k^T), or ``einsum("bhid,bhjd->bhij", q, k)`` (any letters)."""
-    if _base(n) in MATMUL:
-        if len(n.args) == 2 and all(isinstance(a, torch.fx.Node) for a in n.args):
-            return n.args[0], n.args[1], True
-        return None
-    e = _einsum(n)
-    if e is None:
-        return None
-    a, b, out, (q, k) = e
+    got = _product(n)
+    if got is None or got[2] is None:
+        return None if got is None else (got[0], got[1], True)
+    a, b, out = got[2]
     batch, head, i, d = a
     if b != batch + head + b[2] + d or out != batch + head + i + b[2]:
         return None
-    return q, k, False
+    return got[0], got[1], False
 
 
 def _pv_operands(n: torch.fx.Node) -> tuple[torch.fx.Node, torch.fx.Node] | None:
     """(probabilities, values) of the output's product: ``matmul(p, v)`` or ``einsum("bhij,bhjd->bhid", p, v)``."""
-    if _base(n) in MATMUL:
-        if len(n.args) == 2 and all(isinstance(a, torch.fx.Node) for a in n.args):
-            return n.args[0], n.args[1]
-        return None
-    e = _einsum(n)
-    if e is None:
-        return None
-    a, b, out, (p, v) = e
+    got = _product(n)
+    if got is None or got[2] is None:
+        return None if got is None else (got[0], got[1])
+    a, b, out = got[2]
     batch, head, i, j = a
     if b != batch + head + j + b[3] or out != batch + head + i + b[3]:
         return None
-    return p, v
+    return got[0], got[1]
 
 
 def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:

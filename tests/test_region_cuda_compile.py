@@ -233,4 +233,3 @@ def test_window_runs_along_w_read_each_cell_of_the_overlapping_windows_once(tmp_
         knobs = {"wrun": wrun, "ilp": ilp, "threads": threads}
         rc, log = _nvcc(instantiate("region", "cuda", "window", knobs, sig).source, str(tmp_path), f"w{wrun}_{ilp}")
         assert rc == 0 and "warning" not in log and not _spills(log), log[-2000:]
-

@@ -511,7 +511,8 @@ def _attention_entry(hotspot, torch_op: str) -> dict:
         roles[causal] = "mask"  # read by the form, computed by the kernel
     return {"region": {"name": att["name"], "kind": "attention", "pattern": hotspot.extra["region"]["pattern"],
                        "key": att["key"], "form": att["form"], "entry": torch_op, "inputs": roles,
-                       "args": list(att["abi_order"]), **({"causal_mask": causal} if causal is not None else {}), **window,
+                       "args": list(att["abi_order"]), **({"causal_mask": causal} if causal is not None else {}),
+                       **window,
                        "output": att["output"]}}
 
 

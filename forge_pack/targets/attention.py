@@ -351,7 +351,8 @@ ATTENTION = TargetSpec(
     doc="out[b, h, i, :] = sum_j p[i, j] v[b, h // G, j, :], p = softmax_j(s), s[i, j] = x[b, h, i, :] . "
         "k[b, h // G, j, :] * scale, then tanh(s / softcap) * softcap where softcap > 0, + mask[b, h, i, j] "
         "(broadcast; strides m_sb, m_sh, m_sl, 0 where it broadcasts) where present, -inf where causal and j > "
-        "i, or where causal with window > 0 and j <= i - window; x is the query [B, H, L, D], k and v [B, HKV, S, D], G = H / HKV; every tensor's (batch, head, row) "
+        "i, or where causal with window > 0 and j <= i - window; x is the query [B, H, L, D], k and v "
+        "[B, HKV, S, D], G = H / HKV; every tensor's (batch, head, row) "
         "strides are size variables (q_*, k_*, v_*, o_*), the last dim contiguous; fp32 logits, softmax and "
         "accumulation. A row whose logits are all -inf is 0 for an SDPA call and NaN for the eager composite "
         "(composite=True, whose out is [B, L, H, D]).",

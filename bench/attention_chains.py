@@ -43,14 +43,10 @@ def cases(tf) -> dict:
     }
 
 
-def survey_one(tf, name: str, config_cls, model_cls, kwargs: dict) -> dict:
+def prefill_model(tf, name: str):
+    """The causal LM ``cases(tf)[name]`` (seeded random weights, bf16, eager attention) as a module returning the
+    logits of a prompt (no cache): what the capture exports."""
     import torch
-
-    import tempfile
-
-    from forge_pack.graph.attention_chain import check, find_attention_chains
-    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
-    from forge_pack.graph.capture import capture
 
     class Prefill(torch.nn.Module):
         def __init__(self, lm):
@@ -60,11 +56,25 @@ def survey_one(tf, name: str, config_cls, model_cls, kwargs: dict) -> dict:
         def forward(self, ids):
             return self.lm(input_ids=ids, use_cache=False).logits
 
+    config_cls, model_cls, kwargs = cases(tf)[name]
+    torch.manual_seed(0)
+    lm = model_cls._from_config(config_cls(**kwargs), attn_implementation="eager", dtype=torch.bfloat16).eval()
+    return Prefill(lm).eval()
+
+
+def survey_one(tf, name: str) -> dict:
+    import torch
+
+    import tempfile
+
+    from forge_pack.graph.attention_chain import check, find_attention_chains
+    from forge_pack.graph.attention_hotspots import attention_hotspots, keep_names
+    from forge_pack.graph.capture import capture
+
     row = {"model": name, "layers": 2}
     try:
-        torch.manual_seed(0)
-        lm = model_cls._from_config(config_cls(**kwargs), attn_implementation="eager", dtype=torch.bfloat16).eval()
-        graph = capture(Prefill(lm), (torch.randint(1, 128, (1, 32)),), {}, profile=False)
+        model = prefill_model(tf, name)
+        graph = capture(model, (torch.randint(1, 128, (1, 32)),), {}, profile=False)
         chains = find_attention_chains(graph)
         row.update(route=graph.route, chains=len(chains),
                    found=[{"pattern": c.region.pattern, "scale": c.scale, "softcap": c.softcap,
@@ -84,7 +94,7 @@ def main() -> None:
 
     base = out_path("attention_chains")
     t0 = time.time()
-    rows = [survey_one(tf, name, *spec) for name, spec in cases(tf).items()]
+    rows = [survey_one(tf, name) for name in cases(tf)]
     doc = {"command": "python bench/attention_chains.py", "environment": {**environment(),
                                                                           "transformers": tf.__version__},
            "seconds": round(time.time() - t0, 1), "rows": rows}

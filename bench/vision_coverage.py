@@ -41,35 +41,15 @@ def build(name: str):
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-class _Prefill:
-    """A causal LM's logits for a prompt (no cache), as a module the capture can export."""
-
-    @staticmethod
-    def wrap(lm):
-        import torch
-
-        class Prefill(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.lm = lm
-
-            def forward(self, ids):
-                return self.lm(input_ids=ids, use_cache=False).logits
-
-        return Prefill().eval()
-
-
 def llm_inputs(name: str, tokens: int):
     """(model, inputs) of a transformers causal LM from attention_chains.py's tiny configurations."""
     import torch
     import transformers as tf
 
-    from attention_chains import cases
+    from attention_chains import prefill_model
 
-    config_cls, model_cls, kwargs = cases(tf)[name]
-    torch.manual_seed(0)
-    lm = model_cls._from_config(config_cls(**kwargs), attn_implementation="eager", dtype=torch.bfloat16).eval()
-    return _Prefill.wrap(lm), (torch.randint(1, 128, (1, tokens)),)
+    model = prefill_model(tf, name)
+    return model, (torch.randint(1, 128, (1, tokens)),)
 
 
 def survey_one(name: str, size: int, batch: int, llm: bool = False) -> dict:

@@ -424,25 +424,31 @@ def _causal_block(triu: int, window: int = 0):
     return model, tuple(t.to(torch.bfloat16) for t in attention_block.get_inputs())
 
 
+def _swap_computed_mask(base_doc, chain, triu: int, window: int, swapped: bool) -> list:
+    """Compile `_causal_block(triu, window)` with `chain`'s region (its kernel computing its mask): swapped once, or
+    left to Inductor with the warning, and the output within bf16 of eager's either way; the forward graphs."""
+    model, inputs = _causal_block(triu, window=window)
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, chain, chain.abi_order()))
+    with pytest.warns(RuntimeWarning, match="not a constant causal") if not swapped else contextlib.nullcontext():
+        got, graphs = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == ({"a0": 1} if swapped else {})
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    return graphs
+
+
 @pytest.mark.parametrize("triu, swapped", [(1, True), (2, False)])
 def test_a_computed_causal_mask_is_swapped_only_where_the_compiled_graph_proves_it(base_doc, block_chain, triu,
                                                                                    swapped):
     """The causal variant's op reads no mask: compile mode evaluates the mask the graph builds (a constant of
     the compiled graph) and swaps the chain in only when it is the causal one; triu(2) keeps the first
     superdiagonal, has the same form, and stays Inductor's."""
-    causal = dataclasses.replace(block_chain, causal_mask=True)
-    model, inputs = _causal_block(triu)
-    with torch.no_grad():
-        ref = model(*inputs)
-    cm = cf.COMPILE.CompileMode(_patcher(base_doc, causal, causal.abi_order()))
-    with pytest.warns(RuntimeWarning, match="not a constant causal") if not swapped else contextlib.nullcontext():
-        got, graphs = cf.aot_only(cm, model, *inputs)
-    assert cm.report()["regions"] == ({"a0": 1} if swapped else {})
+    graphs = _swap_computed_mask(base_doc, dataclasses.replace(block_chain, causal_mask=True), triu, 0, swapped)
     calls = [n for g in graphs for n in g.graph.nodes if "forge_att_region_" in str(n.target)]
     assert len(calls) == int(swapped)
     if swapped:
         assert [tuple(a.meta["val"].shape) for a in calls[0].args] == [(1, 4, 48, 16), (1, 2, 48, 16), (1, 2, 48, 16)]
-    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize("built, region, swapped", [(5, 5, True), (5, 6, False), (5, 0, False), (0, 5, False)])
@@ -451,15 +457,7 @@ def test_a_sliding_window_mask_is_swapped_only_for_the_kernel_of_its_window(base
     """A region whose kernel computes a sliding window of W is swapped in only where the compiled graph's
     constant mask is that window's; another window, or the plain causal mask (and the other way round), stays
     Inductor's."""
-    chain = dataclasses.replace(block_chain, causal_mask=True, window=region)
-    model, inputs = _causal_block(1, window=built)
-    with torch.no_grad():
-        ref = model(*inputs)
-    cm = cf.COMPILE.CompileMode(_patcher(base_doc, chain, chain.abi_order()))
-    with pytest.warns(RuntimeWarning, match="not a constant causal") if not swapped else contextlib.nullcontext():
-        got, graphs = cf.aot_only(cm, model, *inputs)
-    assert cm.report()["regions"] == ({"a0": 1} if swapped else {})
-    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+    _swap_computed_mask(base_doc, dataclasses.replace(block_chain, causal_mask=True, window=region), 1, built, swapped)
 
 
 def test_a_windowed_chain_is_searched_as_causal_attention_with_its_window(tmp_path, monkeypatch):

@@ -263,6 +263,14 @@ def _combine(template: str, vals: list[Val], dtype: str, shape: tuple[int, ...] 
     return Val(out_shape, space, expr, leaves, dtype, True)
 
 
+def _reordered(v: Val, order) -> Val:
+    """``v`` with its dims in ``order`` (dim k of the result is dim order[k] of ``v``): each leaf's strides reordered
+    alike, so w[j] = v[i] with i[order[k]] = j[k]. ``v`` indexed in its own shape (not re-spaced)."""
+    shape = tuple(v.shape[d] for d in order)
+    return Val(shape, shape, v.expr, [Leaf(leaf.source, tuple(leaf.strides[d] for d in order)) for leaf in v.leaves],
+               v.dtype, v.exact)
+
+
 def _as_dtype(v: Val, dtype: str) -> Val:
     """A reduction's fp32 result as eager returns it: in the input's dtype (rounded once), unless fp32."""
     return v if dtype == v.dtype else _combine("{a0}", [v], dtype)
@@ -641,9 +649,7 @@ class Lowering:
             raise Uncovered(f"not covered: {name} {args[1:]} of a {nd}-d value")
         if v.space != v.shape:
             raise Uncovered(f"a {name} of a re-spaced value")
-        shape = tuple(v.shape[p] for p in perm)
-        leaves = [Leaf(leaf.source, tuple(leaf.strides[p] for p in perm)) for leaf in v.leaves]
-        return Val(shape, shape, v.expr, leaves, v.dtype, v.exact)
+        return _reordered(v, perm)
 
     def view_op(self, name: str, args: list) -> Val:
         v = self.arg(args[0])
@@ -716,8 +722,7 @@ class Lowering:
             if self.perm is not None and self.perm != tuple(order):
                 raise Uncovered("two reductions over dims in different orders")
             self.perm = tuple(order)
-            v = Val(tuple(v.shape[d] for d in order), tuple(v.shape[d] for d in order), v.expr,
-                    [Leaf(leaf.source, tuple(leaf.strides[d] for d in order)) for leaf in v.leaves], v.dtype, v.exact)
+            v = _reordered(v, order)
             red = list(range(nd - len(red), nd))
         self.domain(v, red)
         return v
@@ -778,7 +783,7 @@ class Lowering:
         statistics instead (use_input_stats False), batch_norm's inference map."""
         x = self.arg(args[0])
         w, b, rm, rv, use_stats, eps = args[1], args[2], args[3], args[4], args[5], args[7]
-        tail = (1,) * (len(x.shape) - 2)
+        tail, dtype = (1,) * (len(x.shape) - 2), x.dtype
 
         def chan(a):
             v = self.arg(a) if a is not None else None
@@ -800,10 +805,8 @@ class Lowering:
                                                    for leaf in x.leaves], "float32")
             x = _combine("{a0} - {a1}", [xf, first], "float32")
             mean, var = self.row_stats(x, 0.0, self.keep_shape(x.shape, dims, True))
-            return self.affine(x, mean, _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32"),
-                               chan(w), chan(b), self.arg(args[0]).dtype)
         rstd = _combine(f"fp_rsqrt({{a0}} + {_const(eps)})", [var], "float32")
-        return self.affine(x, mean, rstd, chan(w), chan(b), x.dtype)
+        return self.affine(x, mean, rstd, chan(w), chan(b), dtype)
 
     def affine(self, x: Val, mean: Val, rstd: Val, w: Val | None, b: Val | None, dtype: str) -> Val:
         xf = Val(x.shape, x.space, x.expr, x.leaves, "float32")
@@ -920,9 +923,7 @@ class Lowering:
             # the epilogue is in the model's dim order, the reduction's rows in ``trailing``'s: the output is
             # computed over the reduction's space, each leaf (and the output's strides) reordered alike
             out_perm = self.perm
-            out = Val(tuple(space), tuple(space), out.expr,
-                      [Leaf(leaf.source, tuple(leaf.strides[d] for d in out_perm)) for leaf in out.leaves],
-                      out.dtype, out.exact)
+            out = _reordered(out, out_perm)
         out_t = _respace(out, target) if out.space != target else out
         out_strides = contiguous(target)
         if out_perm is not None:

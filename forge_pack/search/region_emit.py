@@ -65,6 +65,17 @@ def _offset(var: str, total: int, groups: list[tuple[int, int, int]]) -> str:
     return " + ".join(terms) if terms else "0"
 
 
+def _scaled(acc: str, scale: float) -> str:
+    """A reduction's result times its scale; a mean (scale 1 / n) divides by n, as eager's mean does: the sum of
+    a constant row (1.5 x 240 = 360, exact) divided by 240 is exactly the constant, times fp32(1 / 240) is not, and
+    that rounding, normalised by 1 / sqrt(eps), would move every output of a constant row."""
+    if scale == 1.0:
+        return acc
+    n = round(1.0 / scale) if scale > 0 else 0
+    if n > 1 and 1.0 / n == scale:
+        return f"({acc} / (float){n})"
+    return f"({acc} * (float){scale!r})"
+
 class Emitter:
     def __init__(self, prog: Program, backend: str):
         self.p, self.backend = prog, backend
@@ -121,7 +132,7 @@ class Emitter:
         for j, red in enumerate(p.reductions):
             expr = self.value(red.val, p.space, self.split)
             lines.append(f"FP_FN float fp_elem{j}{sig} {{ {unused} return {expr}; }}")
-            final = red.post.format(f"((acc) * (float){red.scale!r})" if red.scale != 1.0 else "(acc)")
+            final = red.post.format(_scaled("(acc)", red.scale))
             lines += [f"#define FP_INIT{j} {INIT[red.combine]}",
                       f"#define FP_COMBINE{j}(a, b) {COMBINE[red.combine]}",
                       f"#define FP_FINAL{j}(acc) ({final})",

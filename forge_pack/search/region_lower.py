@@ -534,7 +534,7 @@ class Lowering:
         if name == "linalg_vector_norm":
             return self.norm_op(args, kwargs)
         if name in ("var", "var_mean", "std"):
-            return self.var_op(name, args, kwargs)
+            return self.var_op(op, name, args, kwargs)
         if name in ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax"):
             return self.softmax_op(name, args, kwargs)
         if name in ("layer_norm", "native_layer_norm"):
@@ -727,20 +727,35 @@ class Lowering:
         self.domain(v, red)
         return v
 
-    def var_op(self, name: str, args: list, kwargs: dict) -> Any:
+    def var_op(self, op: str, name: str, args: list, kwargs: dict) -> Any:
+        """var / std / var_mean in their three overloads: ``.correction`` (dim, then keyword-only correction and
+        keepdim), ``.dim`` (dim, unbiased, keepdim: what ``x.var(-1, unbiased=False, keepdim=True)`` traces to)
+        and ``.default`` (unbiased; every dim)."""
         v = self.arg(args[0])
-        dims = args[1] if len(args) > 1 and args[1] is not None else list(range(len(v.shape)))
-        dims = dims if isinstance(dims, list) else [dims]
-        correction = kwargs.get("correction", 1)
+        overload = op.rsplit(".", 1)[-1] if op.count(".") >= 2 else "correction"
+        if overload == "default":
+            dims, unbiased, keepdim = None, args[1] if len(args) > 1 else kwargs.get("unbiased", True), False
+        elif overload == "dim":
+            dims = args[1] if len(args) > 1 else kwargs.get("dim")
+            unbiased = args[2] if len(args) > 2 else kwargs.get("unbiased", True)
+            keepdim = args[3] if len(args) > 3 else kwargs.get("keepdim", False)
+        elif overload == "correction":
+            dims, unbiased = args[1] if len(args) > 1 else kwargs.get("dim"), None
+            keepdim = kwargs.get("keepdim", False)
+        else:
+            raise Uncovered(f"not covered: {op}")
+        dims = list(range(len(v.shape))) if dims is None else dims if isinstance(dims, list) else [dims]
+        correction = (1 if unbiased else 0) if overload != "correction" else kwargs.get("correction", 1)
         if correction is None:
             correction = 1
-        keepdim = bool(kwargs.get("keepdim", False))
+        keepdim = bool(keepdim)
         self.domain(v, dims)
         keep = self.keep_shape(v.shape, dims, keepdim)
         mean, var = self.row_stats(v, float(correction), keep)
-        if name == "std":
-            return _combine("fp_sqrt({a0})", [var], "float32")
-        return (var, mean) if name == "var_mean" else var
+        if name == "std":  # fp32 statistics, the result in the input's dtype (rounded once), as eager's
+            return _as_dtype(_combine("fp_sqrt({a0})", [var], "float32"), v.dtype)
+        var = _as_dtype(var, v.dtype)
+        return (var, _as_dtype(mean, v.dtype)) if name == "var_mean" else var
 
     def softmax_op(self, name: str, args: list, kwargs: dict) -> Val:
         x = self.arg(args[0])
@@ -989,6 +1004,10 @@ def _pow_template(e: Any) -> str:
 def lower(form: dict, out_spec: dict | None = None) -> Program:
     """The region's program; raises ``Uncovered`` (its text is the reason) for what no skeleton computes."""
     prog = Lowering(form).lower()
+    if out_spec is not None and out_spec.get("dtype", prog.out_dtype) != prog.out_dtype:
+        # the kernel's store would be of the wrong width (a float written into a bf16 buffer runs past its end):
+        # an op whose result dtype the lowering does not model is uncovered, never a kernel
+        raise Uncovered(f"not covered: the lowered output is {prog.out_dtype}, the region's is {out_spec['dtype']}")
     if out_spec is not None:
         out_shape, strides = tuple(out_spec["shape"]), tuple(out_spec["strides"])
         if prog.out_perm is not None:  # the output read in the reduction's dim order

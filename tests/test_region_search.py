@@ -187,12 +187,51 @@ def test_a_view_that_merges_a_broadcast_dim_keeps_its_index_space_and_verifies(c
     _verifies(cpu_evaluator, region)
 
 
+class _Spread(nn.Module):
+    """A variance or standard deviation spelled each way models write it; ``group``: a group norm by hand (x viewed
+    as [B, G, -1], normalised by its own statistics, viewed back: the inline spelling of nn.GroupNorm)."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        h = self.how
+        if h == "group":
+            b, c, hh, w = x.shape
+            y = x.view(b, 2, -1)
+            y = (y - y.mean(-1, keepdim=True)) * torch.rsqrt(y.var(-1, keepdim=True, unbiased=False) + 1e-6)
+            return y.view(b, c, hh, w) * 2 + 1
+        if h == "var_dim":  # aten.var.dim(x, [-1], unbiased, keepdim) with the flags positional
+            return x * torch.rsqrt(x.var(-1, keepdim=True) + 1)
+        if h == "var_correction":  # aten.var.correction(x, [-1], correction=0, keepdim=True)
+            return x * torch.rsqrt(torch.var(x, dim=-1, keepdim=True, correction=0) + 1)
+        if h == "std_dim":
+            return x / (x.std(-1, keepdim=True, unbiased=False) + 1)
+        if h == "var_mean":
+            v, m = torch.var_mean(x, -1, keepdim=True, correction=2)
+            return (x - m) * torch.rsqrt(v + 1)
+        return x * torch.rsqrt(x.var() + 1)  # aten.var.default(x): every dim, unbiased
+
+
+@pytest.mark.parametrize("how", ["group", "var_dim", "var_correction", "std_dim", "var_mean", "var_default"])
+def test_variance_spellings_lower_with_their_correction_and_keepdim(cpu_evaluator, how):
+    """Each overload's correction (unbiased, the correction keyword, the default) and keepdim read where that
+    overload puts them: a wrong correction or a dropped keepdim fails the float64 comparison or the lowering."""
+    torch.manual_seed(0)
+    (region,) = find_regions(capture(_Spread(how), (torch.randn(2, 6, 5, 8),), profile=False))
+    _verifies(cpu_evaluator, region)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("how", ["plain", "affine", "running_stats"])
-def test_instance_norm_lowers_and_verifies(cpu_evaluator, how):
-    """KernelBench's InstanceNorm2d (fp32, as published): each (n, c) plane by its own statistics (shifted by its
-    first element, so a constant plane gives exactly 0, as eager's Welford statistics do), with the per-channel
-    affine, or, with running statistics in eval, batch_norm's map."""
-    dtype = torch.float32
+def test_instance_norm_lowers_and_verifies(cpu_evaluator, how, dtype):
+    """KernelBench's InstanceNorm2d (fp32, as published; and bf16): each (n, c) plane by its own statistics
+    (shifted by its first element, so a constant plane gives exactly 0, as eager's Welford statistics do), with the
+    per-channel affine, or, with running statistics in eval, batch_norm's map. In bf16 the prologue's roundings
+    near the shifted sets' offsets cancel in the normalisation: verified with the sensitivity key
+    (tests/test_region_sensitivity.py); its vector code holds the bytes cd 80 inside a vpblendvb, which the object
+    check excuses (tests/test_x86_listing.py)."""
     torch.manual_seed(0)
     norm = nn.InstanceNorm2d(6, affine=how != "plain", track_running_stats=how == "running_stats")
     if how == "running_stats":

@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import inputs as _inputs
+from . import region_sensitivity
 from .dtypes import torch_dtype
 from .lazy_torch import torch
 from .spec import TargetSpec
@@ -124,6 +125,7 @@ class RegionSpec(TargetSpec):
         object.__setattr__(self, "roles", roles(form))
         object.__setattr__(self, "main", f"in{main_input(form)}")
         object.__setattr__(self, "_graphs", {})
+        object.__setattr__(self, "_units", [])  # [region_sensitivity.rounding_units(...)] once known
         n = len(form["inputs"])
         names = tuple(f"in{k}" for k in range(n))
         softmaxy = any(_base(o["op"]) in ("softmax", "_softmax", "amax", "log_softmax", "_log_softmax")
@@ -139,7 +141,7 @@ class RegionSpec(TargetSpec):
                  "one tensor with the output's dtype, shape and strides. Every shape and stride is fixed."),
             size_vars=_size_vars, supports=_supports, float64_reference=self._ref64, eager_call=self._eager,
             tolerances={}, draws={}, adversarial=adversarial, rows=self._rows, permute=_permute_flat,
-            odd_shapes=lambda sig: [])
+            odd_shapes=lambda sig: [], magnitude=self._magnitude)
 
     # -- the references
     def graph(self, device, upcast: bool):
@@ -164,6 +166,20 @@ class RegionSpec(TargetSpec):
 
     def _eager(self, params, out_dtype, lookup):
         return lambda t: self._call(t, False)
+
+    def _magnitude(self, tensors: dict):
+        """The eager allowance's key: ``region_sensitivity.sensitivity_key`` for a region that eager rounds in a
+        16-bit float, else None (|reference|)."""
+        if not self._units:
+            self._units.append(region_sensitivity.rounding_units(
+                _canonical().rebuild(self.form_, "meta"), self.form_["inputs"]))
+        if self._units[0] is None:
+            return None
+        units, out_unit = self._units[0]
+        d = {k: (v.double() if v is not None and v.is_floating_point() else v) for k, v in tensors.items()}
+        args = [d[f"in{k}"] for k in range(len(self.form_["inputs"]))]
+        graph = self.graph(args[0].device if args else "cpu", True)
+        return region_sensitivity.sensitivity_key(graph, units, out_unit, args, graph(*args))
 
     # -- inputs
     def make_inputs(self, inputs: list, kind: str, gen, device) -> dict:

@@ -11,7 +11,12 @@ binutils needed for the verdict, no new dependency), before any worker loads the
    memory builtins, heap allocation and the C++ runtime that ``std::vector`` needs;
 2. no system-call bytes (``syscall`` 0f 05, ``sysenter`` 0f 34, ``int 0x80`` cd 80) anywhere in an
    executable segment, at an instruction boundary or inside another instruction (a jump into the
-   middle reaches those too); no writable+executable segment, text relocations, executable stack;
+   middle reaches those too), except where ``x86_listing`` (binutils' objdump) shows them strictly
+   inside an instruction that is no system call, in an object none of whose direct jumps, calls or
+   RIP-relative addresses lands inside an instruction: g++ emits such bytes in ordinary vector code
+   (``vpblendvb`` with ymm8: c4 e3 75 4c cd 80), and only a jump target computed at run time, the
+   class left to process isolation below, could reach them; no writable+executable segment, text
+   relocations, executable stack;
 3. no code that runs outside a call: no constructors or destructors beyond the toolchain's own
    (the baseline is an empty translation unit built with the same flags), nothing added to
    ``_init``/``_fini``, no IFUNC resolvers (they run while the object is loaded), no thread-local
@@ -39,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forge_pack.core.verdict import Verdict
+from forge_pack.evaluate import x86_listing
 
-POLICY = 1  # bump when the rules change: cached decisions are keyed by it
+POLICY = 2  # bump when the rules change: cached decisions are keyed by it
 
 # ---------------------------------------------------------------- the allow-list
 
@@ -359,13 +365,19 @@ def problems(data: bytes, base: Baseline) -> list[str]:
         if seg.flags & PF_W:
             found.append(f"segment at {seg.vaddr:#x} is writable and executable (self-modifying code)")
         body = elf.data[seg.offset:seg.offset + seg.filesz]
-        for pattern, name in SYSCALL_BYTES.get(elf.machine, []):
-            hits = _find_all(body, pattern)
-            if hits:
-                places = ", ".join(where(seg.vaddr + h) for h in hits[:6]) + (
-                    f" and {len(hits) - 6} more" if len(hits) > 6 else "")
-                found.append(f"system-call bytes {pattern.hex(' ')} (`{name}`) at {places}: a kernel makes no system "
-                             f"calls (inline asm); if this is a constant inside an instruction, change the constant")
+        hits = {(pattern, name): [seg.vaddr + h for h in _find_all(body, pattern)]
+                for pattern, name in SYSCALL_BYTES.get(elf.machine, [])}
+        if any(hits.values()):
+            harmless, why = x86_listing.inside_instructions(
+                data, [h for hs in hits.values() for h in hs],
+                [(sec.addr, sec.addr + sec.size) for sec in elf.sections if sec.flags & SHF_EXECINSTR and sec.addr])
+            for (pattern, name), found_at in hits.items():
+                left = [h for h in found_at if h not in harmless]
+                if left:
+                    places = ", ".join(where(h) for h in left[:6]) + (
+                        f" and {len(left) - 6} more" if len(left) > 6 else "")
+                    found.append(f"system-call bytes {pattern.hex(' ')} (`{name}`) at {places}: a kernel makes no "
+                                 f"system calls (inline asm) ({why})")
         if elf.machine == EM_AARCH64:
             svc = [i for i in range(0, len(body) - 3, 4)
                    if struct.unpack_from("<I", body, i)[0] & 0xFFE0001F == 0xD4000001]

@@ -413,6 +413,52 @@ def test_check_batch_ignores_an_absent_optional_input():
     assert judge._check_batch([slot], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0}) is None
 
 
+def _slot_off_by(delta: float, index: int = 0):
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    out = torch.softmax(x, -1)
+    out[0, 0] += delta
+    return {"index": index, "called": True, "tensors": {"x": x}, "shadow": {"x": x.clone()}, "pending": [],
+            "out": out, "wholes": []}
+
+
+def _with_second_key(monkeypatch, key, eager_error: float):
+    """Softmax given a second allowance key, and an eager whose own error at [0, 0] is ``eager_error``."""
+    import dataclasses
+
+    from forge_pack.evaluate import tolerance
+    from forge_pack.targets import registry
+
+    spec = dataclasses.replace(registry.get("softmax"), sensitivity=key)
+    monkeypatch.setattr(tolerance, "spec_for", lambda op: spec)
+
+    def eager(sig):
+        def run(t):
+            out = torch.softmax(t["x"], -1)
+            out[0, 0] += eager_error
+            return out
+        return run
+
+    monkeypatch.setattr(ops, "eager", eager)
+
+
+def test_a_timed_output_failing_the_kinds_key_is_judged_again_under_the_second_key(monkeypatch):
+    seen = []
+    _with_second_key(monkeypatch, lambda t: seen.append(t["x"]) or torch.ones(4, 16, dtype=torch.float64), 0.4)
+    state = {"calls": 0}
+    slots = [_slot_off_by(0.5), _slot_off_by(0.5, 1)]
+    assert judge._check_batch(slots, SIG, SimpleNamespace(atol_floor=0.0), "timed", state) is None
+    # each call's own tensors (the judge changes one element of them per call)
+    assert state["calls"] == 2 and len(seen) == 2 and all(a is s["tensors"]["x"] for a, s in zip(seen, slots))
+
+
+@pytest.mark.parametrize("key,eager_error", [(None, 0.4), (1.0, 0.1)], ids=["no second key", "beyond eager"])
+def test_a_timed_output_failing_both_keys_is_a_mismatch(monkeypatch, key, eager_error):
+    _with_second_key(monkeypatch, lambda t: None if key is None else torch.full((4, 16), key, dtype=torch.float64),
+                     eager_error)
+    v = judge._check_batch([_slot_off_by(0.5)], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0})
+    assert v is not None and v.reason == "mismatch" and "behaves differently when timed" in v.detail
+
+
 # ---------------------------------------------------------------- check_bounds
 
 

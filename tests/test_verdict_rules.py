@@ -758,3 +758,41 @@ def test_finite_absmax_reads_every_chunk_from_the_first_element(monkeypatch):
     t = torch.tensor([-3.0, float("inf"), 1.0, float("nan"), -7.5])
     assert vr._finite_absmax(t) == 7.5  # in the last, one-element chunk
     assert vr._finite_absmax(torch.tensor([float("-inf"), float("nan")])) == 0.0
+
+
+# ---------------------------------------------------------------- rejudge: a kind's second allowance key
+
+
+def _keyed(key_fn):
+    import dataclasses
+
+    return dataclasses.replace(registry.get("softmax"), sensitivity=key_fn)
+
+
+def test_rejudge_needs_a_kind_with_a_second_key_that_gives_one():
+    ref = torch.zeros(2, 4, dtype=torch.float64)
+    out, eager = torch.full((2, 4), 0.5), lambda: torch.full((2, 4), 0.4)
+    assert vr.rejudge(out, ref, "float32", None, "k", {}, eager) is None
+    assert vr.rejudge(out, ref, "float32", registry.get("softmax"), "k", {}, eager) is None
+    assert vr.rejudge(out, ref, "float32", _keyed(lambda t: None), "k", {}, eager) is None
+    nan_eager = lambda: torch.tensor([[float("nan"), 0, 0, 0], [0, 0, 0, 0]])  # noqa: E731
+    assert vr.rejudge(out, ref, "float32", _keyed(lambda t: torch.ones(2, 4)), "k", {}, nan_eager) is None
+
+
+def test_rejudge_builds_the_allowance_under_the_second_key_from_eagers_error_and_judges_with_it():
+    """Eager erred by 0.4 on one element keyed 1: an error of 0.5 on an element keyed 1 is within 2 x 0.4; on an
+    element keyed 1e-6 (the second row), where eager erred by nothing, it is not."""
+    ref = torch.zeros(2, 4, dtype=torch.float64)
+    inputs = {"x": torch.zeros(2, 4)}
+    eager_out = torch.tensor([[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    key = torch.tensor([[1.0] * 4, [1e-6] * 4], dtype=torch.float64)
+    seen = []
+    spec = _keyed(lambda t: seen.append(t) or key)
+    cmp, reason, detail, allow, got = vr.rejudge(torch.tensor([[0.5, 0, 0, 0], [0, 0, 0, 0.0]]), ref, "float32", spec,
+                                                 "fresh[0]", inputs, lambda: eager_out)
+    assert (reason, detail, cmp.passed) == (None, "", True) and seen == [inputs] and got is key
+    assert float(allow.max()) == pytest.approx(0.8) and float(allow[vr._bucket(torch.tensor([1e-6],
+                                                                        dtype=torch.float64))]) == 0.0
+    cmp, reason, detail, _, _ = vr.rejudge(torch.tensor([[0.0, 0, 0, 0], [0.5, 0, 0, 0.0]]), ref, "float32", spec,
+                                           "fresh[0]", inputs, lambda: eager_out)
+    assert reason == "mismatch" and not cmp.passed and detail.startswith("fresh[0]: 1 of 8 elements out of tolerance")

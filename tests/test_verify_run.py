@@ -805,3 +805,74 @@ def test_a_cpu_kernel_writing_into_the_first_calls_output_on_the_second_call_is_
     v = verify.verify(FakeModule(stale), cand(), [fresh_set()], "cpu")
     assert (v.ok, v.reason) == (False, "nondeterministic")
     assert v.detail.startswith("fresh[0]: two runs on the same input differ bitwise (1 elements, first at (0, 0)")
+
+
+# ---------------------------------------------------------------- a kind's second key (verdict_rules.rejudge)
+
+
+def _second_key(monkeypatch, key, eager_error: float):
+    """Softmax with a second allowance key (as a region rounded in 16-bit floats has): ``key(tensors)``, and an
+    eager whose own error at [0, 0] is ``eager_error`` (so the allowance rebuilt under that key is about it)."""
+    import dataclasses
+
+    spec = dataclasses.replace(registry.get("softmax"), sensitivity=key)
+    monkeypatch.setattr(verify.registry, "spec_for", lambda sig: spec)
+    calls = []
+
+    def eager(sig):
+        def run(t):
+            calls.append(sig)
+            out = torch.softmax(t["x"], -1)
+            out[0, 0] += eager_error
+            return out
+        return run
+
+    monkeypatch.setattr(verify.ops, "eager", eager)
+    return calls
+
+
+def _off_by_half(t, n):
+    honest(t, n)
+    t["out"][0, 0] += 0.5
+
+
+def test_a_mismatch_within_eagers_error_under_the_second_key_passes_and_the_set_keeps_that_key(monkeypatch):
+    s = fresh_set()
+    first_floor = s.atol_floor
+    key = torch.ones(4, 16, dtype=torch.float64)
+    calls = _second_key(monkeypatch, lambda t: key, 0.4)
+    v = verify.verify(FakeModule(_off_by_half), cand(), [s], "cpu")
+    assert (v.ok, v.reason) == (True, "ok") and len(calls) == 1
+    assert s.magnitude is key and s.atol_floor is not first_floor
+    assert float(s.atol_floor.max()) == pytest.approx(0.8, rel=1e-6)  # 2 x eager's 0.4, in key 1's bucket
+
+
+def test_a_mismatch_beyond_eagers_error_under_the_second_key_stays_the_first_judgement(monkeypatch):
+    s = fresh_set()
+    first_floor = s.atol_floor
+    _second_key(monkeypatch, lambda t: torch.ones(4, 16, dtype=torch.float64), 0.1)
+    v = verify.verify(FakeModule(_off_by_half), cand(), [s], "cpu")
+    assert (v.ok, v.reason) == (False, "mismatch")
+    assert v.detail.startswith("fresh[0]: 1 of 64 elements out of tolerance")
+    assert s.atol_floor is first_floor and s.magnitude is None
+
+
+def test_without_a_second_key_a_mismatch_is_not_judged_again(monkeypatch):
+    s = fresh_set()
+    calls = _second_key(monkeypatch, lambda t: None, 0.4)
+    v = verify.verify(FakeModule(_off_by_half), cand(), [s], "cpu")
+    assert (v.ok, v.reason) == (False, "mismatch") and calls == []
+
+
+def test_only_a_mismatch_is_judged_again(monkeypatch):
+    keys, sets = [], [fresh_set(), fresh_set()]
+    _second_key(monkeypatch, lambda t: keys.append(t) or torch.ones(4, 16, dtype=torch.float64), 0.4)
+
+    def unwritten(t, n):
+        honest(t, n)
+        t["out"][0, 0] = float("nan")  # not the sentinel's payload: a NaN where the reference has none
+
+    v = verify.verify(FakeModule(unwritten), cand(), [sets[0]], "cpu")
+    assert (v.ok, v.reason) == (False, "nan") and keys == []
+    v = verify.verify(FakeModule(honest), cand(), [sets[1]], "cpu")
+    assert v.ok and keys == []

@@ -466,11 +466,25 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
             continue
         check = compare(out, ref, sig.output.dtype, sig, atol_floor=base.atol_floor,
                         input_kind=f"timed[{slot['index']}]", magnitude=magnitude(sig, slot["tensors"]))
+        if not check.passed and _passes_rekeyed(out, ref, sig, slot):
+            continue
         if not check.passed:
             return Verdict(False, "mismatch", f"{what}: the output is wrong for its inputs ({check.mismatches} of "
                                               f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "
                                               f"differently when timed (cached or skipped work?)", checks=(check,))
     return None
+
+
+def _passes_rekeyed(out, ref, sig: Signature, slot: dict) -> bool:
+    """A timed output that fails under the kind's key passes under its second key (``rules.rejudge``), both made
+    from this call's tensors (the judge changed one element of them before the call)."""
+    from forge_pack.evaluate import verdict_rules as rules
+    from forge_pack.evaluate.tolerance import spec_for
+    from forge_pack.targets import ops
+
+    spec, tensors = spec_for(sig), slot["tensors"]
+    again = rules.rejudge(out, ref, sig.output.dtype, spec, "timed", tensors, lambda: ops.eager(sig)(tensors))
+    return again is not None and again[1] is None
 
 
 def same_layout(t):

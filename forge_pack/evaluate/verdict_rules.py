@@ -21,13 +21,16 @@ It holds:
 A candidate's element passes when ``|out - ref| <= max(atol, allowance(m)) + rtol * |ref|``
 (m = |ref|, or the kind's ``magnitude``, e.g. for a mean the mean of |x|)
 against the float64 reference, and NaN / +-Inf appear exactly where the reference has them (same
-sign for Inf).
+sign for Inf). A kind with a second key (``spec.sensitivity``: a region rounded in 16-bit floats, keyed by
+how far the roundings inside it can move each element) judges an output that fails under the first
+once more under the second (``rejudge``), its allowance rebuilt with that key: an output passes under
+either.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -280,6 +283,24 @@ def judge_output(out: torch.Tensor, ref64: torch.Tensor, dtype: str, spec: Any, 
         return check, "nan", (f"{kind}: {check.nonfinite_mismatches} positions where NaN/Inf differ from the "
                               f"reference; {check.first_mismatch}")
     return check, None, ""
+
+
+def rejudge(out: torch.Tensor, ref64: torch.Tensor, dtype: str, spec: Any, kind: str, inputs: dict,
+            eager: Callable[[], torch.Tensor]) -> tuple[Comparison, str | None, str, Any, Any] | None:
+    """An output that failed as a ``mismatch`` judged again under the kind's second key (``spec.sensitivity``):
+    the eager allowance rebuilt from ``eager()`` (eager's output on ``inputs``) bucketed by that key, and the
+    output compared with it. An output passes when it passes under either key: each allowance is eager's own
+    error on comparable elements. (comparison, reason or None, detail, allowance, key); None where the kind has
+    no second key, or it gives none for these inputs, or eager breaks NaN/Inf parity."""
+    fn = getattr(spec, "sensitivity", None) if spec is not None else None
+    key = fn(inputs) if fn is not None else None
+    if key is None:
+        return None
+    allow = allowance(eager(), ref64, dtype, spec, key)
+    if allow is None:
+        return None
+    cmp, reason, detail = judge_output(out, ref64, dtype, spec, allow, kind, key)
+    return cmp, reason, detail, allow, key
 
 
 def input_change(name: str, current: torch.Tensor, saved: torch.Tensor, kind: str, run: str

@@ -412,6 +412,10 @@ def _run_set(module, p, s: InputSet, device: str) -> tuple[Verdict | None, Check
         return bad, None
     spec = registry.spec_for(s.sig)
     cmp, reason, detail = rules.judge_output(out, s.ref, out_spec.dtype, spec, s.atol_floor, s.kind, s.magnitude)
+    if reason == "mismatch":
+        again = rules.rejudge(out, s.ref, out_spec.dtype, spec, s.kind, s.tensors, lambda: ops.eager(s.sig)(s.tensors))
+        if again is not None and again[1] is None:  # passes under the kind's second key: the set keeps that key
+            cmp, reason, detail, s.atol_floor, s.magnitude = again
     check = as_check(cmp)
     if reason is not None:
         return Verdict(False, reason, detail), check

@@ -141,7 +141,7 @@ class RegionSpec(TargetSpec):
                  "one tensor with the output's dtype, shape and strides. Every shape and stride is fixed."),
             size_vars=_size_vars, supports=_supports, float64_reference=self._ref64, eager_call=self._eager,
             tolerances={}, draws={}, adversarial=adversarial, rows=self._rows, permute=_permute_flat,
-            odd_shapes=lambda sig: [], magnitude=self._magnitude)
+            odd_shapes=lambda sig: [], sensitivity=self._sensitivity)
 
     # -- the references
     def graph(self, device, upcast: bool):
@@ -167,9 +167,9 @@ class RegionSpec(TargetSpec):
     def _eager(self, params, out_dtype, lookup):
         return lambda t: self._call(t, False)
 
-    def _magnitude(self, tensors: dict):
-        """The eager allowance's key: ``region_sensitivity.sensitivity_key`` for a region that eager rounds in a
-        16-bit float, else None (|reference|)."""
+    def _sensitivity(self, tensors: dict):
+        """The eager allowance's second key (``verdict_rules.rejudge``): ``region_sensitivity.sensitivity_key`` for
+        a region that eager rounds in a 16-bit float, else None."""
         if not self._units:
             self._units.append(region_sensitivity.rounding_units(
                 _canonical().rebuild(self.form_, "meta"), self.form_["inputs"]))

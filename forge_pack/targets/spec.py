@@ -101,6 +101,9 @@ class TargetSpec:
     composite_output: Callable[[Any], Any] | None = None  # such a function's return value -> the kernel's output
     composite_return: Callable[[Any], Any] | None = None  # the kernel's output -> what the function returns
     magnitude: Callable[[Tensors], Any] | None = None  # the eager allowance's lookup key where not |ref|
+    # a second key, tried only where an output fails under the first (verdict_rules.rejudge): regions rounded in
+    # 16-bit floats, keyed by each element's sensitivity to those roundings (region_sensitivity)
+    sensitivity: Callable[[Tensors], Any] | None = None
     complete: Callable[[dict], tuple | None] | None = None  # parsed call kwargs: defaults in place, (error, hint)
 
     def reference64(self, params: Params, tensors: Tensors, lookup: Lookup | None = None):

@@ -249,6 +249,12 @@ def check_set(t: dict, fn, kind: str, x: dict, device: str, junk: bool = False) 
     bad = damage(first, "first")
     if bad is None:
         cmp, reason, detail = rules.judge_output(first, ref, out_spec["dtype"], spec, allow, kind, mag)
+        if reason == "mismatch":  # the kind's second key, as the build judges (verdict_rules.rejudge)
+            with torch.inference_mode():
+                again = rules.rejudge(first, ref, out_spec["dtype"], spec, kind, x, lambda: eager(t)(x))
+            if again is not None and again[1] is None:
+                cmp, reason, detail, allow, mag = again
+                row["allowance"] = float(allow.max())
         row.update(max_abs=cmp.max_abs_err, max_rel=cmp.max_rel_err, atol=cmp.atol, rtol=cmp.rtol)
         if reason in (None, "mismatch"):
             row["binding"] = binding_element(first, ref, allow, cmp.atol, cmp.rtol, mag)

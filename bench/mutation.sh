@@ -42,7 +42,8 @@ declare -A SELECT=(
     tests/targets/test_softmax.py"
   # (the slow end-to-end tests are left out: each reruns a whole build or evaluator for every mutant it reaches;
   #  the unit tests reach the same code)
-  [object_check]="tests/test_object_check_decisions.py tests/test_object_check_stand_in_elf.py tests/test_object_check.py
+  [object_check]="tests/test_object_check_decisions.py tests/test_object_check_stand_in_elf.py tests/test_x86_listing.py
+    tests/test_object_check.py
     --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
     --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked
     --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"

@@ -39,7 +39,7 @@ FILES = {
     "tolerance": ["forge_pack/evaluate/tolerance.py"],
     "static_check": ["forge_pack/evaluate/static_check.py"],
     "verdict_rules": ["forge_pack/evaluate/verdict_rules.py"] + [f"forge_pack/targets/{k}.py" for k in _KINDS],
-    "object_check": ["forge_pack/evaluate/object_check.py"],
+    "object_check": ["forge_pack/evaluate/object_check.py", "forge_pack/evaluate/x86_listing.py"],
     "model_gate": ["forge_pack/evaluate/model_gate.py"],
     "verify": ["forge_pack/evaluate/verify.py"],
     "evaluate": ["forge_pack/evaluate/evaluator.py", "forge_pack/evaluate/judge.py"],

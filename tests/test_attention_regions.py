@@ -219,6 +219,11 @@ class _Variant(nn.Module):
         out = torch.matmul(p, v)
         if self.how == "no_transpose":
             return out
+        if self.how == "same_view":  # Falcon: a view to the product's own shape before the permute
+            return out.view(out.shape).permute(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
+        if self.how == "other_view":  # a view that regroups the rows: not the composite's layout
+            b, h, n, d = out.shape
+            return out.view(b, n, h, d).permute(0, 2, 1, 3).reshape(b, h, -1)
         if self.how == "permute":  # einops' "b h n d -> b n (h d)": the same [B, L, H, D] copy
             return out.permute(0, 2, 1, 3).reshape(out.shape[0], out.shape[2], -1)
         if self.how == "other_permute":  # [B, D, L, H]: not the composite's layout
@@ -230,12 +235,12 @@ class _Variant(nn.Module):
 
 
 @pytest.mark.parametrize("how", ["plain", "softmax_dim", "dropout_train", "no_transpose", "weights_returned",
-                                 "keys_are_queries", "permute", "other_permute"])
+                                 "keys_are_queries", "permute", "other_permute", "same_view", "other_view"])
 def test_only_the_exact_computation_is_a_chain(how):
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))
     chains = _chains(_Variant(how).eval(), (q, k, v))
-    assert len(chains) == (1 if how in ("plain", "permute") else 0)
+    assert len(chains) == (1 if how in ("plain", "permute", "same_view") else 0)
     if chains:
         assert chains[0].roles.count("mask") == 0 and check(chains[0]) is None
 
@@ -811,3 +816,19 @@ def test_the_manifest_key_is_the_forms_canonical_key(block_chain, tmp_path):
 
     (h,) = attention_hotspots([block_chain], {}, tmp_path)
     assert packager._attention_entry(h, "ns::t3")["region"]["key"] == canonical.key(block_chain.region.form)
+
+
+def test_a_view_to_the_products_own_shape_is_read_through_and_swapped_in_compile_mode(base_doc):
+    """Falcon's eager attention views the value product to the shape it already has before the permute: the view
+    joins the chain, which compile mode finds in Inductor's graph and calls the attention op for."""
+    torch.manual_seed(0)
+    model = _Variant("same_view").eval()
+    inputs = tuple(torch.randn(1, 2, 8, 4, dtype=torch.bfloat16) for _ in range(3))
+    (c,) = _chains(model, inputs)
+    assert "aten.view.default" in c.region.ops and check(c) is None
+    with torch.no_grad():
+        ref = model(*inputs)
+    cm = cf.COMPILE.CompileMode(_patcher(base_doc, c, c.abi_order()))
+    got, _ = cf.aot_only(cm, model, *inputs)
+    assert cm.report()["regions"] == {"a0": 1}
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)

@@ -294,15 +294,20 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
     if out2 is None or out2.dim() != 4:
         return None
     # the end: transpose(1, 2) (or permute(0, 2, 1, 3): einops' "b h n d -> b n h d") then a contiguous copy,
-    # the composite's [B, L, H, D]
-    t = _only_user(m2)
+    # the composite's [B, L, H, D]; a view to the product's own shape and strides before it is read through
+    # (Falcon's `attn_output.view(batch, heads, length, head_dim)`)
+    t, same = _only_user(m2), []
+    while (t is not None and _base(t) in VIEWS and _val(t) is not None and tuple(_val(t).shape) == tuple(out2.shape)
+           and _val(t).stride() == out2.stride()):
+        same.append(t)
+        t = _only_user(t)
     if t is None or not _swaps_heads_and_rows(t):
         return None
     end = _only_user(t)
     if end is None or _base(end) not in ("clone", "contiguous") or end.kwargs.get("memory_format") not in (
             None, torch.contiguous_format) or _val(end) is None or not _val(end).is_contiguous():
         return None
-    members = [end, t, m2]
+    members = [end, t, *reversed(same), m2]
     probs, vrep = pv
     # probabilities: softmax over the keys, then casts (back to the input dtype) and eval dropout
     n = probs

@@ -350,6 +350,52 @@ def test_check_set_rejects_a_wrong_output_as_mismatch(pv):
     assert r["max_abs"] == pytest.approx(0.25, abs=1e-6)
 
 
+def _second_key(pv, monkeypatch, key, eager_error: float):
+    """Softmax given a second allowance key (a region rounded in 16-bit floats has one): eager is exact for the
+    set's first allowance, then errs by ``eager_error`` at [0, 0] (what the allowance under the key is built
+    from)."""
+    import dataclasses
+
+    spec = dataclasses.replace(registry.get("softmax"), sensitivity=key)
+    monkeypatch.setattr(pv, "_spec", lambda t: spec)
+    calls = []
+
+    def eager(t):
+        def run(x):
+            out = torch.softmax(x["x"], -1)
+            if calls:
+                out[0, 0] += eager_error
+            calls.append(1)
+            return out
+        return run
+
+    monkeypatch.setattr(pv, "eager", eager)
+    return calls
+
+
+def _off_by_half(x):
+    out = torch.softmax(x, -1)
+    out[0, 0] += 0.5
+    return out
+
+
+def test_check_set_judges_a_mismatch_again_under_the_kinds_second_key_as_the_build_does(pv, monkeypatch):
+    calls = _second_key(pv, monkeypatch, lambda x: torch.ones(4, 16, dtype=torch.float64), 0.4)
+    r = pv.check_set(target(), _off_by_half, "fresh[0]", x_of(), "cpu")
+    assert r["reason"] is None and len(calls) == 2
+    assert r["allowance"] == pytest.approx(0.8, rel=1e-6)  # 2 x eager's error, bucketed by the second key
+    assert r["binding"]["allowance"] == pytest.approx(0.8, rel=1e-6) and r["binding"]["ratio"] <= 1
+
+
+@pytest.mark.parametrize("key,eager_error", [(None, 0.4), (1.0, 0.1)], ids=["no second key", "beyond eager"])
+def test_check_set_keeps_a_mismatch_the_second_key_does_not_excuse(pv, monkeypatch, key, eager_error):
+    _second_key(pv, monkeypatch, lambda x: None if key is None else torch.full((4, 16), key, dtype=torch.float64),
+                eager_error)
+    r = pv.check_set(target(), _off_by_half, "fresh[0]", x_of(), "cpu")
+    assert r["reason"] == "mismatch" and r["detail"].startswith("fresh[0]: 1 of 64 elements out of tolerance")
+    assert r["allowance"] < 0.01
+
+
 def test_check_set_rejects_an_input_written_by_the_op(pv):
     x = x_of()
     original = x["x"].clone()

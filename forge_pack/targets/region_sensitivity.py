@@ -111,20 +111,24 @@ def sensitivity_key(graph64: Any, units: list, out_unit: float, args: list, ref:
     run per rounding op, each op alone, so that no two ops' moves cancel by chance; within a run an element's
     own move dominates what a reduction gathers from the others. |ref| where an element or its move is not
     finite."""
+    class Moved(torch.fx.Interpreter):  # the graph with the result of its ``source``-th op moved
+        def __init__(self, source: int, gen: Any):
+            super().__init__(graph64)
+            self.source, self.gen, self.at = source, gen, 0
+
+        def run_node(self, n):
+            out = super().run_node(n)
+            if n.op == "call_function":
+                if self.at == self.source:
+                    out = _perturbed(out, units[self.source], self.gen)
+                self.at += 1
+            return out
+
     ref = ref.double()
     total = torch.zeros_like(ref)
     for source in [k for k, u in enumerate(units) if u is not None]:
-        k = iter(range(len(units)))
-
-        class Perturbed(torch.fx.Interpreter):
-            def run_node(self, n):
-                out = super().run_node(n)
-                if n.op == "call_function" and next(k) == source:
-                    out = _perturbed(out, units[source], gen)
-                return out
-
         gen = torch.Generator(device=ref.device).manual_seed(SEED + source)
-        dev = (Perturbed(graph64).run(*args).double() - ref).abs_()
+        dev = (Moved(source, gen).run(*args).double() - ref).abs_()
         total.add_(torch.where(torch.isfinite(dev), dev, torch.zeros_like(dev)))
         del dev
     key = torch.maximum(ref.abs(), total.div_(out_unit))

@@ -81,4 +81,50 @@ def test_without_objdump_there_is_no_listing(monkeypatch):
 
 
 def test_an_object_objdump_cannot_read_gives_its_error():
-    assert xl.listing(b"not an object").startswith("objdump failed: ")
+    why = xl.listing(b"not an object")
+    assert why.startswith("objdump failed: ") and "format not recognized" in why
+
+
+def test_an_objdump_failure_without_a_message_gives_its_exit_status(monkeypatch):
+    monkeypatch.setattr(xl.subprocess, "run", lambda *a, **k: xl.subprocess.CompletedProcess(a, 3, "", ""))
+    assert xl.listing(b"") == "objdump failed: exit status 3"
+
+
+def test_prefixed_and_wrapped_instructions_out_of_order_sections_and_odd_comments():
+    """A branch behind a prefix, a target whose symbol repeats the mnemonic, the bytes of a long instruction
+    wrapped onto a line of their own (objdump without -w), an undecodable byte before more code, sections listed
+    out of address order, and a comment address on an instruction that is not RIP-relative (ignored)."""
+    text = """
+Disassembly of section .text:
+
+0000000000002000 <late>:
+    2000:\tf2 e9 fb ef ff ff    \tbnd jmp 1000 <early>
+    2006:\te8 f5 ef ff ff       \tcall   1000 <recall>
+    200b:\t06                   \t(bad)
+    200c:\t48 b8 00 00 00 00 00 \tmovabs $0x50f000000000000,%rax
+    2013:\t00 0f 05 
+    2016:\t48 8b 04 25 00 40 00 00 \tmov    0x4000,%rax        # 4000
+    201e:\t48 8b 05 00 00 00 00 \tmov    0x0(%rip),%rax
+
+Disassembly of section .init:
+
+0000000000001000 <early>:
+    1000:\tc3                   \tret
+"""
+    lst = xl.parse(text)
+    assert lst.starts == [0x1000, 0x2000, 0x2006, 0x200B, 0x200C, 0x2016, 0x201E]
+    assert lst.lengths[0x200C] == 10 and lst.containing(0x2015) == 0x200C
+    assert lst.references == [(0x2000, 0x1000), (0x2006, 0x1000)]
+    assert lst.undecodable == [0x200B]
+    assert xl.mnemonic("rex.WRB vpxor %xmm0,%xmm0,%xmm0") == "vpxor" and xl.mnemonic("") == ""
+
+
+def test_a_reference_just_past_a_code_range_names_no_instruction_of_it(monkeypatch):
+    """[start, end): an address at a range's end (data after the code, say) is outside it, whatever lies there."""
+    clean = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
+    lea_end = clean + "\n    1130:\t48 8d 0d 00 00 00 00 \tlea    0x0(%rip),%rcx        # 1140 <end>\n"
+    assert _judge(monkeypatch, lea_end, [0x1101], code=((0x1100, 0x1140),))[0] == {0x1101}
+    assert _judge(monkeypatch, lea_end, [0x1101], code=((0x1100, 0x1141),))[0] == set()
+    # and a range's first address is in it
+    only_jump = "\n".join(line for line in clean.splitlines()) + "\n    1130:\teb cf                \tjmp    1101 <k+0x1>\n"
+    assert _judge(monkeypatch, only_jump, [0x1101], code=((0x1101, 0x1140),))[1].startswith("the instruction at 0x1130")

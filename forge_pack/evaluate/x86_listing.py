@@ -64,6 +64,9 @@ def parse(text: str) -> Listing:
         if not m:
             continue
         addr, raw, asm = int(m.group(1), 16), m.group(2).split(), m.group(3).strip()
+        if not asm and out.starts and out.starts[-1] + out.lengths[out.starts[-1]] == addr:
+            out.lengths[out.starts[-1]] += len(raw)  # the rest of a long instruction's bytes, on a line of their own
+            continue
         out.starts.append(addr)
         out.lengths[addr] = len(raw)
         out.texts[addr] = asm

@@ -76,6 +76,7 @@ def _scaled(acc: str, scale: float) -> str:
         return f"({acc} / (float){n})"
     return f"({acc} * (float){scale!r})"
 
+
 class Emitter:
     def __init__(self, prog: Program, backend: str):
         self.p, self.backend = prog, backend

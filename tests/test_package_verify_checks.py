@@ -361,6 +361,8 @@ def _second_key(pv, monkeypatch, key, eager_error: float):
     calls = []
 
     def eager(t):
+        assert t["id"] == "t0"  # the target's own entry
+
         def run(x):
             out = torch.softmax(x["x"], -1)
             if calls:
@@ -380,8 +382,9 @@ def _off_by_half(x):
 
 
 def test_check_set_judges_a_mismatch_again_under_the_kinds_second_key_as_the_build_does(pv, monkeypatch):
-    calls = _second_key(pv, monkeypatch, lambda x: torch.ones(4, 16, dtype=torch.float64), 0.4)
-    r = pv.check_set(target(), _off_by_half, "fresh[0]", x_of(), "cpu")
+    x = x_of()
+    calls = _second_key(pv, monkeypatch, lambda got: torch.ones(4, 16, dtype=torch.float64) if got is x else None, 0.4)
+    r = pv.check_set(target(), _off_by_half, "fresh[0]", x, "cpu")
     assert r["reason"] is None and len(calls) == 2
     assert r["allowance"] == pytest.approx(0.8, rel=1e-6)  # 2 x eager's error, bucketed by the second key
     assert r["binding"]["allowance"] == pytest.approx(0.8, rel=1e-6) and r["binding"]["ratio"] <= 1

@@ -796,3 +796,20 @@ def test_rejudge_builds_the_allowance_under_the_second_key_from_eagers_error_and
     cmp, reason, detail, _, _ = vr.rejudge(torch.tensor([[0.0, 0, 0, 0], [0.5, 0, 0, 0.0]]), ref, "float32", spec,
                                            "fresh[0]", inputs, lambda: eager_out)
     assert reason == "mismatch" and not cmp.passed and detail.startswith("fresh[0]: 1 of 8 elements out of tolerance")
+
+
+def test_rejudge_judges_with_the_kinds_own_rows_for_the_dtype_it_is_given():
+    """Eager exact (no allowance): an error of 1e-3 on a probability of 0.1 is 1% relative, within softmax's
+    bf16 row (rtol 1.6e-2) and beyond its float32 row (1e-4), beyond the generic float32 row too (1e-5 + 1e-4 x
+    0.1); the rows, not only the allowance, decide."""
+    ref = torch.full((2, 10), 0.1, dtype=torch.float64)
+    out = ref.float().clone()
+    out[0, 0] += 1e-3
+    spec = _keyed(lambda t: torch.ones(2, 10, dtype=torch.float64))
+    exact = lambda: ref.float()  # noqa: E731
+    assert vr.rejudge(out, ref, "bfloat16", spec, "k", {}, exact)[1] is None
+    assert vr.rejudge(out, ref, "float32", spec, "k", {}, exact)[1] == "mismatch"
+    zero = torch.zeros(2, 10, dtype=torch.float64)
+    spike = torch.zeros(2, 10)
+    spike[0, 0] = 5e-6  # where the reference is 0: within the generic float32 atol (1e-5), not softmax's (1e-8)
+    assert vr.rejudge(spike, zero, "float32", spec, "k", {}, lambda: zero.float())[1] == "mismatch"

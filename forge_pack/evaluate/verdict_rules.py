@@ -292,7 +292,7 @@ def rejudge(out: torch.Tensor, ref64: torch.Tensor, dtype: str, spec: Any, kind:
     output compared with it. An output passes when it passes under either key: each allowance is eager's own
     error on comparable elements. (comparison, reason or None, detail, allowance, key); None where the kind has
     no second key, or it gives none for these inputs, or eager breaks NaN/Inf parity."""
-    fn = getattr(spec, "sensitivity", None) if spec is not None else None
+    fn = getattr(spec, "sensitivity", None)
     key = fn(inputs) if fn is not None else None
     if key is None:
         return None

@@ -14,7 +14,7 @@ from forge_pack.core.hotspot import Hotspot
 from forge_pack.graph.capture import capture
 from forge_pack.graph.regions import find_regions
 from forge_pack.search.families.region import coverage, program
-from forge_pack.search.region_lower import view_strides
+from forge_pack.search.region_lower import Uncovered, lower, view_strides
 from forge_pack.search.templates_proposer import applicable_families, instantiate
 from forge_pack.targets import registry
 from forge_pack.targets.region_target import roles, signature
@@ -214,13 +214,27 @@ class _Spread(nn.Module):
         return x * torch.rsqrt(x.var() + 1)  # aten.var.default(x): every dim, unbiased
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("how", ["group", "var_dim", "var_correction", "std_dim", "var_mean", "var_default"])
-def test_variance_spellings_lower_with_their_correction_and_keepdim(cpu_evaluator, how):
+def test_variance_spellings_lower_with_their_correction_and_keepdim(cpu_evaluator, how, dtype):
     """Each overload's correction (unbiased, the correction keyword, the default) and keepdim read where that
-    overload puts them: a wrong correction or a dropped keepdim fails the float64 comparison or the lowering."""
+    overload puts them: a wrong correction or a dropped keepdim fails the float64 comparison or the lowering. In
+    bf16 the statistic is the input's dtype, as eager returns it (it was fp32, and the kernel wrote fp32 values
+    into the bf16 output, past its end)."""
     torch.manual_seed(0)
-    (region,) = find_regions(capture(_Spread(how), (torch.randn(2, 6, 5, 8),), profile=False))
+    (region,) = find_regions(capture(_Spread(how), (torch.randn(2, 6, 5, 8).to(dtype),), profile=False))
+    assert program(signature(region)).out_dtype == str(dtype).replace("torch.", "")
     _verifies(cpu_evaluator, region)
+
+
+def test_a_lowering_whose_output_dtype_is_not_the_regions_is_uncovered():
+    """Whatever op's result dtype the lowering mis-models, the kernel's stores must have the output's width: a
+    mismatch is no kernel."""
+    (region,) = find_regions(capture(_Spread("group"), (torch.randn(2, 6, 5, 8).bfloat16(),), profile=False))
+    form = signature(region).param("form")
+    out = {"dtype": "float16", "shape": [2, 6, 5, 8], "strides": [240, 40, 8, 1]}
+    with pytest.raises(Uncovered, match="the lowered output is bfloat16, the region's is float16"):
+        lower(form, out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -230,8 +244,8 @@ def test_instance_norm_lowers_and_verifies(cpu_evaluator, how, dtype):
     (shifted by its first element, so a constant plane gives exactly 0, as eager's Welford statistics do), with the
     per-channel affine, or, with running statistics in eval, batch_norm's map. In bf16 the prologue's roundings
     near the shifted sets' offsets cancel in the normalisation: verified with the sensitivity key
-    (tests/test_region_sensitivity.py); its vector code holds the bytes cd 80 inside a vpblendvb, which the object
-    check excuses (tests/test_x86_listing.py)."""
+    (tests/test_region_sensitivity.py); with -march=native its vector code can hold the bytes cd 80 inside a
+    vpblendvb, which the object check excuses (tests/test_x86_listing.py)."""
     torch.manual_seed(0)
     norm = nn.InstanceNorm2d(6, affine=how != "plain", track_running_stats=how == "running_stats")
     if how == "running_stats":

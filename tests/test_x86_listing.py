@@ -24,6 +24,10 @@ Disassembly of section .text:
 """
 
 
+# the listing without its jump into an instruction (110a), its lea of one (1114) and its undecodable byte (1128)
+CLEAN = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
+
+
 def test_instructions_their_lengths_and_mnemonics_past_prefixes():
     lst = xl.parse(LISTING)
     assert lst.starts == [0x1100, 0x1105, 0x1108, 0x110A, 0x110C, 0x110F, 0x1114, 0x111B, 0x1122, 0x1128]
@@ -46,17 +50,15 @@ def _judge(monkeypatch, text: str, hits: list[int], code=((0x1100, 0x1200),)):
 
 
 def test_hits_inside_ordinary_instructions_only_a_computed_jump_could_reach(monkeypatch):
-    clean = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
-    assert _judge(monkeypatch, clean, [0x1101, 0x1126]) == ({0x1101, 0x1126}, "")
+    assert _judge(monkeypatch, CLEAN, [0x1101, 0x1126]) == ({0x1101, 0x1126}, "")
     # a reference to data (0x4000, outside the code ranges) names no instruction
-    assert _judge(monkeypatch, clean, [0x1101], code=((0x1100, 0x1130),))[0] == {0x1101}
+    assert _judge(monkeypatch, CLEAN, [0x1101], code=((0x1100, 0x1130),))[0] == {0x1101}
 
 
 def test_a_system_call_instruction_holding_the_bytes_is_never_excused(monkeypatch):
-    clean = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
-    harmless, why = _judge(monkeypatch, clean, [0x1106, 0x1108, 0x1101])
+    harmless, why = _judge(monkeypatch, CLEAN, [0x1106, 0x1108, 0x1101])
     assert harmless == {0x1101} and why == "the instruction at 0x1105 is `data16 syscall`"
-    harmless, why = _judge(monkeypatch, clean, [0x1108])
+    harmless, why = _judge(monkeypatch, CLEAN, [0x1108])
     assert harmless == set() and why == "the instruction at 0x1108 is `int    $0x80`"
 
 
@@ -70,8 +72,7 @@ def test_a_jump_or_an_address_inside_an_instruction_excuses_nothing(monkeypatch)
 
 def test_an_undecodable_byte_or_an_unlisted_hit_excuses_nothing(monkeypatch):
     assert _judge(monkeypatch, LISTING, [0x1126]) == (set(), "objdump cannot decode the instruction at 0x1128")
-    clean = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
-    assert _judge(monkeypatch, clean, [0x1190]) == (set(), "no decoded instruction covers 0x1190")
+    assert _judge(monkeypatch, CLEAN, [0x1190]) == (set(), "no decoded instruction covers 0x1190")
 
 
 def test_without_objdump_there_is_no_listing(monkeypatch):
@@ -121,10 +122,9 @@ Disassembly of section .init:
 
 def test_a_reference_just_past_a_code_range_names_no_instruction_of_it(monkeypatch):
     """[start, end): an address at a range's end (data after the code, say) is outside it, whatever lies there."""
-    clean = "\n".join(line for line in LISTING.splitlines() if not line.startswith(("    110a", "    1114", "    1128")))
-    lea_end = clean + "\n    1130:\t48 8d 0d 00 00 00 00 \tlea    0x0(%rip),%rcx        # 1140 <end>\n"
+    lea_end = CLEAN + "\n    1130:\t48 8d 0d 00 00 00 00 \tlea    0x0(%rip),%rcx        # 1140 <end>\n"
     assert _judge(monkeypatch, lea_end, [0x1101], code=((0x1100, 0x1140),))[0] == {0x1101}
     assert _judge(monkeypatch, lea_end, [0x1101], code=((0x1100, 0x1141),))[0] == set()
     # and a range's first address is in it
-    only_jump = "\n".join(line for line in clean.splitlines()) + "\n    1130:\teb cf                \tjmp    1101 <k+0x1>\n"
+    only_jump = CLEAN + "\n    1130:\teb cf                \tjmp    1101 <k+0x1>\n"
     assert _judge(monkeypatch, only_jump, [0x1101], code=((0x1101, 0x1140),))[1].startswith("the instruction at 0x1130")

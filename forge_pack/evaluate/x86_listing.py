@@ -23,7 +23,6 @@ from pathlib import Path
 
 SYSTEM_CALLS = frozenset({"syscall", "sysenter", "int", "sysexit", "sysret"})
 _LINE = re.compile(r"^\s*([0-9a-f]+):\t((?:[0-9a-f]{2} )+)\s*\t?(.*)$")
-_SECTION = re.compile(r"^Disassembly of section (\S+):$")
 _DIRECT = re.compile(r"^(?:j\w*|call\w*|loop\w*|xbegin)$")
 _TARGET = re.compile(r"^([0-9a-f]+) <")
 _RIP_ADDRESS = re.compile(r"#\s*([0-9a-f]+)(?:\s|$)")
@@ -82,8 +81,7 @@ def parse(text: str) -> Listing:
         r = _RIP_ADDRESS.search(asm)
         if r and "(%rip)" in asm:
             out.references.append((addr, int(r.group(1), 16)))
-    order = sorted(range(len(out.starts)), key=out.starts.__getitem__)
-    out.starts = [out.starts[i] for i in order]
+    out.starts.sort()  # sections are listed in any order
     return out
 
 

@@ -14,7 +14,8 @@ from .spec import CallPath, TargetSpec
 KIND_MODULES = (softmax, layer_norm, rms_norm, group_norm, batch_norm, avg_pool, attention)
 # The shipped runtime: this registry, what it imports, and __init__ (the package's _targets/).
 RUNTIME_MODULES = ("__init__", "registry", "spec", "lazy_torch", "dtypes", "call_args", "inputs", "norm_common",
-                   "layouts", "region_target", "region_sensitivity") + tuple(m.__name__.rpartition(".")[2] for m in KIND_MODULES)
+                   "layouts", "region_target", "region_sensitivity") + tuple(
+                       m.__name__.rpartition(".")[2] for m in KIND_MODULES)
 
 SPECS: dict[str, TargetSpec] = {s.name: s for m in KIND_MODULES for s in m.SPECS}
 NAMES: tuple[str, ...] = tuple(SPECS)

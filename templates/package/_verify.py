@@ -30,8 +30,9 @@ Per input set: the float64 reference and eager PyTorch's own error (the allowanc
 from the copied rules, then two calls of the kernel, each checked as the build checks it: output
 elements still holding the NaN sentinel (unwritten_output), values out of tolerance (mismatch; for a
 region rounded in 16-bit floats, judged once more under its second key, each element's sensitivity
-to those roundings, as the build judges: ``rejudge`` in the copied rules), NaN/Inf parity (nan), every input bitwise unchanged (input_mutated), the second output bitwise
-equal to the first (nondeterministic). The op allocates its own output, so the sentinel is written
+to those roundings, as the build judges: ``rejudge`` in the copied rules), NaN/Inf parity (nan),
+every input bitwise unchanged (input_mutated), the second output bitwise equal to the first
+(nondeterministic). The op allocates its own output, so the sentinel is written
 into the block the allocator hands out next; the row says whether the op got that block.
 """
 

@@ -10,6 +10,9 @@
 #                         (one part of the suite, for machines whose calls are time-limited: writes
 #                          test-gpu-<PART>.md/log; `python bench/test_gpu_summary.py DIR` then writes
 #                          test-gpu.md with every part and the total)
+#   LIMIT_S=280 bash bench/test_gpu.sh
+#                         (pytest is interrupted (SIGINT) after that many seconds: it still prints its
+#                          summary of the tests that ran, and the part's .md says it was cut off)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -27,7 +30,9 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # test_ui_browser.py skips itself at import when Playwright or Chromium is missing; it has no gpu
 # test, and its module-level skip would otherwise show up in the summary.
-"$PYTHON" -m pytest -m gpu -p no:randomly -p no:cacheprovider -rfEs --durations=15 \
+limit=()
+[ -n "${LIMIT_S:-}" ] && limit=(timeout -s INT -k 30 "$LIMIT_S")
+"${limit[@]}" "$PYTHON" -m pytest -m gpu -p no:randomly -p no:cacheprovider -rfEs --durations=15 \
   --ignore=tests/test_ui_browser.py ${PYTEST_ARGS:-} $TESTS 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
 summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$LOG" | tail -1 | sed -E 's/^=+ //; s/ =+$//')
@@ -54,6 +59,8 @@ PY
   echo "$passed passed, $((failed + errors)) failed, $skipped skipped"
   echo '```'
   echo "- tests: $TESTS"
+  [ -n "${LIMIT_S:-}" ] && [ "$rc" -eq 124 -o "$rc" -eq 2 ] && grep -q KeyboardInterrupt "$LOG" \
+    && echo "- cut off by LIMIT_S=$LIMIT_S: the tests after the last one in the log did not run"
 } > "$RESULTS/$NAME.md"
 cat "$RESULTS/$NAME.md"
 exit "$rc"

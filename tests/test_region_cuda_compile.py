@@ -25,6 +25,8 @@ import pytest
 from forge_pack.search.region_vector import classify
 from forge_pack.search.templates_proposer import applicable_families, instantiate
 
+from cuda_build import nvcc as _nvcc, spills as _spills
+
 MODELS = Path(__file__).resolve().parent / "models"
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -60,29 +62,6 @@ def _bn_block_signature(size: int = 56, dtype: str = "bfloat16", channels_last: 
     x = conv_bn_block.get_inputs(size)[0].to(getattr(torch, dtype)).contiguous(memory_format=fmt)
     (region,) = [r for r in find_regions(capture(model, (x,), profile=False)) if r.pattern == "batch_norm+add+relu"]
     return signature(region)
-
-
-def _nvcc(source: str, folder: str, name: str) -> tuple[int, str]:
-    """Compile with nvcc (what the package's setup.py build uses) and, where libnvrtc is found, with
-    NVRTC as the evaluator does (``compile._compile_cuda``): the two accept different sources
-    (NVRTC has no ``__builtin_memcpy``, for one), and a kernel must build both ways."""
-    from forge_pack.evaluate import compile as fcompile
-
-    src = Path(folder) / f"{name}.cu"
-    src.write_text(source)
-    res = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-std=c++17", "-Xptxas", "-v", "-o", f"{src}.cubin", str(src)],
-                         capture_output=True, text=True)
-    rc, log = res.returncode, res.stdout + res.stderr
-    rtc = fcompile.nvrtc()
-    if rtc is not None:
-        options = ["--gpu-architecture=sm_90", *fcompile.NVRTC_FLAGS, *[f"-I{d}" for d in rtc.include_dirs]]
-        ok, rtc_log, _ = rtc.compile(source, "kernel.cu", options)
-        rc, log = rc or (0 if ok else 1), log + "\n[nvrtc]\n" + rtc_log
-    return rc, log
-
-
-def _spills(log: str) -> bool:
-    return any("spill" in line and " 0 bytes spill stores" not in line for line in log.splitlines())
 
 
 def test_leaf_classes_over_a_run_follow_the_layout():

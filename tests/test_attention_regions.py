@@ -75,6 +75,20 @@ def test_gemma_softcap_sliced_mask_and_eval_dropout_are_read(tmp_path):
     assert check(c) is None
 
 
+@pytest.mark.parametrize("fmt, chains", [(None, 1), (torch.contiguous_format, 1), (torch.channels_last, 0)])
+def test_eval_dropout_exported_as_a_clone_is_read_and_a_relayout_is_not(monkeypatch, fmt, chains):
+    """torch 2.11's export writes eval dropout as aten.clone of the probabilities (2.14 drops it): a copy to
+    the same strides is read through as dropout is; a clone to another layout ends the match."""
+    def clone(w, p=0.5, training=False, inplace=False):
+        return w.clone() if fmt is None else w.clone(memory_format=fmt)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", clone)
+    found = _chains(gemma_attention.get_model(), gemma_attention.get_inputs())
+    assert len(found) == chains
+    if chains:
+        assert "clone" in [o.split(".")[1] for o in found[0].region.ops] and check(found[0]) is None
+
+
 def test_scaling_by_a_division_reads_as_its_reciprocal():
     model = llama_regions.get_model()
     (c,) = _chains(model, llama_regions.get_inputs())

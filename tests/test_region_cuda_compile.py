@@ -220,3 +220,49 @@ def test_window_runs_along_w_read_each_cell_of_the_overlapping_windows_once(tmp_
         knobs = {"wrun": wrun, "ilp": ilp, "threads": threads}
         rc, log = _nvcc(instantiate("region", "cuda", "window", knobs, sig).source, str(tmp_path), f"w{wrun}_{ilp}")
         assert rc == 0 and "warning" not in log and not _spills(log), log[-2000:]
+
+
+@needs_nvcc
+def test_16_bit_loads_do_not_use_the_speculable_asm_overloads(tmp_path):
+    """cuda_bf16.h's and cuda_fp16.h's own __ldg overloads are plain ``asm`` (no ``volatile``): the
+    compiler may run them ahead of the condition that guards them, and a window kernel's reads of
+    padding cells (``ok ? fp_ld(..) : 0``) were hoisted that way, reading before the input's start
+    (an illegal address on the H100, wrun 4). Every load the kernel headers make goes through a
+    probe that rejects a 16-bit float element type: fp_ld and fp_ldv of _region.cuh, load1 and ld_raw
+    of _prelude.cuh, for float, bf16 and fp16."""
+    kernels = Path(__file__).resolve().parent.parent / "templates" / "kernels" / "cuda"
+    probe = """#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+template <typename T> struct fp_probe_ok { static constexpr bool v = true; };
+template <> struct fp_probe_ok<__nv_bfloat16> { static constexpr bool v = false; };
+template <> struct fp_probe_ok<__half> { static constexpr bool v = false; };
+template <> struct fp_probe_ok<__nv_bfloat162> { static constexpr bool v = false; };
+template <> struct fp_probe_ok<__half2> { static constexpr bool v = false; };
+#define FP_PROBE(name) template <typename T> __device__ T fp_probe_##name(const T* p) { \\
+  static_assert(fp_probe_ok<T>::v, #name " of a 16-bit float: a non-volatile asm the compiler may speculate"); \\
+  return name(p); }
+FP_PROBE(__ldg) FP_PROBE(__ldcg) FP_PROBE(__ldca) FP_PROBE(__ldcs) FP_PROBE(__ldlu) FP_PROBE(__ldcv)
+#define __ldg fp_probe___ldg
+#define __ldcg fp_probe___ldcg
+#define __ldca fp_probe___ldca
+#define __ldcs fp_probe___ldcs
+#define __ldlu fp_probe___ldlu
+#define __ldcv fp_probe___ldcv
+"""
+    body = "\n".join(f"template __device__ void fp_probe_use<{t}>(const {t}*, float*);"
+                     for t in ("float", "__nv_bfloat16", "__half"))
+    src = (probe + (kernels / "_region.cuh").read_text() + "\n"
+           + (kernels / "_prelude.cuh").read_text() + "\n"
+           + """template <typename T> __device__ void fp_probe_use(const T* p, float* y) {
+  y[0] = fp_ld(p) + load1(p);
+  fp_ldv<2>(p, y + 1);
+  typedef typename Raw<sizeof(T)>::type R;
+  y[3] = (float)ld_raw<1>(reinterpret_cast<const R*>(p)) + (float)ld_raw<2>(reinterpret_cast<const R*>(p));
+}
+""" + body + "\n")
+    rc, log = _nvcc(src, str(tmp_path), "probe")
+    assert rc == 0, log[-3000:]
+    # the probe bites: cuda_bf16.h's own overload, called as the header used to, is rejected
+    bad = src + "__device__ float fp_probe_old(const __nv_bfloat16* p) { return __bfloat162float(__ldg(p)); }\n"
+    rc, log = _nvcc(bad, str(tmp_path), "probe_bad")
+    assert rc != 0 and "non-volatile asm" in log, log[-3000:]

@@ -167,6 +167,13 @@ def _cast_dtype(n: torch.fx.Node):
     return kw.get("dtype")
 
 
+def _same_copy(n: torch.fx.Node) -> bool:
+    """Whether a clone copies its input to the same strides (its values and layout unchanged)."""
+    v, src = _val(n), _val(n.args[0]) if n.args else None
+    return (v is not None and src is not None and set(n.kwargs) <= {"memory_format"}
+            and v.dtype == src.dtype and v.shape == src.shape and v.stride() == src.stride())
+
+
 def _is_dim(d, ndim: int, want: int) -> bool:
     return isinstance(d, int) and not isinstance(d, bool) and d % ndim == want
 
@@ -309,12 +316,15 @@ def _chain_at(graph: Graph, m2: torch.fx.Node) -> AttentionChain | None:
         return None
     members = [end, t, *reversed(same), m2]
     probs, vrep = pv
-    # probabilities: softmax over the keys, then casts (back to the input dtype) and eval dropout
+    # probabilities: softmax over the keys, then casts (back to the input dtype) and eval dropout (an
+    # aten.dropout with train False, or, as torch 2.11's export writes it, a clone of the same strides)
     n = probs
-    while _base(n) in (*CASTS, "dropout", "alias") and _only_user(n) is not None:
+    while _base(n) in (*CASTS, "dropout", "alias", "clone") and _only_user(n) is not None:
         if _base(n) == "dropout" and not (len(n.args) >= 3 and n.args[2] is False):
             return None  # dropout in training draws a mask: not this computation
         if _base(n) in CASTS and _cast_dtype(n) is None:
+            return None
+        if _base(n) == "clone" and not _same_copy(n):
             return None
         members.append(n)
         n = n.args[0]

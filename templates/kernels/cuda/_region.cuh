@@ -16,16 +16,16 @@ typedef FP_IDX_T fp_idx;
 #undef FP_NAN  // <math.h>'s classification constant under nvcc; here the NaN value
 #define FP_NAN __int_as_float(0x7fc00000)
 
-// One element through the read-only path. The 16-bit loads go through __ldg of the raw unsigned short
-// (an `asm volatile`), not cuda_bf16.h / cuda_fp16.h's own __ldg overloads: those are plain `asm`
-// statements, which the compiler treats as free of side effects and may execute ahead of the
-// condition guarding them. A window kernel's predicated reads of padding cells (`ok ? fp_ld(..) : 0`)
-// were hoisted that way and read before the input's start (an illegal address on the H100).
+// One element. A 16-bit element is a plain load of its raw bits (ld.global.nc where the compiler proves
+// it read-only, as for the FP_RESTRICT inputs), not cuda_bf16.h / cuda_fp16.h's own __ldg overloads:
+// those are plain `asm` statements, which the compiler treats as free of side effects and may execute
+// ahead of the condition guarding them. A window kernel's predicated reads of padding cells
+// (`ok ? fp_ld(..) : 0`) were hoisted that way and read before the input's start (an illegal address
+// on the H100). __ldg of the raw unsigned short (an `asm volatile`) is safe too, but pins every load
+// where it is written: the window kernel at wrun 2, ilp 4, 1024 threads then spilled.
 FP_FN float fp_ld(const float* p) { return __ldg(p); }
-FP_FN float fp_ld(const __nv_bfloat16* p) {
-  return __bfloat162float(__ushort_as_bfloat16(__ldg(reinterpret_cast<const unsigned short*>(p))));
-}
-FP_FN float fp_ld(const __half* p) { return __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(p)))); }
+FP_FN float fp_ld(const __nv_bfloat16* p) { return __uint_as_float((unsigned)*reinterpret_cast<const unsigned short*>(p) << 16); }
+FP_FN float fp_ld(const __half* p) { return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p))); }
 FP_FN void forge_store(float* p, float v) { *p = v; }
 FP_FN void forge_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 FP_FN void forge_store(__half* p, float v) { *p = __float2half_rn(v); }

@@ -27,6 +27,24 @@ def out_path(default_name: str) -> Path:
     return p
 
 
+def commit() -> str | None:
+    """The checkout's commit, with "+ uncommitted changes to N files" where tracked files differ from it:
+    the device machine runs a copy of the working tree whose git HEAD can be older than what it runs."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+                              timeout=10)
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True, cwd=ROOT, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    changed = [ln for ln in status.stdout.splitlines() if ln.strip()] if status.returncode == 0 else []
+    return head.stdout.strip() + (f" + uncommitted changes to {len(changed)} files" if changed else "")
+
+
 def environment() -> dict:
     import torch
 

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, environment, out_path, write
+from _common import ROOT, commit, environment, out_path, write
 
 
 def worker(model: str, package: str, device: str, dtype: str | None, modes: list[str], n: int, budget_s: float,
@@ -259,11 +259,7 @@ def main() -> int:
             row["command"] = cmd
             rows.append(row)
     env = environment()
-    try:
-        env["forge_pack_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                                  cwd=ROOT).stdout.strip() or None
-    except OSError:
-        env["forge_pack_commit"] = None
+    env["forge_pack_commit"] = commit()
     write(base, {"command": cmd, "environment": env, "models": rows}, markdown(rows, cmd, env))
     return 0
 

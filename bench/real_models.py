@@ -741,11 +741,10 @@ def environment(a) -> dict:
             env[mod] = importlib.import_module(mod).__version__
         except Exception:
             env[mod] = None
-    try:
-        env["forge_pack_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                                                  capture_output=True, timeout=10).stdout.strip() or None
-    except Exception:
-        env["forge_pack_commit"] = None
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import commit
+
+    env["forge_pack_commit"] = commit()
     return env
 
 

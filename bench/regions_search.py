@@ -66,10 +66,10 @@ def search(model: str, args) -> dict:
 
 
 def _commit() -> str | None:
-    import subprocess
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import commit
 
-    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return r.stdout.strip() or None if r.returncode == 0 else None
+    return commit()
 
 
 def _fmt(v, unit=""):

@@ -49,7 +49,7 @@ PY
   echo "# make test-gpu"
   echo
   echo "Every \`gpu\` test with FORGE_PACK_REQUIRE_GPU=1 (a skipped gpu test fails), the CUDA anti-cheat"
-  echo "fixtures first; written by bench/test_gpu.sh ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))."
+  echo "fixtures first; written by bench/test_gpu.sh ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(n=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -c .); [ "${n:-0}" -gt 0 ] && echo " + uncommitted changes to $n files"))."
   echo
   echo "$versions"
   echo "- pytest exit status: $rc"

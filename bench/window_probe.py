@@ -1,6 +1,6 @@
 """The window region skeleton on ResNet-50's stem: batch_norm + relu + max_pool2d(3, 2, 1).
 
-    python bench/window_probe.py [--batch 256] [--dtype bfloat16] [--out BASE]
+    python bench/window_probe.py [--batch 256] [--dtype bfloat16] [--out BASE] [--quick]
 
 The region is captured on CUDA from conv 7x7/2 + BatchNorm + ReLU + MaxPool(3, 2, 1) with 64
 channels at 224x224 (the pool reads 112x112, writes 56x56), NCHW and channels_last, and the
@@ -8,8 +8,10 @@ generated `window` kernel is verified and timed by the evaluator (its timing pro
 flushed) at a few knob settings, against eager and torch.compile of the region (Inductor's fused
 kernel); {} is the defaults (channels_last: vec 8 along C for 16-bit, 4 for fp32; NCHW: vec 1);
 NCHW also at wrun 2 and 4 (runs along W: the overlapping windows' input cells read once).
-Writes BASE.{md,json} (default bench/results/window). About 2-4 minutes on an H200 (two compile
-baselines, eight evaluations).
+Writes BASE.{md,json} (default bench/results/window), rewritten after every evaluation so that a
+run a device call's limit cuts short keeps what it measured. About 2-4 minutes on an H200 (two
+compile baselines, eleven evaluations); ``--quick``: the defaults and wrun 4 for NCHW, the defaults
+for channels_last (four evaluations).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "models" / "regions"))
 
 KNOBS = {False: [{}, {"ilp": 2}, {"threads": 128, "ilp": 4}, {"wrun": 2}, {"wrun": 4}, {"wrun": 4, "ilp": 2}],
          True: [{}, {"vec": 8, "ilp": 2}, {"vec": 4, "ilp": 2}, {"vec": 2, "ilp": 4}, {"vec": 1, "ilp": 1}]}
+QUICK = {False: [{}, {"wrun": 4}], True: [{}]}
 
 
 def _region(batch: int, dtype, channels_last: bool):
@@ -53,6 +56,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "window"))
+    ap.add_argument("--quick", action="store_true", help="four evaluations (see the module's docstring)")
     args = ap.parse_args()
 
     import torch
@@ -73,7 +77,7 @@ def main() -> None:
             # eager and torch.compile of the region, timed once in the worker and kept for the
             # evaluations below (evaluate() alone computes no speedups)
             ev.baseline(h)
-            for knobs in KNOBS[cl]:
+            for knobs in (QUICK if args.quick else KNOBS)[cl]:
                 cand = instantiate("region", "cuda", "window", knobs, sig)
                 e = ev.evaluate(cand, h)
                 us = e.timing.median_us if e.timing else None
@@ -83,14 +87,26 @@ def main() -> None:
                              "ours_us": us, "compile_us": comp, "vs_eager": e.speedup_vs_eager,
                              "vs_compile": e.speedup_vs_compile, "copy_bw_fraction": e.bandwidth_fraction})
                 print(json.dumps(rows[-1]), file=sys.stderr)
+                write(args, rows, t0, done=False)
     finally:
         ev.close()
+    write(args, rows, t0, done=True)
+
+
+def write(args, rows: list[dict], t0: float, done: bool) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _common import commit
+
     cmd = "python bench/window_probe.py " + " ".join(sys.argv[1:])
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "wall_s": round(time.time() - t0, 1)}
+           "commit": commit(), "wall_s": round(time.time() - t0, 1), "complete": done}
     Path(args.out + ".json").write_text(json.dumps({"command": cmd, "env": env, "rows": rows}, indent=1))
     lines = ["# Window region: ResNet-50 stem batch_norm + relu + max_pool2d(3, 2, 1)", "", f"`{cmd}`", "",
-             f"{env['gpu']}, torch {env['torch']}, cuda {env['cuda']}; {args.batch}x64x112x112 -> 56x56, {args.dtype}",
+             f"{env['gpu']}, torch {env['torch']}, cuda {env['cuda']}, commit {env['commit']}; "
+             f"{args.batch}x64x112x112 -> 56x56, {args.dtype}"
+             + ("" if done else f"; partial: {len(rows)} rows after {env['wall_s']} s"),
              "", "| layout | knobs | verdict | ours | Inductor | vs Inductor | vs eager | % copy BW |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
 
@@ -103,7 +119,8 @@ def main() -> None:
                      f"{f(r['compile_us'], '{:.1f} us')} | {f(r['vs_compile'], '{:.2f}x')} | {f(r['vs_eager'], '{:.2f}x')} | "
                      f"{f(r['copy_bw_fraction'] * 100 if r['copy_bw_fraction'] is not None else None, '{:.0f}%')} |")
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    if done:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ NCHW also at wrun 2 and 4 (runs along W: the overlapping windows' input cells re
 Writes BASE.{md,json} (default bench/results/window), rewritten after every evaluation so that a
 run a device call's limit cuts short keeps what it measured. About 2-4 minutes on an H200 (two
 compile baselines, eleven evaluations); ``--quick``: the defaults and wrun 4 for NCHW, the defaults
-for channels_last (four evaluations).
+for channels_last (three evaluations).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "window"))
-    ap.add_argument("--quick", action="store_true", help="four evaluations (see the module's docstring)")
+    ap.add_argument("--quick", action="store_true", help="three evaluations (see the module's docstring)")
     args = ap.parse_args()
 
     import torch

@@ -223,3 +223,23 @@ def test_runs_along_w_need_a_fixed_window_and_a_pooled_w_that_they_divide():
         instantiate("region", "cuda", "window", {"wrun": 2, "vec": 1}, signature(cl))
     with pytest.raises(ValueError, match="vec and wrun together"):
         instantiate("region", "cuda", "window", {"wrun": 2, "vec": 4}, signature(cl))
+
+
+@pytest.mark.parametrize("mod,size,pattern,cl,want", [
+    (resnet_stem, 30, "batch_norm+relu+max_pool2d", False, 4),   # 3x3 / 2 overlapping, pooled W 8
+    (pool_variants, 15, "silu+avg_pool2d", False, 4),            # 3x3 / 1
+    (pool_variants, 15, "avg_pool2d", False, 1),                 # 2x2 / 2: no cell shared along W
+    (pool_variants, 15, "sub+relu+adaptive_avg_pool2d", False, 1),
+    (resnet_stem, 34, "batch_norm+relu+max_pool2d", False, 1),   # pooled W 9: no run divides it
+    (resnet_stem, 30, "batch_norm+relu+max_pool2d", True, 1),    # channels_last: vectors along C
+])
+def test_cuda_defaults_run_along_w_where_nchw_windows_overlap(mod, size, pattern, cl, want):
+    """The window family's CUDA defaults: wrun 4 (else 2) where NCHW windows overlap along W and a run
+    divides the pooled W (measured 1.64x against 1.06x at wrun 1 on the stem, bench/results/window.md),
+    one output per call otherwise; channels_last gets vectors along C instead."""
+    model = mod.get_model().to(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    x = mod.get_inputs(size)[0].contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    (region,) = [r for r in find_regions(capture(model, (x,), profile=False)) if r.pattern == pattern]
+    cand = instantiate("region", "cuda", "window", None, signature(region))
+    assert cand.params["wrun"] == want and (cand.params["vec"] > 1) == cl
+    assert f"#define WRUN {want}" in cand.source and ("FP_FN void fp_window_wrun(" in cand.source) == (want > 1)

@@ -232,12 +232,19 @@ def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 def _cuda_win_defaults(sig: Signature, gpu: Gpu) -> dict:
     # 16 bytes of output per access along channels_last's C when C allows it (a narrower vector
-    # when C is not a multiple of the full one); NCHW pools W, the innermost dim: one element each
+    # when C is not a multiple of the full one). NCHW pools W, the innermost dim: where the windows
+    # overlap along W (stride below the kernel), runs of 4 (else 2) outputs along W, each input cell
+    # read once (the ResNet-50 stem's 3x3 / 2 max pool, bf16 B256 on the H100: 1.64x of Inductor's
+    # fused kernel at wrun 4, 1.06x at wrun 1, bench/results/window.md); one element each otherwise
     prog = program(sig)
-    vec = 1
+    vec, wrun = 1, 1
     if not isinstance(prog, str) and (vd := vector_dim(prog)) is not None:
         vec = next((v for v in (8, 4, 2) if v * _out_bytes(sig) <= 16 and prog.space[vd] % v == 0), 1)
-    return {"threads": 256, "vec": vec, "ilp": 1, "wrun": 1}
+    elif not isinstance(prog, str) and prog.window is not None and prog.window.mode != "adaptive":
+        w = prog.window
+        if w.stride[1] < (w.kernel[1] - 1) * w.dilation[1] + 1:
+            wrun = next((r for r in (4, 2) if not isinstance(_code(sig, "cuda", 1, r), str)), 1)
+    return {"threads": 256, "vec": vec, "ilp": 1, "wrun": wrun}
 
 
 def _cuda_win_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:

@@ -37,6 +37,13 @@ def _table(regions):
     return sorted((r.pattern, r.compute_ops) for r in regions)
 
 
+def _eval_dropout_is_a_clone() -> bool:
+    """Whether this torch's export writes eval dropout as aten.clone (2.11 and 2.13 do, 2.14 drops it):
+    the clone then joins the softmax region it follows."""
+    g = capture(nn.Sequential(nn.Dropout(0.0)).eval(), (torch.randn(2, 3),), profile=False, routes=("export",))
+    return any(n.op == "call_function" and "clone" in str(n.target) for n in g.gm.graph.nodes)
+
+
 def _hooked(model, points):
     """Run the eager model and keep the tensors at points: {name: (module, "in" | "out")}."""
     seen, handles = {}, []
@@ -55,15 +62,17 @@ def _region_output(graph, region):
 
 def test_llama_block_regions_are_the_rms_norms_mask_softmax_and_silu_gate():
     g, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
+    softmax = ("div+add+softmax+cast+clone", ("div", "add", "softmax", "_to_copy", "clone")) \
+        if _eval_dropout_is_a_clone() else ("div+add+softmax+cast", ("div", "add", "softmax", "_to_copy"))
     assert _table(regions) == sorted([
         ("rms_norm", RMS_OPS), ("rms_norm", RMS_OPS),
-        ("div+add+softmax+cast", ("div", "add", "softmax", "_to_copy")),
+        softmax,
         ("silu+mul", ("silu", "mul")),
         ("add", ("add",)), ("add", ("add",)),  # the residuals: their sums feed the next norm too
         ("clone", ("clone",)),  # transpose(1, 2).reshape: the head merge copy
     ])
     kinds = {r.pattern: r.kind for r in regions}
-    assert kinds["rms_norm"] == "row" and kinds["div+add+softmax+cast"] == "row" and kinds["silu+mul"] == "pointwise"
+    assert kinds["rms_norm"] == "row" and kinds[softmax[0]] == "row" and kinds["silu+mul"] == "pointwise"
     # the rms norm reads the block input and its weight, nothing else
     first = next(r for r in regions if r.pattern == "rms_norm")
     assert first.inputs == ("x", "p_input_weight")

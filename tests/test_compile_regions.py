@@ -24,6 +24,7 @@ import compile_fakes as cf  # noqa: E402
 from compile_fakes import aot_only  # noqa: E402
 import helpers  # noqa: E402
 import llama_regions  # noqa: E402
+from torch_export import LLAMA_SOFTMAX  # noqa: E402
 
 from forge_pack.evaluate.model_accuracy import compare_outputs  # noqa: E402
 from forge_pack.graph import region_match  # noqa: E402
@@ -54,7 +55,7 @@ def _pick(regions: list) -> list:
     """[(id, region)]: one of each pattern the llama block has (rms_norm, mask softmax, silu*up)."""
     chosen, seen = [], set()
     for r in regions:
-        if r.pattern in ("rms_norm", "div+add+softmax+cast", "silu+mul") and r.key not in seen:
+        if r.pattern in ("rms_norm", LLAMA_SOFTMAX, "silu+mul") and r.key not in seen:
             seen.add(r.key)
             chosen.append((f"r{len(chosen)}", r))
     return chosen
@@ -98,7 +99,7 @@ def test_region_forms_of_both_capture_routes_are_found_in_inductors_graph():
             if r.pattern in ("rms_norm", "silu+mul") or "softmax" in r.pattern:
                 spelled = region_match.respell(r.form, "cpu", select_decomp_table())
                 counts[r.pattern] = len(region_match.find(graphs[0].graph, spelled))
-        softmax = "div+add+softmax+cast" if route == "export" else "div+add+cast+softmax+cast"
+        softmax = LLAMA_SOFTMAX if route == "export" else "div+add+cast+softmax+cast"
         assert counts == {"rms_norm": 2, softmax: 1, "silu+mul": 1}, route
 
 
@@ -111,7 +112,7 @@ def test_used_regions_are_swapped_in_and_the_output_equals_eager(base_doc, llama
     with torch.no_grad():
         ref = model(*inputs)
     got, graphs = aot_only(cm, model, *inputs)
-    want = {ids["rms_norm"]: 2, ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
+    want = {ids["rms_norm"]: 2, ids[LLAMA_SOFTMAX]: 1, ids["silu+mul"]: 1}
     assert cm.report()["regions"] == want
     assert _region_nodes(graphs) == want
     # the op computes the region's eager reference: bf16 rounding is all that may differ
@@ -156,7 +157,7 @@ def test_a_region_differing_in_a_constant_is_left_to_inductor(base_doc, llama_re
     model = llama_regions.get_model()
     model.eps = 1e-5
     _, graphs = aot_only(cm, model, *llama_regions.get_inputs())
-    assert cm.report()["regions"] == {ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
+    assert cm.report()["regions"] == {ids[LLAMA_SOFTMAX]: 1, ids["silu+mul"]: 1}
 
 
 def test_a_region_of_another_shape_is_left_to_inductor(base_doc, llama_regions_export):
@@ -232,7 +233,7 @@ def test_inductor_compile_with_region_ops_equals_eager(base_doc, llama_regions_e
     with torch.no_grad():
         ref = model(*inputs)
         got = cm.compile(model)(*inputs)
-    assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids["div+add+softmax+cast"]: 1, ids["silu+mul"]: 1}
+    assert cm.report()["regions"] == {ids["rms_norm"]: 2, ids[LLAMA_SOFTMAX]: 1, ids["silu+mul"]: 1}
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
 
 
@@ -309,7 +310,7 @@ def test_compile_gate_measures_regions_and_records_each_decision(base_doc, llama
     stale_form = json.loads(json.dumps(stale.form).replace("1e-06", "1e-05"))
     stale = type(stale)(**{**stale.__dict__, "form": stale_form})
     chosen.append(("r9", stale))
-    p = cf.region_patcher(base_doc, chosen, wrong={ids["div+add+softmax+cast"]})
+    p = cf.region_patcher(base_doc, chosen, wrong={ids[LLAMA_SOFTMAX]})
     target = load(str(Path(llama_regions.__file__)), "cpu", None)
     torch._dynamo.reset()
     before = torch.get_num_threads()
@@ -322,15 +323,15 @@ def test_compile_gate_measures_regions_and_records_each_decision(base_doc, llama
     recs = result["targets"]
     assert sorted(result["used"]) == sorted([ids["rms_norm"], ids["silu+mul"]])
     assert recs[ids["rms_norm"]]["reason"].startswith("faster compiled: ")
-    assert recs[ids["div+add+softmax+cast"]]["use"] is False
-    assert recs[ids["div+add+softmax+cast"]]["reason"].startswith(
+    assert recs[ids[LLAMA_SOFTMAX]]["use"] is False
+    assert recs[ids[LLAMA_SOFTMAX]]["reason"].startswith(
         "less accurate compiled: with only this kernel, the patched model's outputs differ from the original's")
     assert recs["r9"] == {"use": False, "reason": compile_gate.UNMATCHED_REASON, "compiled_ms": None,
                           "compiled_with_ms": None}
     doc = json.loads(json.dumps(p.manifest))
     compile_gate.record(doc, result)
     assert {r["id"]: r["compile"]["use"] for r in doc["regions"]} == {
-        ids["rms_norm"]: True, ids["div+add+softmax+cast"]: False, ids["silu+mul"]: True, "r9": False}
+        ids["rms_norm"]: True, ids[LLAMA_SOFTMAX]: False, ids["silu+mul"]: True, "r9": False}
     doc["schema_version"] = manifest.SCHEMA_VERSION
     manifest.validate(manifest._integrity().seal(doc), "regions manifest")
 

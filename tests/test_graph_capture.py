@@ -17,6 +17,7 @@ from forge_pack.graph.timing import align, match
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
 import llama_regions  # noqa: E402
+from torch_export import eval_dropout_is_a_clone  # noqa: E402
 
 
 def test_capture_takes_the_export_route_with_named_placeholders_and_real_specs():
@@ -106,8 +107,13 @@ def test_capture_that_no_route_can_trace_is_a_forge_error():
 def test_every_compute_node_of_the_llama_block_gets_a_profiled_time():
     g = capture(llama_regions.get_model(), llama_regions.get_inputs(), iterations=1)
     compute = [n for n in g.nodes.values() if n.kind in ("pointwise", "reduction", "matmul")]
-    assert g.time_source == "profile" and g.profiled_fraction == 1.0
-    assert all(n.time_source == "profile" and n.time_us > 0 for n in compute)
+    # where export writes eval dropout as a clone (torch 2.11, 2.13), eager runs no kernel for it: estimated
+    export_only = 1 if eval_dropout_is_a_clone() else 0
+    estimated = [n for n in compute if n.time_source != "profile"]
+    assert len(estimated) == export_only and all(n.op == "aten.clone.default" for n in estimated)
+    assert g.time_source == ("profile+estimate" if export_only else "profile")
+    assert export_only or g.profiled_fraction == 1.0
+    assert all(n.time_us > 0 for n in compute)
     assert g.forward_us > 0
 
 

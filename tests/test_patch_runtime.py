@@ -136,8 +136,11 @@ def test_gpu_architecture_guard(patch_mod, cuda_manifest, monkeypatch):
 
 def test_cuda_package_without_a_visible_gpu_patches_nothing(patch_mod, cuda_manifest, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")  # a CUDA build (the CPU-only wheel says so instead)
     p = patch_mod.Patcher(cuda_manifest, "cuda_pkg", lambda: None)
     assert "no CUDA GPU is visible" in p._environment_problem()
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert "this torch build has no CUDA" in p._environment_problem()
 
 
 @pytest.fixture(scope="module")

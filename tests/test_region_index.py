@@ -18,6 +18,7 @@ from forge_pack.targets.region_target import signature
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import llama_regions  # noqa: E402
+from torch_export import LLAMA_SOFTMAX  # noqa: E402
 import pool_variants  # noqa: E402
 import resnet_stem  # noqa: E402
 
@@ -54,7 +55,7 @@ def test_generated_kernels_of_small_regions_index_in_32_bits(backend):
 
 
 CASES = [(resnet_stem, None, "window"), (pool_variants, "avg_pool2d+mul+add", "window"),
-         (llama_regions, "div+add+softmax+cast", "row"), (llama_regions, "silu+mul", "pointwise")]
+         (llama_regions, LLAMA_SOFTMAX, "row"), (llama_regions, "silu+mul", "pointwise")]
 
 
 @pytest.mark.parametrize("index", ["int", "long long"])

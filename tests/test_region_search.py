@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "models" / "regions"))
 import conv_bn_block  # noqa: E402
 import unseen_ops  # noqa: E402
 import llama_regions  # noqa: E402
+from torch_export import LLAMA_SOFTMAX  # noqa: E402
 import vae_resblock  # noqa: E402
 
 
@@ -35,7 +36,7 @@ def _hotspot(region):
 
 
 CASES = [(llama_regions, "rms_norm", "row"), (llama_regions, "silu+mul", "pointwise"),
-         (llama_regions, "div+add+softmax+cast", "row"), (vae_resblock, "group_norm+silu", "row"),
+         (llama_regions, LLAMA_SOFTMAX, "row"), (vae_resblock, "group_norm+silu", "row"),
          (conv_bn_block, "batch_norm+add+relu", "pointwise")]
 
 
@@ -330,7 +331,7 @@ def test_an_op_outside_the_table_is_reported_not_covered():
 
 
 def test_region_spec_is_looked_up_by_signature_and_draws_masks_by_meaning():
-    region = _regions(llama_regions)["div+add+softmax+cast"]
+    region = _regions(llama_regions)[LLAMA_SOFTMAX]
     sig = signature(region)
     assert sig.slug() == region.name
     spec = registry.spec_for(sig)

@@ -24,6 +24,7 @@ import conv_bn_block  # noqa: E402
 import convnext_block  # noqa: E402
 import llama_regions  # noqa: E402
 import vae_resblock  # noqa: E402
+from torch_export import LLAMA_SOFTMAX, llama_softmax  # noqa: E402
 
 RMS_OPS = ("_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul")
 
@@ -35,13 +36,6 @@ def _regions(model, inputs, **kw):
 
 def _table(regions):
     return sorted((r.pattern, r.compute_ops) for r in regions)
-
-
-def _eval_dropout_is_a_clone() -> bool:
-    """Whether this torch's export writes eval dropout as aten.clone (2.11 and 2.13 do, 2.14 drops it):
-    the clone then joins the softmax region it follows."""
-    g = capture(nn.Sequential(nn.Dropout(0.0)).eval(), (torch.randn(2, 3),), profile=False, routes=("export",))
-    return any(n.op == "call_function" and "clone" in str(n.target) for n in g.gm.graph.nodes)
 
 
 def _hooked(model, points):
@@ -62,8 +56,7 @@ def _region_output(graph, region):
 
 def test_llama_block_regions_are_the_rms_norms_mask_softmax_and_silu_gate():
     g, regions = _regions(llama_regions.get_model(), llama_regions.get_inputs())
-    softmax = ("div+add+softmax+cast+clone", ("div", "add", "softmax", "_to_copy", "clone")) \
-        if _eval_dropout_is_a_clone() else ("div+add+softmax+cast", ("div", "add", "softmax", "_to_copy"))
+    softmax = llama_softmax()
     assert _table(regions) == sorted([
         ("rms_norm", RMS_OPS), ("rms_norm", RMS_OPS),
         softmax,
@@ -89,7 +82,7 @@ def test_llama_regions_on_the_make_fx_route_are_the_same_chains_in_decomposed_op
 
 def test_llama_sdpa_leaves_attention_out_and_says_why():
     g, regions = _regions(llama_regions.get_model("sdpa"), llama_regions.get_inputs())
-    assert "div+add+softmax+cast" not in {r.pattern for r in regions}
+    assert LLAMA_SOFTMAX not in {r.pattern for r in regions}
     reasons = {u["reason"]: u["ops"] for u in uncovered(g, regions)}
     assert reasons[REASONS["attention"]] == {
         "scaled_dot_product_attention": 1}
@@ -107,7 +100,7 @@ def test_llama_region_references_equal_the_models_intermediates():
     by_pattern = {}
     for r in regions:
         by_pattern.setdefault(r.pattern, r)
-    for pattern, point in (("rms_norm", "normed"), ("div+add+softmax+cast", "probs"), ("silu+mul", "gated")):
+    for pattern, point in (("rms_norm", "normed"), (LLAMA_SOFTMAX, "probs"), ("silu+mul", "gated")):
         out, ins = _region_output(g, by_pattern[pattern])
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out, seen[point], rtol=0, atol=0)
@@ -173,7 +166,7 @@ def test_region_signatures_are_equal_across_captures_and_differ_when_a_shape_cha
     again, names2 = digests(16)
     longer, _ = digests(24)
     assert first == again and names1 == names2
-    for pattern in ("rms_norm", "silu+mul", "div+add+softmax+cast"):
+    for pattern in ("rms_norm", "silu+mul", LLAMA_SOFTMAX):
         assert longer[pattern] != first[pattern]
 
 

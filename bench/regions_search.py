@@ -58,18 +58,11 @@ def search(model: str, args) -> dict:
             "vs_eager": ev.speedup_vs_eager if ev else None, "vs_compile": ev.speedup_vs_compile if ev else None,
             "copy_bw_fraction": ev.bandwidth_fraction if ev else None, "bytes_moved": reg.get("bytes_moved")})
     sys.path.insert(0, str(ROOT / "bench"))
-    from _common import environment
+    from _common import commit, environment
 
     return {"model": model, "device": summary.device, "run_dir": str(run_dir), "regions": rows,
-            "environment": environment(), "commit": _commit(),
+            "environment": environment(), "commit": commit(),
             "command": "python " + " ".join(shlex.quote(a) for a in sys.argv)}
-
-
-def _commit() -> str | None:
-    sys.path.insert(0, str(ROOT / "bench"))
-    from _common import commit
-
-    return commit()
 
 
 def _fmt(v, unit=""):

@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "models" / "regions"))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import commit  # noqa: E402
 
 KNOBS = {False: [{}, {"ilp": 2}, {"threads": 128, "ilp": 4}, {"wrun": 2}, {"wrun": 4}, {"wrun": 4, "ilp": 2}],
          True: [{}, {"vec": 8, "ilp": 2}, {"vec": 4, "ilp": 2}, {"vec": 2, "ilp": 4}, {"vec": 1, "ilp": 1}]}
@@ -95,9 +97,6 @@ def main() -> None:
 
 def write(args, rows: list[dict], t0: float, done: bool) -> None:
     import torch
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from _common import commit
 
     cmd = "python bench/window_probe.py " + " ".join(sys.argv[1:])
     env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,

@@ -380,7 +380,8 @@ def run_case(name: str, batch: int, device: str, dtype, smoke: bool, region_comp
 
 def markdown(doc: dict) -> str:
     lines = ["# Vision: convolution epilogue regions in compile mode", "",
-             f"Command: `{doc['command']}`  ", f"Environment: {doc['environment']}", "",
+             f"Command: `{doc['command']}`  ", f"Environment: {doc['environment']}  ",
+             f"Commit: {doc.get('commit') or '?'}", "",
              "| model | batch | eager ms | compile ms | compile freezing ms | compile+package ms | package vs compile "
              "| vs freezing | max abs vs fp32 (eager / compile / package) | conv regions run folded |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -426,7 +427,9 @@ def main() -> None:
         import json
 
         docs = [json.loads(Path(f).read_text()) for f in a.merge]
+        commits = list(dict.fromkeys(d.get("commit") or "?" for d in docs))
         doc = {"command": " && ".join(d["command"] for d in docs), "environment": docs[0]["environment"],
+               "commit": " / ".join(commits),
                "seconds": sum(d["seconds"] for d in docs), "rows": [r for d in docs for r in d["rows"]]}
         _common.write(_common.out_path("vision"), doc, markdown(doc))
         return
@@ -451,7 +454,7 @@ def main() -> None:
         for batch in batches:
             rows.append(run_case(name, batch, device, dtype, a.smoke, a.region_compile, say, progress))
     doc = {"command": "python " + " ".join(sys.argv), "environment": _common.environment(),
-           "seconds": time.perf_counter() - t0, "rows": rows}
+           "commit": _common.commit(), "seconds": time.perf_counter() - t0, "rows": rows}
     _common.write(base, doc, markdown(doc))
     partial.unlink(missing_ok=True)
 

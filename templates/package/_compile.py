@@ -365,6 +365,7 @@ class CompileMode:
                 continue  # the traced call returns something else than what was verified
             if not all(id(v) in node_of for v in inputs):
                 continue
+            lower_as_fallback(target.fn)
             with gm.graph.inserting_before(node):
                 new = gm.graph.call_function(target.fn, tuple(node_of[id(v)] for v in inputs))
             new.meta.update(node.meta)
@@ -462,6 +463,29 @@ def _bind_region_op(r: _Region, output: dict) -> None:
     except RuntimeError as e:  # registered already (by the extension, or another CompileMode): keep it
         if "already" not in str(e):
             raise
+    lower_as_fallback(r.fn)
+
+
+def lower_as_fallback(op: Any) -> None:
+    """Give Inductor its fallback lowering of ``op`` (a call of the eager kernel, with the layout constraint of
+    the op's tag) before it lowers a graph that calls it: the lowering Inductor would make itself on meeting the
+    op. Made here because torch 2.11's implicit fallback first formats the op's arguments for an info log, eagerly:
+    an argument's string holds its whole producer graph, doubling at every residual add that reaches it, so a
+    ResNet-50 with 24 conv region ops sat over 8 minutes in that string on an H100 (torch 2.14 formats lazily)."""
+    from torch._inductor import lowering
+
+    if op in lowering.lowerings:
+        return
+    try:
+        from torch._library.utils import get_layout_constraint_tag
+
+        constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+    except (ImportError, AttributeError, AssertionError):  # a torch without the tags: Inductor's old default
+        constraint = getattr(lowering, "constrain_to_fx_strides", None)
+    try:
+        lowering.make_fallback(op, layout_constraint=constraint, warn=False)
+    except AssertionError:  # an op with a decomposition: Inductor decomposes it instead of falling back
+        pass
 
 
 _PASS_CLASS: Any = None

@@ -138,6 +138,7 @@ def test_allocation_failure_during_an_evaluation_is_out_of_memory_not_a_crash(bu
     _, reply = _judge(built, monkeypatch, 0)
     assert reply.verdict == Verdict(False, "out_of_memory", reply.verdict.detail)
     assert "Tried to allocate 14.00 GiB" in reply.verdict.detail and not reply.retire
+    assert not memory_plan.sets_do_not_fit(reply.verdict)  # a CPU candidate may allocate host memory itself
 
 
 def _probe_peak(text: str) -> dict:
@@ -243,3 +244,36 @@ def test_streamed_static_sets_come_back_from_host_memory_unchanged(built, monkey
     assert (first.verdict.reason, second.verdict.reason) == ("ok", "ok")
     assert sums == drawn
     assert drawn_kinds == [(tuple(sig.x.shape), "fresh")] * 2  # the fresh set and its redraw for timing only
+
+
+def test_the_search_gives_the_profiles_device_memory_back_before_any_evaluation(tmp_path, monkeypatch):
+    """The evaluations run in worker processes: memory the profile freed but torch's cache keeps in the search's
+    own process is not theirs (an H100 search of a 6 GiB softmax kept 12.5 GiB there and ran out of memory)."""
+    sys.path.insert(0, str(HERE))
+    from types import SimpleNamespace
+
+    from pipeline_fakes import fake_toolkit
+
+    from forge_pack.search import pipeline
+
+    events = []
+    tk = fake_toolkit()
+    profile, evaluator = tk.profile, tk.evaluator
+
+    def on_gpu(model, device, dtype):
+        return SimpleNamespace(device="cuda", path=model, model_hash="fakehash", dtype=dtype)
+
+    def profiled(*a, **k):
+        events.append("profile")
+        return profile(*a, **k)
+
+    def first_evaluator(*a, **k):
+        events.append("evaluator")
+        return evaluator(*a, **k)
+
+    tk.load, tk.profile, tk.evaluator = on_gpu, profiled, first_evaluator
+    monkeypatch.setattr(memory_plan, "release", lambda device: events.append(f"release {device}"))
+    pipeline.run(pipeline.RunConfig(model="m.py", budget=2, run_dir=str(tmp_path / "run")), toolkit=tk,
+                 say=lambda s: None)
+    assert events.index("release cuda") > events.index("profile")
+    assert events.index("release cuda") < events.index("evaluator")

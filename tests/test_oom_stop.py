@@ -1,6 +1,7 @@
 """A hotspot whose own input sets do not fit the device's memory ends its search at the first such
 verdict (stop reason ``out_of_memory``, in the search table and the dashboard); an out_of_memory
-caused by one candidate's workspace does not end it, since other candidates may fit. CPU, fakes only."""
+caused by one candidate's workspace (or a CPU candidate's own allocation) does not end it, since other
+candidates may fit. CPU, fakes only."""
 
 from __future__ import annotations
 
@@ -56,6 +57,17 @@ def test_an_allocation_failure_despite_the_estimate_does_not_end_the_search():
     v = Verdict(False, "out_of_memory", "an allocation failed while evaluating softmax(...): CUDA out of memory")
     assert not memory_plan.sets_do_not_fit(v)
     assert not memory_plan.sets_do_not_fit(Verdict(False, "mismatch", memory_plan.SETS_DO_NOT_FIT))
+
+
+def test_a_failed_allocation_ends_the_search_only_where_the_candidate_allocates_nothing():
+    err = RuntimeError("CUDA out of memory. Tried to allocate 12.00 GiB")
+    gpu = memory_plan.allocation_failed(SIG, err, "cuda", 0)
+    assert "Tried to allocate 12.00 GiB" in gpu
+    assert memory_plan.sets_do_not_fit(Verdict(False, "out_of_memory", gpu))
+    for backend, workspace in (("cuda", 1 << 20), ("cpu", 0)):  # its workspace, or host memory its code takes
+        why = memory_plan.allocation_failed(SIG, err, backend, workspace)
+        assert "Tried to allocate 12.00 GiB" in why
+        assert not memory_plan.sets_do_not_fit(Verdict(False, "out_of_memory", why))
 
 
 # ------------------------------------------------------------------ the search loop

@@ -257,8 +257,8 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
         if memory_plan.is_out_of_memory(e):  # the estimate was short: still a verdict, and the worker goes on
             timing = None
             memory_plan.release(session.device)
-            verdict = Verdict(False, "out_of_memory", f"an allocation failed while evaluating {sig.pretty()}: "
-                                                      f"{str(e)[:500]}")
+            verdict = Verdict(False, "out_of_memory",
+                              memory_plan.allocation_failed(sig, e, cand.backend, _workspace_bytes(cand, sig)))
             poisoned = not session.healthy()
             return Judged(verdict, None, floor, bw, attributes, False, poisoned)
         if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():

@@ -162,9 +162,25 @@ def fits(sig: Signature, free_bytes: int | None, workspace_bytes: int = 0) -> st
     return f"{why}: this candidate's {workspace_bytes / 2**30:.2f} GiB of workspace is what does not fit"
 
 
+NO_DEVICE_ALLOCATION = ("cuda",)  # backends whose kernels allocate no device memory of their own (only workspaces)
+
+
+def allocation_failed(sig: Signature, err: BaseException, backend: str, workspace_bytes: int) -> str:
+    """The out_of_memory detail of an allocation that failed despite the estimate. Where the candidate cannot
+    have caused it (a GPU kernel without workspace: every tensor of the evaluation is the judge's, the same for
+    each candidate of the hotspot), it says so with SETS_DO_NOT_FIT, and the search stops there instead of
+    failing every candidate the same way (an H100 search of a 6 GiB softmax failed 10 of 10, 20 s each). A CPU
+    candidate's code may allocate host memory itself: its failure is its own."""
+    why = f"an allocation failed while evaluating {sig.pretty()}: {str(err)[:500]}"
+    if backend in NO_DEVICE_ALLOCATION and workspace_bytes == 0:
+        why += f" (the candidate allocates nothing: {SETS_DO_NOT_FIT})"
+    return why
+
+
 def sets_do_not_fit(verdict) -> bool:
     """Whether an evaluation's verdict says no candidate of its hotspot can fit this device's memory
-    (an allocation that failed despite the estimate may be the candidate's own doing: not this)."""
+    (an allocation that failed despite the estimate may be the candidate's own doing: not this, unless
+    ``allocation_failed`` found that it cannot be)."""
     return verdict.reason == "out_of_memory" and SETS_DO_NOT_FIT in (verdict.detail or "")
 
 

@@ -105,6 +105,7 @@ def _run(config: RunConfig, lock: RunLock, *, resume: bool, toolkit: Toolkit | N
             start_ui_in_background(run_dir, echo=say, **ui)
         plan = _start(r, run_row, target, quiet)
         target = None  # the model is not needed any more: its captured tensors are on disk
+        _release_profile(r.device)
         rows, todo = _what_to_search(r, plan, run_row, before)
         r.evaluator = LazyEvaluator(lambda: tk.evaluator(config, run_dir, r.backend))
         outcomes = _search_all(r, plan, rows, todo, on_progress, on_hotspot)
@@ -180,6 +181,17 @@ def _start(r: _Run, run_row, target, quiet: bool) -> Plan:
         r.device = target.device
     r.backend = "cuda" if r.device == "cuda" else "cpu"
     return plan
+
+
+def _release_profile(device: str | None) -> None:
+    """Give the memory the profile held (the model, its inputs and outputs, freed but kept in torch's cache) back
+    to the device: the evaluations run in worker processes, which another process's cache starves (an H100
+    search of a 6 GiB softmax: the parent kept 12.5 GiB and every evaluation ran out of memory)."""
+    if device is None:
+        return
+    from forge_pack.evaluate import memory_plan
+
+    memory_plan.release(device)
 
 
 def _what_to_search(r: _Run, plan: Plan, run_row, before: str | None) -> tuple[dict, dict[str, tuple[bool, float]]]:

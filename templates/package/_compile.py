@@ -470,8 +470,9 @@ def lower_as_fallback(op: Any) -> None:
     """Give Inductor its fallback lowering of ``op`` (a call of the eager kernel, with the layout constraint of
     the op's tag) before it lowers a graph that calls it: the lowering Inductor would make itself on meeting the
     op. Made here because torch 2.11's implicit fallback first formats the op's arguments for an info log, eagerly:
-    an argument's string holds its whole producer graph, doubling at every residual add that reaches it, so a
-    ResNet-50 with 24 conv region ops sat over 8 minutes in that string on an H100 (torch 2.14 formats lazily)."""
+    an argument's string holds its whole producer graph, doubling at every residual add that reaches it: a ResNet-50
+    with 24 conv region ops sat over 8 minutes in that string on an H100, and compiles in 4.6 s with this (torch
+    2.14 formats the log lazily)."""
     from torch._inductor import lowering
 
     if op in lowering.lowerings:

@@ -277,3 +277,40 @@ def test_the_search_gives_the_profiles_device_memory_back_before_any_evaluation(
                  say=lambda s: None)
     assert events.index("release cuda") > events.index("profile")
     assert events.index("release cuda") < events.index("evaluator")
+
+
+@pytest.mark.parametrize("park", [True, False], ids=["parked", "drawn-again"])
+def test_the_timed_input_leaves_the_device_while_captures_feed_the_derived_sets(built, monkeypatch, tmp_path, park):
+    """With captures as the derived sets' source, the fresh set (the timed input) is not needed until timing:
+    parked in host memory on a GPU (forced here on the CPU), else dropped and drawn again, never held
+    beside the other sets (an H100 evaluation of a 6 GiB softmax ran out of memory with it held)."""
+    from forge_pack.profile.capture import save_capture
+
+    sig, cand, path = built
+    tensors = ops.make_inputs(sig, "fresh", torch.Generator().manual_seed(3), "cpu")
+    save_capture(tmp_path / "c" / "0.safetensors", sig, tensors, ops.reference64(sig, tensors).float())
+    monkeypatch.setattr(memory_plan, "PARK_ON_HOST", ("cpu",) if park else ())
+    monkeypatch.setattr(memory_plan, "CACHE_BYTES", 0)
+    held_beside = []
+    real = verify.verify
+
+    def spy(module, c, sets, device):
+        def each():
+            first = None
+            for s in sets:
+                if first is None:
+                    first = s
+                elif s.kind.startswith("derived"):
+                    held_beside.append(bool(first.tensors))
+                yield s
+
+        return real(module, c, each(), device)
+
+    monkeypatch.setattr(verify, "verify", spy)
+    session = judge.Session("cpu")
+    session.copy_bw = 10.0
+    cfg = TimingConfig(warmup=1, reps=2, flush=False, compile_baseline=False)
+    got = judge.judge(session, judge.JudgeCandidate(judge.LoadInputs("k", sig, ("c/0.safetensors",), str(tmp_path)),
+                                                     cand, path, cfg))
+    assert got.verdict.reason == "ok" and got.timing is not None and got.timing.n == 2
+    assert held_beside and not any(held_beside)

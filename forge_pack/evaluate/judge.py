@@ -293,22 +293,27 @@ def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candida
                    parked: dict):
     """The sets of a hotspot too large to hold together, made one at a time in the order the
     cached path verifies them (fresh, derived, odd, adversarial, captured). A set's tensors and
-    reference are dropped as soon as verification asks for the next one. The fresh set, the
-    derived sets' source where there are no captures, waits in host memory
-    (``memory_plan.PARK_ON_HOST``: a GPU) while the derived sets are verified, each source copied
-    back to the device only to derive one set (and for timing: ``parked["fresh"]``); elsewhere the
-    judge draws the timed input again for timing."""
+    reference are dropped as soon as verification asks for the next one. The fresh set (the timed
+    input, and the derived sets' source where there are no captures) waits in host memory
+    (``memory_plan.PARK_ON_HOST``: a GPU) while the other sets are verified, copied back to the
+    device only to derive one set (and for timing: ``parked["fresh"]``); elsewhere it is dropped
+    once verified where captures are the derived sets' source, else once the derived sets are made,
+    and the judge draws the timed input again for timing."""
     from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.verify import iter_derived_sets
 
     base.streamed = True
     yield base
-    if stream.captures:
-        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.capture)
-    elif memory_plan.park_on_host(device):
+    host = None
+    if memory_plan.park_on_host(device):
         host = parked["fresh"] = {n: (t.to("cpu", copy=True) if t is not None else None)
                                   for n, t in base.tensors.items()}
         base.tensors, base.ref = {}, None
+    elif stream.captures:  # not the derived sets' source: drawn again for timing
+        base.tensors, base.ref = {}, None
+    if stream.captures:
+        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.capture)
+    elif host is not None:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1,
                                     lambda i: {n: (t.to(device, copy=True) if t is not None else None)
                                                for n, t in host.items()})

@@ -52,6 +52,14 @@ ENDED_EARLY = {"exhausted": "the proposers ran dry", "time_limit": "time limit r
                "out_of_memory": "the input sets do not fit the device's memory"}
 
 
+def failed_reasons(failed: tuple[tuple[str, int], ...], shown: int = 2) -> str:
+    """The failures' most frequent verdict reasons, for the progress line: " (out_of_memory 5, mismatch 1)"."""
+    if not failed:
+        return ""
+    more = len(failed) - shown
+    return " (" + ", ".join(f"{r} {c}" for r, c in failed[:shown]) + (f", {more} more" if more > 0 else "") + ")"
+
+
 class ProgressBar:
     """One plain carriage-return bar per hotspot on stderr; a line every tenth of the budget when
     stderr is not a terminal (CI logs)."""
@@ -76,7 +84,7 @@ class ProgressBar:
         filled = int(round(frac * self.width))
         best = f"{p.best_speedup:.2f}x" if p.best_speedup is not None else "-"
         line = (f"  [{'#' * filled}{'.' * (self.width - filled)}] {p.evaluations}/{p.budget}  best {best}  "
-                f"failures {p.failures}  {p.elapsed_s:.0f}s")
+                f"failures {p.failures}{failed_reasons(p.failed)}  {p.elapsed_s:.0f}s")
         ended = out.result.stop_reason if out.result is not None else None
         if ended in ENDED_EARLY and p.evaluations >= p.budget:  # the pipeline's last update: the total that ran
             line += f"  ({ENDED_EARLY[ended]}: {p.evaluations} of a budget of {out.result.budget})"

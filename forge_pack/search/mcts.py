@@ -183,6 +183,7 @@ class Progress:
     best_speedup: float | None
     in_flight: int
     elapsed_s: float  # search time: pauses excluded, earlier runs of a resumed search included
+    failed: tuple[tuple[str, int], ...] = ()  # (verdict reason, count) of the failures, most frequent first
 
 
 class SearchHooks:
@@ -298,6 +299,7 @@ class _Search:
         self.done = 0  # evaluated nodes in the tree
         self.new_done = 0
         self.failures = 0
+        self.failed: Counter = Counter()  # verdict reason -> failures with it
         self.unfit = False  # an evaluation said the signature's own sets do not fit the device (memory_plan)
         self.best: Node | None = None
         self.evals_in_flight = 0
@@ -363,6 +365,7 @@ class _Search:
         self.done += 1
         if not evaluation.verdict.ok:
             self.failures += 1
+            self.failed[evaluation.verdict.reason] += 1
         elif node.speedup is not None and (self.best is None or replaces_best(node, self.best)):
             self.best = node
         for n in node.path():
@@ -518,7 +521,7 @@ class _Search:
 
     def progress(self) -> Progress:
         return Progress(self.done, self.cfg.budget, self.failures, self.best.speedup if self.best else None,
-                        self.evals_in_flight, self.search_time())
+                        self.evals_in_flight, self.search_time(), tuple(self.failed.most_common()))
 
     # ------------------------------------------------------------------ time
 

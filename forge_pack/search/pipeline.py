@@ -262,8 +262,9 @@ def _search_one(r: _Run, out: HotspotOutcome, spent_s: float, on_progress: OnPro
     if progress_cb and res.evaluations < res.budget and res.stop_reason != StopReason.STOPPED:
         # the search ended short of its budget (proposers ran dry, time limit): the bar's total becomes
         # what actually ran, and out.result.stop_reason says why
+        failed = sorted(((r, c) for r, c in res.verdicts.items() if r != "ok"), key=lambda rc: -rc[1])
         progress_cb(Progress(res.evaluations, res.evaluations, res.failures,
-                             res.best.speedup if res.best is not None else None, 0, res.search_s))
+                             res.best.speedup if res.best is not None else None, 0, res.search_s, tuple(failed)))
 
 
 def _baseline(r: _Run, out: HotspotOutcome) -> Baseline | None:

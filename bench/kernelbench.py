@@ -16,7 +16,8 @@ Results merge into OUT_DIR/kernelbench.json (rows keyed by problem; a later run 
 row) and OUT_DIR/kernelbench.md is rewritten from all rows, after every problem, so a device call cut
 off by its time limit keeps what finished. ``--deadline`` (seconds, default 500) starts no problem
 after that much of this call has passed and gives the running search only what is left (its
-subprocess is stopped at the deadline and the row says so): one device call stays under 9 minutes.
+subprocess is stopped at the deadline and the row says so, with the baseline, the best verified kernel and the
+failures' reasons read from its run store): one device call stays under 9 minutes.
 Chunks: ``--only l1_23_softmax l1_24_log_softmax``; ``--list`` prints the names in order.
 """
 
@@ -49,6 +50,39 @@ def _cmd(name: str, args, run_dir: Path, regions: bool = False) -> list[str]:
     if args.time_limit:
         cmd += ["--time-limit", str(args.time_limit)]
     return cmd
+
+
+def store_doc(run_dir: Path) -> dict | None:
+    """What a search stopped before its summary left in its run store, in the summary's form: the hottest
+    hotspot's baseline, its best verified evaluation and why the others failed (None: no store, or no hotspot)."""
+    import sqlite3
+    from collections import Counter
+
+    db = run_dir / "run.db"
+    if not db.exists():
+        return None
+    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        hot = conn.execute("SELECT id, pretty, baseline_json FROM hotspots ORDER BY rank LIMIT 1").fetchone()
+        if hot is None:
+            return None
+        evals = conn.execute("SELECT ok, reason, median_us, speedup_vs_eager, speedup_vs_compile, bandwidth_fraction "
+                             "FROM evaluations WHERE hotspot_id = ?", (hot[0],)).fetchall()
+    finally:
+        conn.close()
+    base = json.loads(hot[2]) if hot[2] else {}
+    ok = [e for e in evals if e[0] and e[2] is not None]
+    best = min(ok, key=lambda e: e[2]) if ok else None
+    failed = Counter(e[1] for e in evals if not e[0]).most_common()
+    why = ", ".join(f"{r} {c}" for r, c in failed)
+    return {"hotspots": [{
+        "signature": hot[1], "skipped": None,
+        "eager_us": (base.get("eager") or {}).get("median_us"),
+        "compile_us": (base.get("compiled") or {}).get("median_us"),
+        "verdict": f"stopped before its summary: {len(evals)} evaluations" + (f", failed: {why}" if why else ""),
+        "best": {"median_us": best[2], "speedup_vs_eager": best[3], "speedup_vs_compile": best[4],
+                 "bandwidth_fraction": best[5], "family": None} if best else None,
+        "search": {"evaluations": len(evals), "verdicts": dict(Counter(e[1] for e in evals))}}]}
 
 
 def row_of(name: str, doc: dict | None, wall_s: float, status: str, cmd: list[str], tail: str) -> dict:
@@ -114,8 +148,7 @@ def _search(name: str, args, deadline_at: float, regions: bool) -> dict:
             continue
     if doc is None and status.startswith("stopped"):  # cut off: the run store's summary, when the search wrote one
         summary = run_dir / "search.json"
-        if summary.exists():
-            doc = json.loads(summary.read_text())
+        doc = json.loads(summary.read_text()) if summary.exists() else store_doc(run_dir)
     row = row_of(name, doc, wall, status, cmd, err or out)
     row["mode"] = "regions" if regions else "ops"
     if args.small:

@@ -94,3 +94,39 @@ def test_a_problem_no_op_target_covers_is_searched_as_regions(monkeypatch, mode,
     assert row["search_wall_s"] == 2.0 * len(want)
     if len(want) == 2:
         assert row["ops_note"] == "relu(...): not a target op"
+
+
+def test_a_search_stopped_before_its_summary_gives_its_row_from_the_run_store(tmp_path):
+    """A search cut off at the deadline writes no search.json: the row still carries its baseline, its best
+    verified kernel and why the rest failed, read from the run store (an H100 softmax search stopped so had
+    only '10 evaluations, 10 failures' to show, all out_of_memory)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pipeline_fakes import FakeEvaluator, fake_toolkit
+    from search_fakes import fail_eval
+
+    from forge_pack.search import pipeline
+
+    class Failing(FakeEvaluator):
+        calls = 0
+
+        def evaluate(self, cand, hotspot, baseline):
+            Failing.calls += 1
+            if Failing.calls % 2:
+                return fail_eval("out_of_memory")
+            return super().evaluate(cand, hotspot, baseline)
+
+    tk = fake_toolkit()
+    tk.evaluator = lambda config, run_dir, backend: Failing(run_dir, 0.0)
+    run_dir = tmp_path / "run"
+    pipeline.run(pipeline.RunConfig(model="m.py", budget=6, top=1, run_dir=str(run_dir)), toolkit=tk,
+                 say=lambda s: None)
+    (run_dir / "search.json").unlink()
+    doc = kb.store_doc(run_dir)
+    row = kb.row_of("l1_23_softmax", doc, 260.0, "stopped at the deadline (260 s)", ["py"], "")
+    assert row["signature"] == "softmax(x: f32[64,512], dim=1)"
+    assert (row["eager_us"], row["compile_us"]) == (100.0, 90.0)
+    assert row["evaluations"] == 6 and row["note"].startswith("stopped before its summary: 6 evaluations, failed: ")
+    assert "out_of_memory 3" in row["note"]
+    assert doc["hotspots"][0]["search"]["verdicts"] == {"out_of_memory": 3, "ok": 3}
+    assert row["ours_us"] > 0 and abs(row["vs_eager"] - 100.0 / row["ours_us"]) < 1e-9  # the best of the 3 verified
+    assert kb.store_doc(tmp_path / "nothing") is None

@@ -485,8 +485,8 @@ def lower_as_fallback(op: Any) -> None:
         constraint = getattr(lowering, "constrain_to_fx_strides", None)
     try:
         lowering.make_fallback(op, layout_constraint=constraint, warn=False)
-    except AssertionError:  # an op with a decomposition: Inductor decomposes it instead of falling back
-        pass
+    except (AssertionError, RuntimeError, TypeError):  # an op with a decomposition, or not an op overload:
+        pass  # Inductor lowers it as it would have (the implicit fallback, or the decomposition)
 
 
 _PASS_CLASS: Any = None

@@ -361,3 +361,36 @@ def test_a_static_streams_odd_sets_are_drawn_from_the_seed_mode_and_their_own_si
         for s in odd:
             gen = torch.Generator().manual_seed(verify.seed_for(7, mode, "odd", s.sig.key()))
             assert torch.equal(s.tensors["x"], ops.make_inputs(s.sig, "fresh", gen, "cpu")["x"]), (mode, s.kind)
+
+
+def _large_draws(monkeypatch, threads: int, seed: int = 5):
+    """A draw over the parallel threshold, scaled down (threshold 10 000 elements, chunks of 3 000)."""
+    from forge_pack.targets import inputs
+
+    monkeypatch.setattr(inputs, "PARALLEL_DRAW", 10_000)
+    monkeypatch.setattr(inputs, "CHUNK", 3_000)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return inputs.standard_normal((5, 4_001), torch.Generator().manual_seed(seed))
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_large_draw_depends_on_the_seed_alone_not_on_the_threads(monkeypatch):
+    """Large draws are made in chunks on all the CPU threads (one generator draws ~0.6 GB/s: seconds per
+    evaluation of a GB input); the values must still be the seed's, the same on any machine."""
+    one, two = _large_draws(monkeypatch, 1), _large_draws(monkeypatch, 2)
+    assert one.shape == (5, 4_001) and one.dtype == torch.float32 and torch.equal(one, two)
+    assert not torch.equal(one, _large_draws(monkeypatch, 2, seed=6))
+    flat = one.reshape(-1)
+    chunks = [flat[a:a + 3_000] for a in range(0, flat.numel() - 3_000, 3_000)]
+    assert not any(torch.equal(chunks[0], c) for c in chunks[1:])  # each chunk its own stream
+    assert abs(flat.mean().item()) < 0.05 and abs(flat.std().item() - 1.0) < 0.05
+
+
+def test_a_small_draw_is_the_generators_own_randn():
+    from forge_pack.targets import inputs
+
+    got = inputs.standard_normal((8, 64), torch.Generator().manual_seed(3))
+    assert torch.equal(got, torch.randn((8, 64), generator=torch.Generator().manual_seed(3)))

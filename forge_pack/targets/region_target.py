@@ -229,9 +229,9 @@ def _draw(s, role: str, gen, device):
         masked = torch.rand(tuple(shape), generator=gen) < MASK_FRACTION
         out.copy_(torch.where(masked, torch.tensor(lo), torch.tensor(0.0)))
     elif role == "positive":
-        out.copy_(torch.randn(tuple(shape), generator=gen).abs_() + 0.1)
+        out.copy_(_inputs.standard_normal(tuple(shape), gen).abs_() + 0.1)
     else:
-        out.copy_(torch.randn(tuple(shape), generator=gen))
+        out.copy_(_inputs.standard_normal(tuple(shape), gen))
     return out
 
 

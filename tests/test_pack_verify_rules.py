@@ -65,7 +65,8 @@ def test_the_package_ships_the_target_registry_byte_for_byte_with_its_digest_in_
 def test_the_shipped_registry_imports_only_torch_the_standard_library_and_itself():
     from forge_pack.targets.registry import RUNTIME_MODULES
 
-    allowed = {"__future__", "dataclasses", "typing", "importlib", "json", "functools", "inspect", "math"}
+    allowed = {"__future__", "dataclasses", "typing", "importlib", "json", "functools", "inspect", "math",
+               "concurrent.futures"}
     # region_target reaches the canonical form code beside it (forge_pack/graph, in a package <pkg>/_graph,
     # shipped verbatim too); forge_pack itself only in a build-only function (signature) and as the last
     # fallback when templates/package runs from forge-pack's source tree under a private name

@@ -38,6 +38,11 @@ rc=${PIPESTATUS[0]}
 summary=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$LOG" | tail -1 | sed -E 's/^=+ //; s/ =+$//')
 count() { echo "$summary" | grep -oE "[0-9]+ $1" | grep -oE '^[0-9]+' || echo 0; }
 passed=$(count passed); failed=$(count failed); skipped=$(count skipped); errors=$(count error)
+# the tree's commit as every bench script records it (bench/_common.commit: "+ uncommitted changes to N files"
+# where the tree differs from HEAD, as on the device, whose HEAD can lag the tree it runs)
+commit_of_tree() {
+  "$PYTHON" -c 'import sys; sys.path.insert(0, "bench"); import _common; print(_common.commit() or "unknown")'
+}
 versions=$("$PYTHON" - <<'PY'
 import platform, torch
 gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (torch sees no CUDA device)"
@@ -49,7 +54,7 @@ PY
   echo "# make test-gpu"
   echo
   echo "Every \`gpu\` test with FORGE_PACK_REQUIRE_GPU=1 (a skipped gpu test fails), the CUDA anti-cheat"
-  echo "fixtures first; written by bench/test_gpu.sh ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(n=$(git status --porcelain --untracked-files=no 2>/dev/null | grep -c .); [ "${n:-0}" -gt 0 ] && echo " + uncommitted changes to $n files"))."
+  echo "fixtures first; written by bench/test_gpu.sh ($(date -u +%Y-%m-%dT%H:%MZ), commit $(commit_of_tree))."
   echo
   echo "$versions"
   echo "- pytest exit status: $rc"

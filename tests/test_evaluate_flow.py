@@ -1821,6 +1821,9 @@ class Stream:
     def capture(self, i):
         return verify.fresh_sets(SIG, "cpu", 11, f"capture{i}", final=False)[0].tensors
 
+    def source(self, i):  # verify.StaticStream.source: the capture's tensors, from host memory where kept
+        return self.capture(i)
+
     def __iter__(self):
         return iter(self.sets)
 
@@ -2069,7 +2072,7 @@ def test_judge_derives_a_streamed_hotspots_sets_from_its_captures(loaded, monkey
     s.sets["k"] = (stream, [])
     c = cand()
     assert judge.judge(s, request(c, seed=3, final=True)).verdict.ok
-    assert asked == [(SIG, "cpu", 3, c.content_hash, True, 2, stream.capture)]
+    assert asked == [(SIG, "cpu", 3, c.content_hash, True, 2, stream.source)]
 
 
 def parked_judge(monkeypatch, sig, c, module, tensors_seen):

@@ -394,3 +394,30 @@ def test_a_small_draw_is_the_generators_own_randn():
 
     got = inputs.standard_normal((8, 64), torch.Generator().manual_seed(3))
     assert torch.equal(got, torch.randn((8, 64), generator=torch.Generator().manual_seed(3)))
+
+
+def test_a_capture_is_read_from_disk_once_for_its_derived_and_captured_sets(tmp_path, monkeypatch):
+    """A streamed hotspot's derived sets come from its captures: where the host has room they are copies of the
+    captured set's host copy, bit for bit the file's, not a new read of a GB file per evaluation."""
+    from forge_pack.profile import capture as capture_mod
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    reads = []
+    load = capture_mod.load_capture
+    monkeypatch.setattr(capture_mod, "load_capture", lambda *a, **k: (reads.append(a[0]), load(*a, **k))[1])
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 1 << 30)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    want, _ = load(tmp_path / caps[0], sig, "cpu")
+    sources = [stream.source(0) for _ in range(3)]
+    captured = [s for s in list(stream) + list(stream) if s.kind == "captured[0]"]
+    assert len(reads) == 1 and len(captured) == 2
+    for t in sources + [s.tensors for s in captured]:
+        assert torch.equal(t["x"], want["x"])
+    assert len({t["x"].data_ptr() for t in sources}) == 3  # each a copy: a derived transform cannot reach the cache
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 0)
+    reads.clear()
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    stream.source(0), stream.source(0)
+    assert len(reads) == 2  # no room: read each time

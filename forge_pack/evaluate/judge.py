@@ -312,7 +312,7 @@ def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candida
     elif stream.captures:  # not the derived sets' source: drawn again for timing
         base.tensors, base.ref = {}, None
     if stream.captures:
-        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.capture)
+        derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.source)
     elif host is not None:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1,
                                     lambda i: {n: (t.to(device, copy=True) if t is not None else None)

@@ -134,6 +134,12 @@ class StaticStream:
         tensors, _ = load_capture(Path(self.run_dir or ".") / self.captures[i], self.sig, self.device)
         return tensors
 
+    def source(self, i: int) -> dict:
+        """Capture ``i``'s tensors on the device as a derived set's source: a copy of the host copy the
+        captured set keeps (where there is room), else loaded from its file. A GB capture is read from
+        disk once per hotspot, not twice per evaluation."""
+        return self._tensors(f"captured[{i}]", lambda: self.capture(i))
+
     def __iter__(self):
         op = ops.get_op(self.sig.op)
         mode = "final" if self.final else "search"

@@ -137,7 +137,7 @@ class StaticStream:
     def source(self, i: int) -> dict:
         """Capture ``i``'s tensors on the device as a derived set's source: a copy of the host copy the
         captured set keeps (where there is room), else loaded from its file. A GB capture is read from
-        disk once per hotspot, not twice per evaluation."""
+        disk once per hotspot, not once per derived set (five per evaluation)."""
         return self._tensors(f"captured[{i}]", lambda: self.capture(i))
 
     def __iter__(self):

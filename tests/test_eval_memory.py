@@ -283,7 +283,7 @@ def test_the_search_gives_the_profiles_device_memory_back_before_any_evaluation(
 def test_the_timed_input_leaves_the_device_while_captures_feed_the_derived_sets(built, monkeypatch, tmp_path, park):
     """With captures as the derived sets' source, the fresh set (the timed input) is not needed until timing:
     parked in host memory on a GPU (forced here on the CPU), else dropped and drawn again, never held
-    beside the other sets (an H100 evaluation of a 6 GiB softmax ran out of memory with it held)."""
+    beside the other sets (one input's size less at the peak, as where the fresh set is their source)."""
     from forge_pack.profile.capture import save_capture
 
     sig, cand, path = built

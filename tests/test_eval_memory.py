@@ -248,7 +248,8 @@ def test_streamed_static_sets_come_back_from_host_memory_unchanged(built, monkey
 
 def test_the_search_gives_the_profiles_device_memory_back_before_any_evaluation(tmp_path, monkeypatch):
     """The evaluations run in worker processes: memory the profile freed but torch's cache keeps in the search's
-    own process is not theirs (an H100 search of a 6 GiB softmax kept 12.5 GiB there and ran out of memory)."""
+    own process is not theirs (in an H100 search of a 6 GiB softmax, another of its processes, by its size the
+    one that had profiled, held 12.5 GiB while every evaluation ran out of memory)."""
     sys.path.insert(0, str(HERE))
     from types import SimpleNamespace
 

@@ -55,13 +55,13 @@ def _cmd(name: str, args, run_dir: Path, regions: bool = False) -> list[str]:
 def store_doc(run_dir: Path) -> dict | None:
     """What a search stopped before its summary left in its run store, in the summary's form: the hottest
     hotspot's baseline, its best verified evaluation and why the others failed (None: no store, or no hotspot)."""
-    import sqlite3
     from collections import Counter
 
-    db = run_dir / "run.db"
-    if not db.exists():
+    from forge_pack.store.run_store import STORE_FILE, open_readonly
+
+    if not (run_dir / STORE_FILE).exists():
         return None
-    conn = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True)
+    conn = open_readonly(run_dir)
     try:
         hot = conn.execute("SELECT id, pretty, baseline_json FROM hotspots ORDER BY rank LIMIT 1").fetchone()
         if hot is None:

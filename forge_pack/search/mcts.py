@@ -231,6 +231,11 @@ class SearchResult:
         return sum(c for r, c in self.verdicts.items() if r != "ok")
 
     @property
+    def failed(self) -> tuple[tuple[str, int], ...]:
+        """(verdict reason, count) of the failures, most frequent first (as ``Progress.failed``)."""
+        return tuple(Counter({r: c for r, c in self.verdicts.items() if r != "ok"}).most_common())
+
+    @property
     def best_speedup(self) -> float | None:
         return self.best.speedup if self.best is not None else None
 

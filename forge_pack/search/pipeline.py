@@ -183,13 +183,11 @@ def _start(r: _Run, run_row, target, quiet: bool) -> Plan:
     return plan
 
 
-def _release_profile(device: str | None) -> None:
+def _release_profile(device: str) -> None:
     """Give the memory the profile held (the model, its inputs and outputs, freed but kept in torch's cache) back
     to the device: the evaluations run in worker processes, which another process's cache starves (an H100
     search of a 6 GiB softmax: another of its processes, by its size the one that had profiled, held 12.5 GiB
     while every evaluation ran out of memory)."""
-    if device is None:
-        return
     from forge_pack.evaluate import memory_plan
 
     memory_plan.release(device)
@@ -263,9 +261,8 @@ def _search_one(r: _Run, out: HotspotOutcome, spent_s: float, on_progress: OnPro
     if progress_cb and res.evaluations < res.budget and res.stop_reason != StopReason.STOPPED:
         # the search ended short of its budget (proposers ran dry, time limit): the bar's total becomes
         # what actually ran, and out.result.stop_reason says why
-        failed = sorted(((why, n) for why, n in res.verdicts.items() if why != "ok"), key=lambda wn: -wn[1])
         progress_cb(Progress(res.evaluations, res.evaluations, res.failures,
-                             res.best.speedup if res.best is not None else None, 0, res.search_s, tuple(failed)))
+                             res.best.speedup if res.best is not None else None, 0, res.search_s, res.failed))
 
 
 def _baseline(r: _Run, out: HotspotOutcome) -> Baseline | None:

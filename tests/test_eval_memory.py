@@ -139,6 +139,32 @@ def test_allocation_failure_during_an_evaluation_is_out_of_memory_not_a_crash(bu
     assert reply.verdict == Verdict(False, "out_of_memory", reply.verdict.detail)
     assert "Tried to allocate 14.00 GiB" in reply.verdict.detail and not reply.retire
     assert not memory_plan.sets_do_not_fit(reply.verdict)  # a CPU candidate may allocate host memory itself
+    # where the memory was asked for, innermost of forge_pack's frames first (the test's own are not named)
+    assert "[in verify.py:" in reply.verdict.detail and " fresh_sets <- judge.py:" in reply.verdict.detail
+
+
+def test_a_failed_allocation_frees_the_evaluations_tensors_before_the_release(built, monkeypatch):
+    """The release after an out_of_memory (gc, torch's cache emptied) comes after the evaluation's sets
+    and the failed step's frames let their tensors go: with them alive, nothing would be given back."""
+    import weakref
+
+    held, alive_at_release = [], []
+    real = verify.verify
+
+    def fail_midway(module, c, sets, device):
+        for s in sets:  # the fresh set, then a derived one: both held by the judge's locals and frames
+            held.extend(weakref.ref(t) for t in s.tensors.values() if t is not None)
+            if len(held) > 3:
+                big = torch.empty(16)  # noqa: F841 (a local of the failing frame)
+                held.append(weakref.ref(big))
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 14.00 GiB")
+        return real(module, c, sets, device)
+
+    monkeypatch.setattr(verify, "verify", fail_midway)
+    monkeypatch.setattr(memory_plan, "release", lambda device: alive_at_release.extend(r for r in held if r() is not None))
+    _, reply = _judge(built, monkeypatch, 0)
+    assert reply.verdict.reason == "out_of_memory" and "fail_midway" not in reply.verdict.detail
+    assert len(held) > 3 and alive_at_release == []
 
 
 def _probe_peak(text: str) -> dict:

@@ -136,3 +136,16 @@ def test_pipeline_ends_that_hotspot_only_and_says_why(tmp_path):
     soft_row = rows["softmax(x: f32[64,512], dim=1)"]
     assert soft_row["stop_reason"] == "out_of_memory"
     assert soft_row["budget"] == 1 and soft_row["planned_budget"] == 8  # ended short, shown as 1 / 1
+
+
+
+def _raise_oom():
+    raise RuntimeError("CUDA out of memory. Tried to allocate 12.00 GiB")
+
+
+def test_a_failed_allocation_outside_forge_pack_names_no_place():
+    try:
+        _raise_oom()
+    except RuntimeError as e:
+        assert memory_plan.failed_at(e) == ""  # this test file is not forge_pack's code
+        assert "[in " not in memory_plan.allocation_failed(SIG, e, "cuda", 0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -256,9 +257,12 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
     except (RuntimeError, MemoryError) as e:  # torch surfaces asynchronous CUDA faults at the next synchronisation
         if memory_plan.is_out_of_memory(e):  # the estimate was short: still a verdict, and the worker goes on
             timing = None
-            memory_plan.release(session.device)
             verdict = Verdict(False, "out_of_memory",
                               memory_plan.allocation_failed(sig, e, cand.backend, _workspace_bytes(cand, sig)))
+            # the traceback's frames hold the failed step's tensors: clear them, or the release frees nothing
+            traceback.clear_frames(e.__traceback__)
+            fresh = sets = parked = None  # noqa: F841 (this evaluation's sets, dropped before the release)
+            memory_plan.release(session.device)
             poisoned = not session.healthy()
             return Judged(verdict, None, floor, bw, attributes, False, poisoned)
         if cand.backend != "cuda" or "CUDA" not in str(e) and session.healthy():

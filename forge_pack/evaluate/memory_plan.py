@@ -172,9 +172,29 @@ def allocation_failed(sig: Signature, err: BaseException, backend: str, workspac
     failing every candidate the same way (an H100 search of a 6 GiB softmax failed 10 of 10, 20 s each). A CPU
     candidate's code may allocate host memory itself: its failure is its own."""
     why = f"an allocation failed while evaluating {sig.pretty()}: {str(err)[:500]}"
+    where = failed_at(err)
+    if where:
+        why += f" [in {where}]"
     if backend in NO_DEVICE_ALLOCATION and workspace_bytes == 0:
         why += f" (the candidate allocates nothing: {SETS_DO_NOT_FIT})"
     return why
+
+
+WHERE_FRAMES = 4  # the innermost frames of forge_pack's own code an out_of_memory detail names
+
+
+def failed_at(err: BaseException, frames: int = WHERE_FRAMES) -> str:
+    """Where in forge_pack's code ``err`` was raised, innermost first ("verify.py:79 make_set <-
+    judge.py:214 judge"): which of the judge's steps (a reference, a derived set, timing's copies)
+    asked for the memory that was missing, so the peak's excess over the estimate can be located
+    from a verdict alone. Frames outside forge_pack (torch's) are skipped."""
+    import os
+    import traceback
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the forge_pack package
+    ours = [f for f in traceback.extract_tb(err.__traceback__)
+            if os.path.abspath(f.filename).startswith(root + os.sep)]
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(ours[-frames:]))
 
 
 def sets_do_not_fit(verdict) -> bool:

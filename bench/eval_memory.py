@@ -33,7 +33,41 @@ CASES = {
 }
 
 
-def run_case(name: str, reps: int) -> dict:
+# --where: the judge's steps whose entry and exit record the device memory allocated then (their own
+# high-water mark while they run, measured by resetting nothing: the live set at their boundaries)
+WHERE = ("verify.make_set", "verify.verify", "verify.derived_sets", "memory_plan.reference64",
+         "verdict_rules.compare", "verdict_rules.judge_output", "verdict_rules.eager_allowance", "ops.eager",
+         "judge.time_candidate", "judge._check_batch", "judge.check_bounds", "timing.time_calls")
+
+
+def trace_steps() -> dict:
+    """Wrap the WHERE functions: per step, the most device memory allocated at its entry and at its exit
+    (bytes), so the phase of an evaluation that holds the most is named, not only the peak's size."""
+    import importlib
+
+    import torch
+
+    seen: dict = {}
+    for qual in WHERE:
+        mod_name, fn_name = qual.split(".")
+        pkg = "forge_pack.targets" if mod_name == "ops" else "forge_pack.evaluate"
+        mod = importlib.import_module(f"{pkg}.{mod_name}")
+        real = getattr(mod, fn_name)
+
+        def wrapped(*a, _real=real, _qual=qual, **k):
+            rec = seen.setdefault(_qual, {"calls": 0, "entry_max": 0, "exit_max": 0})
+            rec["calls"] += 1
+            rec["entry_max"] = max(rec["entry_max"], torch.cuda.memory_allocated())
+            try:
+                return _real(*a, **k)
+            finally:
+                rec["exit_max"] = max(rec["exit_max"], torch.cuda.memory_allocated())
+
+        setattr(mod, fn_name, wrapped)
+    return seen
+
+
+def run_case(name: str, reps: int, where: bool = False) -> dict:
     import torch
 
     from forge_pack.evaluate import judge
@@ -57,6 +91,7 @@ def run_case(name: str, reps: int) -> dict:
     cfg = TimingConfig(reps=reps, compile_baseline=False)
     session.bandwidth(cfg)  # once per worker, a fixed size: not part of an evaluation
     job = judge.JudgeCandidate(judge.LoadInputs(name, sig), cand, build.path, cfg)
+    steps = trace_steps() if where else None
     for i in range(2):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -72,6 +107,13 @@ def run_case(name: str, reps: int) -> dict:
                                    "peak_x_data": peak / row["data_bytes"], "wall_s": wall})
         print(f"{name} #{i}: {got.verdict.reason} peak {peak / row['data_bytes']:.2f}x data, {wall:.1f} s, "
               f"median {row['evaluations'][-1]['median_us']}", flush=True)
+        if steps is not None:  # the live set at each step's boundaries, over the data, for this evaluation
+            row["evaluations"][-1]["steps_x_data"] = {
+                q: {"calls": r["calls"], "entry": (r["entry_max"] - before) / row["data_bytes"],
+                    "exit": (r["exit_max"] - before) / row["data_bytes"]} for q, r in steps.items()}
+            for q, r in sorted(row["evaluations"][-1]["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
+                print(f"  {q}: {r['calls']} calls, at entry up to {r['entry']:.2f}x, at exit {r['exit']:.2f}x")
+            steps.clear()
     session.sets.clear()
     torch.cuda.empty_cache()
     return row
@@ -93,6 +135,15 @@ def markdown(rows: list[dict], env: dict) -> str:
                          f"{e['peak_x_data']:.2f}x | {e['wall_s']:.1f} |")
         if r.get("error"):
             lines.append(f"| {r['case']} | {r['family']} | - | - | compile error | - | - | - | - |")
+    for r in rows:  # --where: the live set at the judge's steps
+        for e in r.get("evaluations", []):
+            if not e.get("steps_x_data"):
+                continue
+            lines += ["", f"### {r['case']}, {'first' if e['first'] else 'next'} evaluation: device memory allocated at "
+                      "each step's entry and exit (most over its calls), over the data", "",
+                      "| step | calls | at entry | at exit |", "| --- | ---: | ---: | ---: |"]
+            for q, v in sorted(e["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
+                lines.append(f"| `{q}` | {v['calls']} | {v['entry']:.2f}x | {v['exit']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -101,9 +152,10 @@ def main() -> int:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--where", action="store_true", help="name the judge's steps that hold the most (trace_steps)")
     args = ap.parse_args()
     base = out_path("eval_memory")
-    rows = [run_case(name, args.reps) for name in CASES if not args.only or name in args.only]
+    rows = [run_case(name, args.reps, args.where) for name in CASES if not args.only or name in args.only]
     env = environment()
     write(base, {"rows": rows, "env": env}, markdown(rows, env))
     return 0

@@ -10,6 +10,7 @@ real workers and compiled kernels)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from collections import OrderedDict
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -1874,8 +1875,11 @@ def test_an_allocation_failure_while_judging_is_out_of_memory_and_the_worker_goe
     loaded["module"] = FakeModule(lambda t, n, run: (_ for _ in ()).throw(RuntimeError(err)))
     s = FakeSession(bw=25.0)
     reply = judge.judge(s, request(cand()))
-    assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
-                                         f"{SIG.pretty()}: {err[:500]}"), None, None, None, {}, False, False)
+    detail = reply.verdict.detail
+    assert reply == judge.Judged(Verdict(False, "out_of_memory", detail), None, None, None, {}, False, False)
+    # the message cut at 500 characters, then where in forge_pack the call that failed was made
+    assert detail.startswith(f"an allocation failed while evaluating {SIG.pretty()}: {err[:500]} [in verify.py:")
+    assert detail.endswith(" judge]") and " <- judge.py:" in detail  # innermost first, the judge outermost
     assert released == ["cpu"] and loaded["module"].closed == 1
     s._healthy = False  # and a worker that can no longer compute is retired
     assert judge.judge(s, request(cand())).retire is True
@@ -2122,8 +2126,14 @@ def test_an_allocation_failure_after_timing_keeps_the_floor_and_bandwidth(loaded
     loaded["module"] = LateFailure()
     reply = judge.judge(FakeSession(bw=25.0), request(cand()))
     assert reply == judge.Judged(Verdict(False, "out_of_memory", f"an allocation failed while evaluating "
-                                         f"{SIG.pretty()}: {err}"), None, abi.floor_us(SIG, 25.0), 25.0, {},
-                                 False, False)
+                                         f"{SIG.pretty()}: {err} [in judge.py:{_line_of('settle()')} judge]"),
+                                 None, abi.floor_us(SIG, 25.0), 25.0, {}, False, False)
+
+
+def _line_of(code: str) -> int:
+    """The line of judge.py whose code (stripped, before any comment) is ``code``."""
+    lines = Path(judge.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.split("#")[0].strip() == code)
 
 
 def test_a_parked_set_moves_by_copy_to_a_named_device_every_time(loaded, monkeypatch):

@@ -347,13 +347,68 @@ def derived_source(count: int, gen: torch.Generator) -> int:
     return int(torch.randint(count, (1,), generator=gen))
 
 
+def _views(t: torch.Tensor, limit: int | None = None):
+    """Views of ``t`` that together cover each of its elements once, each at most ``limit`` elements
+    where a dimension allows (slices along dim 0, or the sub-tensors of a dim-0 index larger than
+    that): in-place work on them needs float64 temporaries of a chunk (``_CHUNK``), not of the tensor."""
+    limit = _CHUNK if limit is None else limit
+    if t.dim() == 0 or t.numel() <= limit:
+        yield t
+        return
+    per = t.numel() // t.shape[0]
+    if per > limit:
+        for i in range(t.shape[0]):
+            yield from _views(t[i], limit)
+        return
+    step = max(1, limit // per)
+    for a in range(0, t.shape[0], step):
+        yield t[a:a + step]
+
+
+def _map_in_place(t: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """t = fn(t computed in float64), rounded once to t's dtype, a chunk at a time."""
+    for v in _views(t):
+        v.copy_(fn(v.to(torch.float64)))
+
+
+def _finite_std(t: torch.Tensor) -> tuple[float, int]:
+    """(unbiased standard deviation, count) of t's finite elements, in float64, two passes in chunks."""
+    n, total = 0, 0.0
+    for v in _views(t):
+        fin = torch.isfinite(v)
+        n += int(fin.sum())
+        total += float(torch.where(fin, v.to(torch.float64), 0.0).sum())
+    if n < 2:
+        return 0.0, n
+    mean = total / n
+    sq = 0.0
+    for v in _views(t):
+        d = v.to(torch.float64) - mean
+        sq += float(torch.where(torch.isfinite(d), d * d, 0.0).sum())
+    return (sq / (n - 1)) ** 0.5, n
+
+
+def _rows_apply(rows: torch.Tensor, per_row: torch.Tensor) -> None:
+    """rows *= per_row[:, None] in place, in float64 a block of rows at a time, rounded once."""
+    step = max(1, _CHUNK // max(rows.shape[1], 1))
+    for a in range(0, rows.shape[0], step):
+        r = rows[a:a + step]
+        r.copy_(r.to(torch.float64) * per_row[a:a + step, None])
+
+
 def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
     """New inputs from ``source`` (captured or fresh tensors by name, left untouched) by one random
     transform (DERIVED_KINDS): a scale over several decades, a shift of several spreads, a
     permutation, per-row magnitudes from 1e-3 to 1e3, per-row sign flips. Values stay well inside
     the input dtype's range; the reference is computed from the result, as for any set. The
     result keeps each tensor's dtype, shape, strides and device. The transformed tensor is the spec's
-    main input: ``x`` for an op kind, a region's largest plain floating input (``spec.main``)."""
+    main input: ``x`` for an op kind, a region's largest plain floating input (``spec.main``).
+
+    The arithmetic is float64, rounded once to the input's dtype, chunk by chunk in place (a
+    permutation moves elements in their own dtype): a derived set of a GB input costs its copy and
+    chunk-sized temporaries. Measured on an H100 before this was so: a 1.6 GB softmax input's
+    derived sets took 2-4x the input in float64 copies, the largest part of an evaluation's peak
+    (5.1x its inputs + outputs; bench/results/eval_memory.md)."""
     main = getattr(spec, "main", "x")
     # a copy with the source's own strides (clone() would make a non-dense view, a slice of a fused
     # qkv, dense: a kernel specialised to the verified strides must see them in every set)
@@ -361,34 +416,39 @@ def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.G
              if v is not None else None) for n, v in source.items()}
     x = t[main]
     assert x is not None
-    xf = x.to(torch.float64)
     limit = torch.finfo(x.dtype).max / 64  # headroom: sums of squares and exps stay finite in fp32 math
-    peak = max(_finite_absmax(xf), 1e-30)
+    peak = max(_finite_absmax(x), 1e-30)
     others = {n: v for n, v in t.items() if n != main}
     if kind == "scale":
         decades = _uniform(gen, 0.5, 2.5) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
-        xf = xf * min(10.0 ** decades, limit / peak)
+        factor = min(10.0 ** decades, limit / peak)
+        _map_in_place(x, lambda v: v * factor)
     elif kind == "shift":
-        fin = xf[torch.isfinite(xf)]
-        spread = float(fin.std()) if fin.numel() > 1 else 1.0
+        spread, n = _finite_std(x)
+        spread = spread if n > 1 else 1.0
         offset = _uniform(gen, 2.0, 8.0) * max(spread, 1e-3) * (1 if float(torch.rand(1, generator=gen)) < 0.5 else -1)
-        xf = xf + max(min(offset, limit - peak), -(limit - peak))
+        offset = max(min(offset, limit - peak), -(limit - peak))
+        _map_in_place(x, lambda v: v + offset)
     elif kind == "permute":
         # what the kind treats as interchangeable: rows, reduced elements, samples, channels ...
-        xf = spec.permute(params, xf, others, gen)
+        x.copy_(spec.permute(params, x, others, gen))
     elif kind in ("mixed", "flip"):
-        rows, back = spec.rows(params, xf)  # the groups of elements the kind reduces together
-        fin = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
-        row_peak = fin.abs().amax(dim=1).clamp_min(1e-30)
+        rows, back = spec.rows(params, x)  # the groups of elements the kind reduces together (a view where it can be)
+        step = max(1, _CHUNK // max(rows.shape[1], 1))
+        blocks = [rows[a:a + step] for a in range(0, rows.shape[0], step)]
         if kind == "mixed":
-            factor = 10.0 ** _uniform(gen, -3.0, 3.0, rows.shape[0]).to(xf.device)
+            row_peak = torch.cat([torch.where(torch.isfinite(b), b.abs(), 0.0).amax(dim=1) for b in blocks])
+            row_peak = row_peak.to(torch.float64).clamp_min(1e-30)
+            factor = 10.0 ** _uniform(gen, -3.0, 3.0, rows.shape[0]).to(x.device)
             factor = torch.minimum(factor, limit / row_peak)
         else:  # only all-finite rows: a flipped -inf would be +inf, a different kind of input
             sign = torch.where(torch.rand(rows.shape[0], generator=gen, dtype=torch.float64) < 0.5, -1.0, 1.0)
-            factor = torch.where(torch.isfinite(rows).all(dim=1), sign.to(xf.device), torch.ones_like(row_peak))
-        xf = back(rows * factor[:, None])
+            finite = torch.cat([torch.isfinite(b).all(dim=1) for b in blocks])
+            factor = torch.where(finite, sign.to(x.device), 1.0)
+        _rows_apply(rows, factor)
+        if rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+            x.copy_(back(rows))  # the rows were a copy (x's layout does not reshape to them as a view)
     else:
         raise KeyError(kind)
-    x.copy_(xf)
     t.update(others)
     return t

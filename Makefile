@@ -29,8 +29,11 @@ demo: $(STAMP)
 	$(BIN)/python -m forge_pack.cli.demo $(DEMO_MODEL) --device cpu --budget 5 --out out/demo_package --run-dir runs/demo
 
 # `--durations`: the CI log lists the slowest tests (the aim: the whole run under ~20 minutes).
+# `-n`: one pytest worker per core (pytest-xdist, at most TEST_WORKERS); `--dist loadscope` keeps a
+# module's tests on one worker, so a module fixture (a built package) is built once.
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q --durations=30 -n auto --maxprocesses $(TEST_WORKERS) --dist loadscope
 
 # The fast path: everything but the tests marked slow (see README, docs/testing.md).
 test-fast: $(STAMP)

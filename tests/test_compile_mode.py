@@ -524,3 +524,95 @@ def test_apply_settles_dynamo_even_when_nothing_imported_it(tiny_doc, tmp_path):
                        cwd=str(Path(__file__).resolve().parent.parent))
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"original_known": True, "restored": True}
+
+
+def _with_mode_decisions(doc: dict, default: list[str], reduce_overhead: list[str]):
+    """A patcher whose manifest says `default` for the default mode and `reduce_overhead` under CUDA graphs."""
+    p = cf.patcher(doc, use=default)
+    for t in p.manifest["targets"]:
+        t["compile"]["modes"] = {"reduce-overhead": {"use": t["id"] in reduce_overhead, "reason": "test",
+                                                     "compiled_ms": 1.0, "compiled_with_ms": 0.9}}
+    return p
+
+
+def test_each_torch_compile_mode_uses_the_targets_the_build_measured_for_it(tiny_doc):
+    """The build's gate decides per mode (a conv region losing in the default mode at batch 1 can win under
+    CUDA graphs): <pkg>.compile(model, mode=m) follows that mode's decisions, a mode never measured the
+    default's."""
+    ln = _ids(tiny_doc, "layer_norm")
+    model, args = _tiny()
+    p = _with_mode_decisions(tiny_doc, default=[], reduce_overhead=ln)
+    cm = cf.COMPILE.CompileMode(p)
+    assert cm.use_for(None) == cm.use_for("default") == frozenset() and cm.use_for("reduce-overhead") == set(ln)
+    assert cm.use_for("max-autotune") == frozenset()  # not measured: the default mode's decisions
+    capture(cm, model, *args)  # the default mode
+    assert cf.COMPILE.our_nodes(cm.graphs[-1], p.namespace) == {} and cm.replaced == {}
+    # the backend as torch.compile(mode="reduce-overhead") calls it (mode passed through; CUDA graphs are
+    # Inductor's and only act on CUDA graphs, so on the CPU the rewrite is what can be seen)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        torch.compile(model, backend=lambda gm, ex: (cm.rewrite(gm, ex, cm.use_for("reduce-overhead")), gm)[1])(*args)
+    assert cf.COMPILE.our_nodes(cm.graphs[-1], p.namespace) == {ln[0]: 1}
+    # and the reverse: used by default, left to Inductor under CUDA graphs
+    p2 = _with_mode_decisions(tiny_doc, default=ln, reduce_overhead=[])
+    cm2 = cf.COMPILE.CompileMode(p2)
+    assert cm2.use_for(None) == set(ln) and cm2.use_for("reduce-overhead") == frozenset()
+    assert cf.COMPILE.CompileMode(p2, use=ln).use_for("reduce-overhead") == set(ln)  # explicit: every mode
+
+
+def test_the_backend_follows_the_mode_torch_compile_passes_it(tiny_doc, monkeypatch):
+    """torch.compile(model, backend=<pkg>.backend, mode=m) hands the backend mode=m: its rewrite uses that
+    mode's targets (Inductor itself stubbed: what it compiles is not the question here)."""
+    ln = _ids(tiny_doc, "layer_norm")
+    cm = cf.COMPILE.CompileMode(_with_mode_decisions(tiny_doc, default=[], reduce_overhead=ln))
+    seen = []
+    monkeypatch.setattr(cf.COMPILE, "_inductor", lambda mode, options: (lambda gm, ex: gm))
+    real = cm.rewrite
+    monkeypatch.setattr(cm, "rewrite", lambda gm, ex, use=None: seen.append(use) or real(gm, ex, use))
+    model, args = _tiny()
+    for mode in (None, "reduce-overhead"):
+        torch._dynamo.reset()
+        with torch.inference_mode():
+            cm.compile(model, **({"mode": mode} if mode else {}))(*args)
+    assert seen == [frozenset(), frozenset(ln)]
+
+
+def test_the_gate_records_each_modes_decisions_and_measures_cuda_graphs_only_on_a_gpu(tiny_doc):
+    from types import SimpleNamespace
+
+    ids = [t["id"] for t in tiny_doc["targets"]]
+    calls = []
+
+    def check(d, info, mode=None):
+        calls.append(mode)
+        used = ids[:1] if mode else []
+        return {"targets": {tid: {"use": tid in used, "reason": f"{mode or 'default'} says", "compiled_ms": 2.0,
+                                  "compiled_with_ms": 1.5 if tid in used else 2.1} for tid in ids},
+                "used": used, "mode": mode or "default",
+                "compiled": _timing(2000.0, 10.0).to_json(),
+                "compiled_with": _timing(1500.0, 10.0).to_json() if used else None}
+
+    for device, modes in (("cpu", [None]), ("cuda", [None, "reduce-overhead"])):
+        calls.clear()
+        doc = json.loads(json.dumps(tiny_doc))
+        summary = compile_gate.run_compile_gate(Path("."), SimpleNamespace(device=device), doc, check=check)
+        assert calls == modes
+        if device == "cpu":
+            assert "modes" not in summary and all("modes" not in t["compile"] for t in doc["targets"])
+            continue
+        assert summary["used"] == [] and summary["modes"] == {
+            "reduce-overhead": {"used": ids[:1], "compiled_ms": 2.0, "compiled_with_ms": 1.5}}
+        first = doc["targets"][0]["compile"]
+        assert first["use"] is False and first["modes"]["reduce-overhead"]["use"] is True
+        assert first["modes"]["reduce-overhead"]["reason"] == "reduce-overhead says"
+        doc.pop("integrity", None)
+        manifest.validate(manifest._integrity().seal(doc), "modes")  # the schema takes it
+        cm = cf.COMPILE.CompileMode(cf.PATCH.Patcher(doc, "cm_test_pkg", lambda: None))
+        assert cm.use_for(None) == frozenset() and cm.use_for("reduce-overhead") == {ids[0]}
+        from forge_pack.pack.readme import compile_note
+
+        assert compile_gate.summary_line(None, summary) == (
+            "Whole model: compile 2.000 ms, compile+package: no kernel used compiled (each loses to Inductor's own "
+            f"code in context), mode=reduce-overhead: compile 2.000 ms, compile+package 1.500 ms (1.33x, using {ids[0]})")
+        assert compile_note(doc).endswith(f'With `mode="reduce-overhead"` (measured on its own): `torch.compile` '
+                                          f'2.000 ms, with {ids[0]} 1.500 ms (1.33x).')

@@ -95,12 +95,25 @@ def compile_note(doc: dict) -> str:
         return f"`compile` uses none of the kernels here: {c['error'].splitlines()[0][:200]}."
     uses = {t["id"]: t.get("compile") or {} for t in doc["targets"]}
     if not c.get("used") or c.get("compiled_with_ms") is None:
-        return (f"Measured: none of the kernels beat Inductor's own code in context, so `compile` is plain "
+        note = (f"Measured: none of the kernels beat Inductor's own code in context, so `compile` is plain "
                 f"`torch.compile` ({c['compiled_ms']:.3f} ms).")
-    return (f"Measured: `torch.compile` {c['compiled_ms']:.3f} ms, with {', '.join(c['used'])} "
-            f"{c['compiled_with_ms']:.3f} ms ({x(c['compiled_ms'] / c['compiled_with_ms'])}); "
-            + "; ".join(f"{tid} not used: {u.get('reason', '')}" for tid, u in uses.items() if not u.get("use"))
-            ).rstrip("; ") + "."
+    else:
+        note = (f"Measured: `torch.compile` {c['compiled_ms']:.3f} ms, with {', '.join(c['used'])} "
+                f"{c['compiled_with_ms']:.3f} ms ({x(c['compiled_ms'] / c['compiled_with_ms'])}); "
+                + "; ".join(f"{tid} not used: {u.get('reason', '')}" for tid, u in uses.items() if not u.get("use"))
+                ).rstrip("; ") + "."
+    return note + "".join(f" {_mode_note(m, r)}" for m, r in (c.get("modes") or {}).items())
+
+
+def _mode_note(mode: str, r: dict) -> str:
+    """What `compile(model, mode=...)` uses where the build measured that mode on its own."""
+    head = f"With `mode=\"{mode}\"` (measured on its own):"
+    if r.get("error"):
+        return f"{head} none of the kernels: {r['error'].splitlines()[0][:200]}."
+    if not r.get("used") or r.get("compiled_with_ms") is None:
+        return f"{head} none of the kernels beat Inductor there, `torch.compile` {r['compiled_ms']:.3f} ms."
+    return (f"{head} `torch.compile` {r['compiled_ms']:.3f} ms, with {', '.join(r['used'])} "
+            f"{r['compiled_with_ms']:.3f} ms ({x(r['compiled_ms'] / r['compiled_with_ms'])}).")
 
 
 def deploy_match(doc: dict) -> str:

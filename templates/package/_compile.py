@@ -131,16 +131,21 @@ class CompileMode:
     """The compile-mode state of one package: which targets it may use and what it replaced.
 
     ``use``: the target ids to replace; None takes the manifest's ``compile.use`` (a target without a
-    ``compile`` record was never measured compiled, so it is not used). The build's compile gate
-    passes its own sets to measure each replacement.
+    ``compile`` record was never measured compiled, so it is not used), and for a torch.compile mode the
+    build measured on its own (``compile.modes``, e.g. reduce-overhead on a GPU) that mode's decisions.
+    The build's compile gate passes its own sets to measure each replacement (in every mode).
     """
 
     def __init__(self, patcher: Any, use: Iterable[str] | None = None):
         self.patcher = patcher
         self.regions = [_Region(r, patcher.namespace) for r in patcher.manifest.get("regions") or []]
+        self._use_by_mode: dict[str, frozenset] = {}
         if use is None:
-            use = [t["id"] for t in [*patcher.manifest["targets"], *(patcher.manifest.get("regions") or [])]
-                   if (t.get("compile") or {}).get("use")]
+            every = [*patcher.manifest["targets"], *(patcher.manifest.get("regions") or [])]
+            use = [t["id"] for t in every if (t.get("compile") or {}).get("use")]
+            for mode in {m for t in every for m in ((t.get("compile") or {}).get("modes") or {})}:
+                self._use_by_mode[mode] = frozenset(
+                    t["id"] for t in every if (((t.get("compile") or {}).get("modes") or {}).get(mode) or {}).get("use"))
         self.use = frozenset(use)
         # the patcher's own module (the installed package's _patch, or a staged package's under
         # another name): its call-path table and originals are what Dynamo's graph calls
@@ -171,12 +176,18 @@ class CompileMode:
                             "for another backend call torch.compile directly")
         return torch.compile(model, backend=self.backend, **kwargs)
 
+    def use_for(self, mode: str | None) -> frozenset:
+        """The targets used under torch.compile's `mode`: the build's decisions for that mode where it
+        measured it, else the default mode's."""
+        return self._use_by_mode.get(mode or "default", self.use)
+
     def backend(self, gm: torch.fx.GraphModule, example_inputs: list, mode: str | None = None,
                 options: dict | None = None) -> Callable:
-        """A torch.compile backend: replace the verified, winning calls in `gm`, then Inductor, with the
-        region pass in its joint-graph passes when a used region can occur in this graph."""
-        self.rewrite(gm, example_inputs)
-        region_pass = self.region_pass(gm, example_inputs, (options or {}).get("joint_custom_pre_pass"))
+        """A torch.compile backend: replace the verified calls in `gm` that win in context under `mode`, then
+        Inductor, with the region pass in its joint-graph passes when a used region can occur in this graph."""
+        use = self.use_for(mode)
+        self.rewrite(gm, example_inputs, use)
+        region_pass = self.region_pass(gm, example_inputs, (options or {}).get("joint_custom_pre_pass"), use=use)
         if region_pass is not None:
             options = {**(options or {}), "joint_custom_pre_pass": region_pass}
         return _inductor(mode, options)(gm, example_inputs)
@@ -189,16 +200,17 @@ class CompileMode:
 
     # ---- regions
     def region_pass(self, gm: torch.fx.GraphModule, example_inputs: Any, then: Any = None,
-                    export: bool = False) -> Any:
+                    export: bool = False, use: frozenset | None = None) -> Any:
         """Inductor's joint_custom_pre_pass replacing the used regions in the graph Inductor traces from `gm`
         (None: no region can be used there); `then`: a pass of the caller's, run after it. ``export``: for an
         AOTInductor package, which cannot call the conv regions' Python op: those stay Inductor's."""
-        used = [r for r in self.regions if r.id in self.use and not (export and r.conv is not None)]
+        use = self.use if use is None else use
+        used = [r for r in self.regions if r.id in use and not (export and r.conv is not None)]
         device = _graph_device(gm, example_inputs)
         if not used or device is None or device.type != self.patcher.backend:
             return None
         with self._lock:
-            if not self._usable(gm) or not self._usable_regions(device):
+            if not self._usable(gm, use) or not self._usable_regions(device):
                 return None
             ready = []
             for r in used:
@@ -278,10 +290,12 @@ class CompileMode:
         return count
 
     # ---- the graph pass
-    def rewrite(self, gm: torch.fx.GraphModule, example_inputs: list) -> int:
-        """Replace each verified call of a used target in `gm` with the package's op; the count."""
+    def rewrite(self, gm: torch.fx.GraphModule, example_inputs: list, use: frozenset | None = None) -> int:
+        """Replace each verified call of a used target (``use``, default: the default mode's) in `gm` with the
+        package's op; the count."""
+        use = self.use if use is None else use
         with self._lock:
-            n = self._rewrite(gm, example_inputs) if self._usable(gm) else 0
+            n = self._rewrite(gm, example_inputs, use) if self._usable(gm, use) else 0
             self.graphs.append(gm)
         return n
 
@@ -290,8 +304,8 @@ class CompileMode:
             self._warned.add(message)
             warnings.warn(f"{self.patcher.package}: {message}", RuntimeWarning, stacklevel=4)
 
-    def _usable(self, gm: torch.fx.GraphModule) -> bool:
-        if not self.use:
+    def _usable(self, gm: torch.fx.GraphModule, use: frozenset) -> bool:
+        if not use:
             return False
         off, odd = self._disable_setting()
         if odd:
@@ -332,7 +346,7 @@ class CompileMode:
             return self._methods[node.target], "method"
         return None
 
-    def _rewrite(self, gm: torch.fx.GraphModule, example_inputs: list) -> int:
+    def _rewrite(self, gm: torch.fx.GraphModule, example_inputs: list, use: frozenset) -> int:
         values = self._values(gm, example_inputs)
         node_of = {id(v): n for n, v in values.items()}
         count = 0
@@ -359,7 +373,7 @@ class CompileMode:
             if hit is None:
                 continue
             target, inputs = hit
-            if target.id not in self.use or target.fn is None:
+            if target.id not in use or target.fn is None:
                 continue
             if (out.dtype, tuple(out.shape), tuple(out.stride())) != target.out:
                 continue  # the traced call returns something else than what was verified

@@ -16,6 +16,9 @@ copies, timing copies; not the flush buffer or the copy-bandwidth probe, which h
   (``reference64``), so its float64 temporaries (inputs converted to float64, the op's
   intermediates) are bounded by ``SLICE_BYTES``, not by the tensor; a streamed set drops its
   reference once the first run is judged;
+- derived sets are transformed in place, their float64 arithmetic a chunk at a time
+  (``verdict_rules.derive_inputs``): whole-tensor float64 copies there were the largest part of an
+  H100 evaluation's peak (5.13x B against this module's estimate of 3.5x, for a 3.2 GB softmax);
 - timing keeps one copy of the timed input when it is far larger than the cache
   (``timing.rotation_count``), and times the verified set's own tensors.
 

@@ -288,7 +288,8 @@ def run_compile_gate(package_dir: Path, info: Any, doc: dict, say: Callable[[str
     if result.get("error"):
         say(f"  compile mode uses no kernel: {result['error'].splitlines()[0][:300]}")
     modes = {}
-    for m in EXTRA_MODES.get(getattr(info, "device", None), ()):
+    # a model torch.compile cannot compile in the default mode is not tried again in another
+    for m in () if result.get("error") else EXTRA_MODES.get(getattr(info, "device", None), ()):
         say(f"checking the whole model compiled with mode={m!r}: torch.compile with and without each kernel")
         modes[m] = check(package_dir, info, mode=m)
         if modes[m].get("error"):

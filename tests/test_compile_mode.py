@@ -449,6 +449,39 @@ def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.gpu
+def test_the_gate_measures_a_replacement_under_cuda_graphs(tmp_path):
+    """CUDA: the compile gate run with mode="reduce-overhead" on both sides (as the build runs it on a GPU):
+    the plain and the package's models both compiled with CUDA graphs, alternated in timing, the package's
+    op matched, and a decision with a measured reason for it."""
+    from types import SimpleNamespace
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    run = helpers.make_cuda_run(tmp_path / "run")
+    out = tmp_path / "pkg"
+    assert pack(run, out, "cm_cuda_ro_pkg", confirm=False).written
+    doc = json.loads((out / "cm_cuda_ro_pkg" / "manifest.json").read_text())
+    doc["build"]["cuda_arch_list"] = "%d.%d" % torch.cuda.get_device_capability()
+    sm = next(t for t in doc["targets"] if t["op"] == "softmax" and t["signature"]["output"]["dtype"] == "float32")
+    p = cf.patcher({**doc, "targets": [sm]}, use=[sm["id"]])
+    cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), "CUDA")
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
+
+    x = torch.randn(4, 8, 256, device="cuda", dtype=torch.bfloat16)
+    target = SimpleNamespace(module=M(), args=(x,), kwargs={}, device="cuda")
+    torch._dynamo.reset()
+    result = compile_gate.measure(target, p, cf.COMPILE.CompileMode, budget_s=1.0, max_n=5, mode="reduce-overhead")
+    rec = result["targets"][sm["id"]]
+    assert result["mode"] == "reduce-overhead" and rec["compiled_ms"] is not None
+    assert rec["reason"].startswith(("faster compiled: ", "makes the compiled model slower: ",
+                                     "not faster compiled ")), rec["reason"]
+    assert result["used"] == ([sm["id"]] if rec["use"] else [])
+
+
 def test_export_writes_a_pt2_with_only_the_used_kernels_that_runs_as_eager(tmp_path_factory, tmp_path):
     doc = _packed_doc(tmp_path_factory, TWO_OPS)
     sm = next(t["id"] for t in doc["targets"] if t["op"] == "softmax")

@@ -416,28 +416,33 @@ def test_the_package_readme_says_what_compile_mode_uses(tiny_doc):
     assert note in readme.render(doc) and "$compile_note" not in readme.render(doc)
 
 
-@pytest.mark.gpu
-def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
-    """CUDA: mode="reduce-overhead" (CUDA graphs) with the package's op in the graph, output as eager's."""
+class _ScaledSoftmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
+
+
+def _cuda_softmax_patcher(tmp_path: Path, name: str):
+    """A CUDA run packed as `name`, its float32 softmax target alone and used, the op's CUDA kernel torch's own
+    softmax (skips without a GPU); (patcher, target)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     run = helpers.make_cuda_run(tmp_path / "run")
     out = tmp_path / "pkg"
-    assert pack(run, out, "cm_cuda_pkg", confirm=False).written
-    doc = json.loads((out / "cm_cuda_pkg" / "manifest.json").read_text())
-    cap = "%d.%d" % torch.cuda.get_device_capability()
-    doc["build"]["cuda_arch_list"] = cap
+    assert pack(run, out, name, confirm=False).written
+    doc = json.loads((out / name / "manifest.json").read_text())
+    doc["build"]["cuda_arch_list"] = "%d.%d" % torch.cuda.get_device_capability()
     sm = next(t for t in doc["targets"] if t["op"] == "softmax" and t["signature"]["output"]["dtype"] == "float32")
-    ns_doc = {**doc, "targets": [sm]}
-    p = cf.patcher(ns_doc, use=[sm["id"]])
-    for name in ("CUDA",):
-        cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), name)
+    p = cf.patcher({**doc, "targets": [sm]}, use=[sm["id"]])
+    cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), "CUDA")
+    return p, sm
+
+
+@pytest.mark.gpu
+def test_reduce_overhead_cuda_graphs_run_the_package_op(tmp_path):
+    """CUDA: mode="reduce-overhead" (CUDA graphs) with the package's op in the graph, output as eager's."""
+    p, sm = _cuda_softmax_patcher(tmp_path, "cm_cuda_pkg")
     cm = cf.COMPILE.CompileMode(p)
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
-
+    M = _ScaledSoftmax
     x = torch.randn(4, 8, 256, device="cuda", dtype=torch.bfloat16)
     torch._dynamo.reset()
     with torch.inference_mode():
@@ -456,23 +461,9 @@ def test_the_gate_measures_a_replacement_under_cuda_graphs(tmp_path):
     op matched, and a decision with a measured reason for it."""
     from types import SimpleNamespace
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    run = helpers.make_cuda_run(tmp_path / "run")
-    out = tmp_path / "pkg"
-    assert pack(run, out, "cm_cuda_ro_pkg", confirm=False).written
-    doc = json.loads((out / "cm_cuda_ro_pkg" / "manifest.json").read_text())
-    doc["build"]["cuda_arch_list"] = "%d.%d" % torch.cuda.get_device_capability()
-    sm = next(t for t in doc["targets"] if t["op"] == "softmax" and t["signature"]["output"]["dtype"] == "float32")
-    p = cf.patcher({**doc, "targets": [sm]}, use=[sm["id"]])
-    cf._LIBS[-1].impl(sm["id"], lambda x: torch.softmax(x, 2, dtype=torch.float32), "CUDA")
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return torch.nn.functional.softmax(x * 2.0, dim=2, dtype=torch.float32) + 1.0
-
+    p, sm = _cuda_softmax_patcher(tmp_path, "cm_cuda_ro_pkg")
     x = torch.randn(4, 8, 256, device="cuda", dtype=torch.bfloat16)
-    target = SimpleNamespace(module=M(), args=(x,), kwargs={}, device="cuda")
+    target = SimpleNamespace(module=_ScaledSoftmax(), args=(x,), kwargs={}, device="cuda")
     torch._dynamo.reset()
     result = compile_gate.measure(target, p, cf.COMPILE.CompileMode, budget_s=1.0, max_n=5, mode="reduce-overhead")
     rec = result["targets"][sm["id"]]

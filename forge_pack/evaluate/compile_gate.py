@@ -218,6 +218,11 @@ def _decision(result: dict, tid: str) -> dict:
                                                       "compiled_ms": None, "compiled_with_ms": None}
 
 
+def _medians_ms(result: dict) -> dict:
+    """The gate result's whole-model medians in ms: plain compiled, and with the used kernels (None: not timed)."""
+    return {f"{k}_ms": ms(Timing.from_json(result[k])) if result.get(k) else None for k in ("compiled", "compiled_with")}
+
+
 def record(doc: dict, result: dict, modes: dict[str, dict] | None = None) -> dict:
     """Write the compile gate's result into the staged manifest: each target's ``compile`` and the
     document's ``compile_result``; the latter is returned. ``modes``: the gate's result under each other
@@ -229,16 +234,13 @@ def record(doc: dict, result: dict, modes: dict[str, dict] | None = None) -> dic
     summary = {k: result.get(k) for k in ("used", "compile_s", "compile_with_s", "mode", "compiled_max_abs_diff",
                                           "max_abs_diff", "within_tolerance")}
     summary["used"] = list(summary["used"] or [])
-    summary["compiled_ms"] = ms(Timing.from_json(result["compiled"])) if result.get("compiled") else None
-    summary["compiled_with_ms"] = ms(Timing.from_json(result["compiled_with"])) if result.get("compiled_with") else None
+    summary.update(_medians_ms(result))
     if result.get("error"):
         summary["error"] = result["error"]
     if modes:
         summary["modes"] = {}
         for m, r in modes.items():
-            s = {"used": list(r.get("used") or []),
-                 "compiled_ms": ms(Timing.from_json(r["compiled"])) if r.get("compiled") else None,
-                 "compiled_with_ms": ms(Timing.from_json(r["compiled_with"])) if r.get("compiled_with") else None}
+            s = {"used": list(r.get("used") or []), **_medians_ms(r)}
             if r.get("error"):
                 s["error"] = r["error"]
             summary["modes"][m] = s

@@ -332,12 +332,11 @@ def _uniform(gen: torch.Generator, lo: float, hi: float, n: int | None = None):
 
 
 def _finite_absmax(t: torch.Tensor) -> float:
-    """Largest finite |t|, 0 when there is none; in chunks, so a large t needs no full-size copies."""
-    flat = t.reshape(-1)
+    """Largest finite |t|, 0 when there is none; in chunks (views of t: a strided t is not copied whole)."""
     best = 0.0
-    for start in range(0, flat.numel(), _CHUNK):
-        c = flat[start:start + _CHUNK]
-        best = max(best, float(torch.where(torch.isfinite(c), c.abs(), torch.zeros_like(c)).max()))
+    for c in _views(t):
+        if c.numel():
+            best = max(best, float(torch.where(torch.isfinite(c), c.abs(), torch.zeros_like(c)).max()))
     return best
 
 
@@ -388,12 +387,17 @@ def _finite_std(t: torch.Tensor) -> tuple[float, int]:
     return (sq / (n - 1)) ** 0.5, n
 
 
-def _rows_apply(rows: torch.Tensor, per_row: torch.Tensor) -> None:
-    """rows *= per_row[:, None] in place, in float64 a block of rows at a time, rounded once."""
+def _row_blocks(rows: torch.Tensor):
+    """(first row, view) of consecutive blocks of whole rows, each about ``_CHUNK`` elements (one row at least)."""
     step = max(1, _CHUNK // max(rows.shape[1], 1))
     for a in range(0, rows.shape[0], step):
-        r = rows[a:a + step]
-        r.copy_(r.to(torch.float64) * per_row[a:a + step, None])
+        yield a, rows[a:a + step]
+
+
+def _rows_apply(rows: torch.Tensor, per_row: torch.Tensor) -> None:
+    """rows *= per_row[:, None] in place, in float64 a block of rows at a time, rounded once."""
+    for a, r in _row_blocks(rows):
+        r.copy_(r.to(torch.float64) * per_row[a:a + r.shape[0], None])
 
 
 def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.Generator) -> dict:
@@ -434,8 +438,7 @@ def derive_inputs(spec: Any, params: dict, kind: str, source: dict, gen: torch.G
         x.copy_(spec.permute(params, x, others, gen))
     elif kind in ("mixed", "flip"):
         rows, back = spec.rows(params, x)  # the groups of elements the kind reduces together (a view where it can be)
-        step = max(1, _CHUNK // max(rows.shape[1], 1))
-        blocks = [rows[a:a + step] for a in range(0, rows.shape[0], step)]
+        blocks = [b for _, b in _row_blocks(rows)]
         if kind == "mixed":
             row_peak = torch.cat([torch.where(torch.isfinite(b), b.abs(), 0.0).amax(dim=1) for b in blocks])
             row_peak = row_peak.to(torch.float64).clamp_min(1e-30)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from xdist_crash_safe import pytest_xdist_make_scheduler  # noqa: F401  (a hook: `make test`'s loadscope survives a crash)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "models"

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # the subprocess's own limit is 1200 s
 def test_mutation_scores_of_the_fast_trust_core_modules_do_not_drop():
     mutmut = shutil.which("mutmut", path=str(Path(sys.executable).parent)) or shutil.which("mutmut")
     if mutmut is None:

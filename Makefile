@@ -41,9 +41,10 @@ test-fast: $(STAMP)
 
 # The Ray tests alone (a local Ray cluster on the CPU). `make test` runs them too: the ray extra is in
 # the venv (13 s to install from the package mirror on the 2-core CI machine, under the 60 s allowed
-# for an extra), and tests/test_ray_pool.py skips itself where Ray is missing.
+# for an extra), in a pytest process of their own (tests/test_ray_pool.py runs tests/ray_pool_cases.py),
+# and skip themselves where Ray is missing.
 test-ray: $(STAMP)
-	$(BIN)/python -m pytest -q tests/test_ray_pool.py
+	$(BIN)/python -m pytest -q tests/ray_pool_cases.py
 
 # On a GPU machine: every gpu test, the CUDA anti-cheat fixtures first, a skip is a failure;
 # writes bench/results/test-gpu.md.

@@ -1,4 +1,4 @@
-"""Jobs for the device-pool tests (tests/test_search_devices.py, tests/test_ray_pool.py): light
+"""Jobs for the device-pool tests (tests/test_search_devices.py, tests/ray_pool_cases.py): light
 stand-ins for the evaluator's Startup and JudgeCandidate that need no torch, so a pool of
 several "devices" starts in a fraction of a second. The worker unpickles them by this module's
 name, so the workers' environment puts tests/ on PYTHONPATH."""

@@ -7,15 +7,28 @@ device is a usage error, a `gpu` test that skips is reported as failed (a skippe
 must never read as green), and the CUDA cheating-kernel fixtures run before every other test.
 """
 
+import importlib.util
 import os
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
-from xdist_crash_safe import pytest_xdist_make_scheduler  # noqa: F401  (a hook: `make test`'s loadscope survives a crash)
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _beside(name: str):
+    """tests/<name>.py by its path: this file is also loaded by path from elsewhere (tests/test_gpu_gate.py)."""
+    spec = importlib.util.spec_from_file_location(f"forge_tests_{name}", Path(__file__).resolve().parent / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# a hook: under `make test`'s -n --dist loadscope a crashed worker costs its test, not the run
+pytest_xdist_make_scheduler = _beside("xdist_crash_safe").pytest_xdist_make_scheduler
+
 MODELS = ROOT / "tests" / "models"
 
 

@@ -30,10 +30,12 @@ demo: $(STAMP)
 
 # `--durations`: the CI log lists the slowest tests (the aim: the whole run under ~20 minutes).
 # `-n`: one pytest worker per core (pytest-xdist, at most TEST_WORKERS); `--dist loadscope` keeps a
-# module's tests on one worker, so a module fixture (a built package) is built once.
+# module's tests on one worker, so a module fixture (a built package) is built once;
+# `--no-loadscope-reorder`: the modules in the order tests/conftest.py gives them (long ones first,
+# tests/xdist_schedule.py).
 TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=30 -n auto --maxprocesses $(TEST_WORKERS) --dist loadscope
+	$(BIN)/python -m pytest -q --durations=30 -n auto --maxprocesses $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The fast path: everything but the tests marked slow (see README, docs/testing.md).
 test-fast: $(STAMP)

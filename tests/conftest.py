@@ -26,8 +26,9 @@ def _beside(name: str):
     return mod
 
 
-# a hook: under `make test`'s -n --dist loadscope a crashed worker costs its test, not the run
-pytest_xdist_make_scheduler = _beside("xdist_crash_safe").pytest_xdist_make_scheduler
+# `make test`'s -n --dist loadscope: long modules first, and a crashed worker costs its test, not the run
+_SCHEDULE = _beside("xdist_schedule")
+pytest_xdist_make_scheduler = _SCHEDULE.pytest_xdist_make_scheduler
 
 MODELS = ROOT / "tests" / "models"
 
@@ -75,6 +76,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "browser" in item.keywords and browser_missing:
             item.add_marker(pytest.mark.skip(reason=browser_missing))
+    if hasattr(config, "workerinput") and not require_gpu():  # an xdist worker (`make test`)
+        _SCHEDULE.longest_first(items)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,6 +1,7 @@
-"""A worker that dies under `make test`'s ``-n --dist loadscope`` costs one failed test, not the run.
+"""`make test`'s xdist scheduling (tests/xdist_schedule.py): long modules first, and a worker that dies
+under ``-n --dist loadscope`` costs one failed test, not the run.
 
-tests/xdist_crash_safe.py replaces xdist's loadscope scheduler; without it this suite hangs in
+tests/xdist_schedule.py replaces xdist's loadscope scheduler; without it this suite hangs in
 pytest-xdist 3.8.0 (the subprocess's timeout fails the test) or reruns the crashing test.
 """
 
@@ -30,7 +31,7 @@ def _write_suite(root: Path) -> None:
     (root / "conftest.py").write_text(textwrap.dedent(f"""\
         import sys
         sys.path.insert(0, {str(TESTS)!r})
-        from xdist_crash_safe import pytest_xdist_make_scheduler
+        from xdist_schedule import pytest_xdist_make_scheduler
         """))
     (root / "pytest.ini").write_text("[pytest]\n")
 
@@ -53,7 +54,7 @@ def test_crashed_workers_cost_their_test_and_the_rest_of_the_run_completes(tmp_p
 
 
 def test_other_dist_modes_keep_xdist_s_own_scheduler():
-    from xdist_crash_safe import pytest_xdist_make_scheduler
+    from xdist_schedule import pytest_xdist_make_scheduler
 
     class Config:
         def __init__(self, dist):
@@ -65,3 +66,27 @@ def test_other_dist_modes_keep_xdist_s_own_scheduler():
 
     assert pytest_xdist_make_scheduler(Config("load"), None) is None
     assert pytest_xdist_make_scheduler(Config("loadfile"), None) is None
+
+
+class _Item:
+    def __init__(self, nodeid: str, slow: bool = False, skipped: bool = False):
+        self.nodeid = nodeid
+        self.keywords = {"slow": True} if slow else {}
+        self._markers = [pytest.mark.skip(reason="x").mark] if skipped else []
+
+    def iter_markers(self):
+        return iter(self._markers)
+
+
+def test_longest_first_puts_running_slow_scopes_first_then_by_count_keeping_each_scope_together():
+    from xdist_schedule import longest_first
+
+    items = [_Item("t_a.py::a1"), _Item("t_a.py::a2"),
+             _Item("t_b.py::b1"), _Item("t_b.py::b2"), _Item("t_b.py::b3"),
+             _Item("t_c.py::c1", slow=True),
+             _Item("t_d.py::K::d1"), _Item("t_d.py::K::d2", slow=True, skipped=True),  # a skipped slow test
+             _Item("t_e.py::e1"), _Item("t_e.py::e2", slow=True)]
+    longest_first(items)
+    assert [i.nodeid for i in items] == ["t_e.py::e1", "t_e.py::e2", "t_c.py::c1",
+                                         "t_b.py::b1", "t_b.py::b2", "t_b.py::b3",
+                                         "t_a.py::a1", "t_a.py::a2", "t_d.py::K::d1", "t_d.py::K::d2"]

@@ -1,4 +1,14 @@
-"""A pytest-xdist scheduler for ``--dist loadscope`` that survives a crashed worker.
+"""How `make test` spreads the suite over pytest-xdist workers: long modules first, and a scheduler for
+``--dist loadscope`` that survives a crashed worker.
+
+Order (``longest_first``, applied by tests/conftest.py in each worker, with ``--no-loadscope-reorder``
+so the controller keeps it): xdist's own reorder hands out scopes by test count, which leaves the
+one-test end-to-end modules (a build, the mutation guard: one to two minutes each) for the end of
+the run, where one worker runs them while the other has nothing left. Modules with a ``slow`` test
+that will run go first, the rest after them by test count as xdist would; every module's tests stay
+together and in their own order.
+
+Crashes:
 
 `make test` runs ``-n auto --dist loadscope`` (a module's tests on one worker, so a module fixture
 such as a built package is built once). In pytest-xdist 3.8.0, the newest the package mirror has,
@@ -17,13 +27,36 @@ work sent to a worker that has died but whose crash has not been processed yet (
 an INTERNALERROR in xdist) is left assigned to it, and the crash puts it back on the queue; and a
 replacement worker that has not finished collecting is given nothing until it has (xdist would
 index its missing collection: a KeyError, #1189).
-A crash is then one failed test and the run goes on. ``tests/test_xdist_crash_safe.py`` runs a
+A crash is then one failed test and the run goes on. ``tests/test_xdist_schedule.py`` runs a
 crashing suite through it.
 """
 
 from __future__ import annotations
 
 import pytest
+
+
+def _scope(item) -> str:
+    return item.nodeid.rsplit("::", 1)[0]  # xdist's loadscope unit: a module, or a class in one
+
+
+def _runs(item) -> bool:
+    return not any(m.name == "skip" for m in item.iter_markers())
+
+
+def longest_first(items: list) -> None:
+    """Sort ``items`` in place: the scopes holding a ``slow`` test that is not skipped first, then by
+    descending test count (xdist's own loadscope order), each scope's tests together, in order."""
+    count: dict[str, int] = {}
+    slow: set[str] = set()
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        s = _scope(item)
+        count[s] = count.get(s, 0) + 1
+        first.setdefault(s, i)
+        if "slow" in item.keywords and _runs(item):
+            slow.add(s)
+    items.sort(key=lambda it: (_scope(it) not in slow, -count[_scope(it)], first[_scope(it)]))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -176,6 +176,78 @@ def test_a_fall_back_through_two_patched_paths_counts_once(patch_mod, cpu_manife
         p.revert()
 
 
+
+_q = torch.randn(1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("op, style, args, kwargs", CALLS + [
+    ("attention", "F", (_q, _q.clone(), _q.clone()), {}),
+    ("attention", "F", (), {"query": _q, "key": _q.clone(), "value": _q.clone(), "is_causal": True}),
+])
+def test_every_binders_x_is_one_of_the_calls_own_arguments(patch_mod, op, style, args, kwargs):
+    """What the dispatch's first guard (_no_verified_x) rests on: the bound `x` is an argument of the
+    call itself, not a view or copy of one, so a call none of whose tensor arguments has a verified
+    `x` layout cannot match any target."""
+    bound = patch_mod.NORMALIZERS[op](style, args, kwargs)
+    assert bound is not None
+    assert any(bound[0]["x"] is v for v in (*args, *kwargs.values()))
+
+
+def test_rms_norm_module_binder_takes_x_from_the_call(patch_mod):
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.ones(8)), 1e-6
+
+    bound = patch_mod.TARGETS.get("rms_norm").bind_module(Norm(), (x3,), {})
+    assert bound[0]["x"] is x3
+
+
+def test_a_call_with_no_verified_x_layout_is_turned_away_before_binding(patch_mod, cpu_manifest, monkeypatch):
+    """The eager wrappers' cheap first guard: a call none of whose tensors has the dtype, shape and
+    strides of a target's `x` never reaches the binder (the cost of a decode step after a prefill
+    the package was built on); one that has goes on to the full guards and the kernel."""
+    p = _fake_patcher(patch_mod, cpu_manifest, "cpu_pkg", monkeypatch)
+    sm = next(t for t in p.targets if t.op == "softmax" and not t.composite)
+    dtype, shape, strides = sm.x_key
+    bound = []
+    real = patch_mod.NORMALIZERS["softmax"]
+    monkeypatch.setitem(patch_mod.NORMALIZERS, "softmax", lambda *a: bound.append(1) or real(*a))
+    assert p.apply()
+    try:
+        x = torch.randn(*shape, dtype=dtype)
+        F.softmax(x[..., :-1], dim=-1)  # another shape
+        F.softmax(x.to(torch.float64 if dtype != torch.float64 else torch.float32), dim=-1)  # another dtype
+        if len(shape) > 1:
+            F.softmax(x.transpose(-1, -2).contiguous().transpose(-1, -2), dim=-1)  # the shape, other strides
+        assert bound == [] and p.kernel_calls == {}
+        assert p.fallback_calls == {"softmax": 3 if len(shape) > 1 else 2}
+        assert tuple(x.stride()) == strides
+        F.softmax(x, dim=-1)
+        assert bound == [1] and p.kernel_calls == {sm.id: 1}
+    finally:
+        p.revert()
+
+
+def test_the_first_guard_leaves_traced_tensors_and_targets_without_an_x_spec_to_the_full_guards(patch_mod):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    keys = frozenset({(torch.float32, (2, 3), (3, 1))})
+    assert patch_mod._no_verified_x(keys, (torch.randn(4, 4),), {})
+    assert not patch_mod._no_verified_x(keys, (), {"input": torch.randn(2, 3)})
+    assert patch_mod._no_verified_x(keys, (torch.randn(2, 3, dtype=torch.float64),), {})
+    with FakeTensorMode():
+        fake = torch.empty(4, 4)
+    assert not patch_mod._no_verified_x(keys, (fake,), {})  # compile's fake tensors: _tensors_match decides
+    assert not patch_mod._no_verified_x(None, (torch.randn(4, 4),), {})  # a target without an x spec
+
+    class T:
+        def __init__(self, key):
+            self.x_key = key
+
+    assert patch_mod._x_keys([T((torch.float32, (2, 3), (3, 1))), T(None)]) is None
+    assert patch_mod._x_keys([T((torch.float32, (2, 3), (3, 1)))]) == keys
+
 # ------------------------------------------------------------------ runtime semantics (fake kernels)
 # No extension here: each target's "kernel" records itself and returns a copy of its input, an
 # answer no real op gives, so a call a kernel should not have taken shows in the result.

@@ -31,7 +31,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.autograd.forward_ad as _fwAD
@@ -276,7 +276,34 @@ class _Target:
         self.min_sms: int = int(t["kernel"].get("min_sm_count") or 0)  # grids sized to every SM
         out = sig["output"]
         self.out = (DTYPES[out["dtype"]], tuple(out["shape"]), tuple(out["strides"]))
+        self.x_key = dict(self.specs).get("x")  # (dtype, shape, strides) of the input `x`; None: no spec for it
         self.fn: Callable | None = None
+
+
+def _x_keys(targets: Iterable[_Target]) -> frozenset | None:
+    """The layouts (dtype, shape, strides) some target verified its `x` for; None where a target has
+    no spec for `x` (then any `x` may match it and no call is turned away early)."""
+    keys = [t.x_key for t in targets]
+    return None if any(k is None for k in keys) else frozenset(keys)
+
+
+def _no_verified_x(keys: frozenset | None, args: tuple, kwargs: dict) -> bool:
+    """True when no tensor argument of the call has the dtype, shape and strides of a verified `x`,
+    so no target can take it: every binder's `x` is one of the call's own arguments (the input, a
+    module's argument, attention's query), and `_tensors_match` wants it exactly. The cheap first
+    guard of a call the package was not built for (a decode step after the prefill it was built on):
+    without it such a call paid for binding and matching, ~2x the eager time of an RMSNorm module
+    on 1 row (bench/results/eager_miss_overhead.md). A traced or subclassed tensor goes to the full
+    guards."""
+    if keys is None:
+        return False
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor):
+            if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
+                return False
+            if (v.dtype, v.shape, v.stride()) in keys:
+                return False
+    return True
 
 
 class Patcher:
@@ -297,6 +324,7 @@ class Patcher:
         for t in self.targets:
             if t.composite and t.module_class:
                 self.composites[t.module_class] = self.composites.get(t.module_class, ()) + (t,)
+        self._x_keys: dict = {op: _x_keys(ts) for op, ts in self.by_op.items()}  # dispatch's first guard
         self.allowed_caps = _capability_set(manifest["build"].get("cuda_arch_list"))
         # figures edited after the build: said once here (import time), and by info/bench/status
         self.integrity = integrity_status(manifest)
@@ -443,7 +471,7 @@ class Patcher:
 
     def dispatch(self, op: str, style: str, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a call it was verified for, else the _MISS marker."""
-        if not self._active or _autocast_on(self.backend):
+        if not self._active or _no_verified_x(self._x_keys.get(op), args, kwargs) or _autocast_on(self.backend):
             return _MISS
         norm = NORMALIZERS[op](style, args, kwargs)
         if norm is not None:
@@ -470,7 +498,10 @@ class Patcher:
     def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a composite module's call it was verified for, else _MISS. The
         kind's module binder reads the call (an RMSNorm: forward(x), its eps and weight)."""
-        if not self._active or _autocast_on(self.backend):
+        keys = self._x_keys.get(targets)
+        if keys is None and targets not in self._x_keys:
+            keys = self._x_keys[targets] = _x_keys(targets)
+        if not self._active or _no_verified_x(keys, args, kwargs) or _autocast_on(self.backend):
             return _MISS
         bound: dict[str, Any] = {}
         for t in targets:

@@ -240,6 +240,9 @@ def test_the_first_guard_leaves_traced_tensors_and_targets_without_an_x_spec_to_
         fake = torch.empty(4, 4)
     assert not patch_mod._no_verified_x(keys, (fake,), {})  # compile's fake tensors: _tensors_match decides
     assert not patch_mod._no_verified_x(None, (torch.randn(4, 4),), {})  # a target without an x spec
+    assert not patch_mod._no_verified_x(keys, (torch.randn(4, 4).to_sparse(),), {})  # no strides to compare
+    nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)])
+    assert not patch_mod._no_verified_x(keys, (nested,), {})
 
     class T:
         def __init__(self, key):

@@ -292,14 +292,15 @@ def _no_verified_x(keys: frozenset | None, args: tuple, kwargs: dict) -> bool:
     so no target can take it: every binder's `x` is one of the call's own arguments (the input, a
     module's argument, attention's query), and `_tensors_match` wants it exactly. The cheap first
     guard of a call the package was not built for (a decode step after the prefill it was built on):
-    without it such a call paid for binding and matching, ~2x the eager time of an RMSNorm module
-    on 1 row (bench/results/eager_miss_overhead.md). A traced or subclassed tensor goes to the full
-    guards."""
+    without it such a call paid for binding and matching (the demo's model cut to one row: 1.7x its
+    eager time patched, bench/results/eager_miss_overhead.md). A traced or subclassed tensor, and one
+    without strides (sparse, nested), goes to the full guards."""
     if keys is None:
         return False
     for v in (*args, *kwargs.values()):
         if isinstance(v, torch.Tensor):
-            if type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter:
+            if (type(v) is not torch.Tensor and type(v) is not torch.nn.Parameter) or v.layout is not torch.strided \
+                    or v.is_nested:
                 return False
             if (v.dtype, v.shape, v.stride()) in keys:
                 return False

@@ -2,10 +2,10 @@
 
 Ray's driver is native code (its core worker, gRPC threads, a local GCS and raylet started as
 children) and those tests kill actors mid-job on purpose. Run inside a pytest-xdist worker, a fault
-there takes the worker with it, and with it whatever test was next; here it fails this one test
-with Ray's own output. On 2026-12-06 CI lost a worker that way (``node down: Not properly
-terminated``, after the Ray module had run on it) without a word on the cause; the next one will
-say which case and what Ray printed.
+there takes the worker with it; here it fails this one test with Ray's own output. On 2026-12-06
+CI lost a worker (``node down: Not properly terminated``) without a word on the cause, at the point
+of the run where, in local runs of the same tree, this module was running: not a proof that Ray
+was the cause, but if it was, the next time says which case and what Ray printed.
 
 Skipped where Ray is not installed (`pip install 'forge-pack[ray]'`; `make test-ray` runs the
 cases directly).

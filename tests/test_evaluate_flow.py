@@ -935,7 +935,7 @@ def test_evaluate_loads_the_inputs_once_then_evaluates_with_the_full_request(ev)
     (load, t_load), (req, t_req), (req2, _) = ev.pool.requests
     key = f"{HID}|final|c/0.safetensors|/runs/r1"
     assert load == judge.LoadInputs(key, ev.signature(HOT), ("c/0.safetensors",), "/runs/r1", 7, True)
-    assert (t_load, t_req) == (34.0, 12.0)
+    assert t_load == 34.0 and t_req == pytest.approx(12.0)  # a 512-byte signature adds nothing to see
     assert req == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, True)
     assert req2 == judge.JudgeCandidate(load, c, "/tmp/k.so", FAST, False)
     assert e1.extra["skipped_sets"] == ["odd:3x5: why"] and "skipped_sets" not in e2.extra
@@ -994,6 +994,25 @@ def test_evaluate_reports_a_timeout_and_a_crash(ev):
     assert e.verdict.reason == "crash"
     assert e.verdict.detail.startswith("worker killed by SIGSEGV while running the candidate\n...\n")
     assert len(e.verdict.detail) == len("worker killed by SIGSEGV while running the candidate\n...\n") + 2000
+
+
+def test_the_judge_limit_grows_with_the_signatures_data(ev):
+    """A GB-scale signature gets 10 s per GB of its inputs and output on top of --timeout: verifying a
+    12.8 GB softmax honestly takes longer than 60 s (every evaluation of it timed out on an H100)."""
+    big = Hotspot(signature=parse_signature("softmax", "x: f32[4096,393216], dim=1"), call_paths=("F.softmax",),
+                  calls_per_forward=1.0, total_us=1.0, per_call_us=1.0, time_share=1.0, captures=())
+    data = abi.bytes_moved(ev.signature(big))
+    assert data == 2 * 4096 * 393216 * 4
+    ev.pool.replies = [LOADED, ok_reply(), LOADED, WorkerLost("timeout", "t")]
+    ev.evaluate(cand(), HOT)
+    e = ev.evaluate(cand(), big)
+    limits = [t for job, t in ev.pool.requests if isinstance(job, judge.JudgeCandidate)]
+    assert limits[0] == pytest.approx(12.0 + 10.0 * MOVED / 1e9)  # 512 bytes: the limit is --timeout's
+    assert limits[1] == pytest.approx(12.0 + 10.0 * data / 1e9) and 140 < limits[1] < 141
+    assert e.verdict.reason == "timeout"
+    assert e.verdict.detail.startswith("no verdict within 141 s (12 s + 10 s per GB of the signature's data) "
+                                       "(endless loop or far too slow)")
+    assert [t for job, t in ev.pool.requests if isinstance(job, judge.LoadInputs)] == [34.0, 34.0]
 
 
 def test_evaluate_reports_a_worker_error_as_launch_or_internal_error(ev):

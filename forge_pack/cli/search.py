@@ -315,7 +315,7 @@ def register(app: typer.Typer) -> None:
         workers: Optional[int] = typer.Option(None, "--workers", help="Evaluator worker processes (default: 1)."),
         parallel: Optional[int] = typer.Option(None, "--parallel", help="Evaluations in flight (default: --workers)."),
         timeout: Optional[float] = typer.Option(None, "--timeout",
-                                                help="Seconds per candidate evaluation (default: 60)."),
+                                                help="Seconds per candidate evaluation (default: 60), plus 10 s per GB of the op's data."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
         llm: Optional[str] = LLM_OPTION,
         llm_budget_usd: Optional[float] = LLM_BUDGET_USD_OPTION,

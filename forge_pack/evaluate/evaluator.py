@@ -28,6 +28,28 @@ from forge_pack.core.verdict import Baseline, Evaluation, Verdict
 from forge_pack.evaluate.worker import JobError, WorkerLost, WorkerPool
 
 
+# Seconds of judging allowed per GB of a signature's data (inputs + output), on top of ``timeout_s``.
+# One evaluation verifies a dozen sets against float64 references and times the kernel: measured on an
+# H100 (bench/results/eval_memory.md, 2026-12-06), 3.3 s per GB in a search's steady state and 5.1 s
+# per GB for the evaluation that loads the sets. 10 s per GB leaves twice that; without it every
+# evaluation of a 12.8 GB softmax (KernelBench level 1, 4096x393216 fp32) ran out its 60 s.
+JUDGE_S_PER_GB = 10.0
+
+
+def _limit_text(base_s: float, limit_s: float) -> str:
+    if limit_s - base_s < 0.5:
+        return f"{limit_s:.0f} s"
+    return f"{limit_s:.0f} s ({base_s:.0f} s + {JUDGE_S_PER_GB:g} s per GB of the signature's data)"
+
+
+def judge_timeout_s(base_s: float, sig: Signature) -> float:
+    """The judge's time limit for one candidate of ``sig``: ``base_s`` plus JUDGE_S_PER_GB per GB of its
+    inputs and output, so the limit catches endless loops at every size, not honest GB-scale work."""
+    from forge_pack.targets import abi
+
+    return base_s + JUDGE_S_PER_GB * abi.bytes_moved(sig) / 1e9
+
+
 class Evaluator:
     def __init__(self, backend: str, workers: int = 1, timeout_s: float = 60.0, seed: int = 0,
                  timing: TimingConfig = TimingConfig(), run_dir: str | Path | None = None, *,
@@ -147,6 +169,7 @@ class Evaluator:
         key = f"{hotspot.id}|{'final' if final else 'search'}|{'/'.join(hotspot.captures)}|{self.run_dir}"
         inputs = LoadInputs(key, sig, tuple(hotspot.captures), self.run_dir, self.seed, final)
         job = JudgeCandidate(inputs, candidate, build.path, self.timing, bounds)
+        limit_s = judge_timeout_s(self.timeout_s, sig)
         extra = {"cached_build": build.cached, "resources": build.resources}
 
         def judge_on(w) -> object:
@@ -163,7 +186,7 @@ class Evaluator:
             device = getattr(w, "device", None)
             if device:  # several devices: which one measured it (the run store's evaluations.device)
                 extra["device"] = device
-            judged = w.run(job, self.timeout_s)
+            judged = w.run(job, limit_s)
             if isinstance(judged, Judged):
                 if judged.sets_dropped:
                     loaded.pop(key, None)
@@ -176,8 +199,8 @@ class Evaluator:
                                  on_lost=lambda label: extra.setdefault("requeued_from", []).append(label))
         if isinstance(judged, WorkerLost):
             if judged.kind == "timeout":
-                return Evaluation(Verdict(False, "timeout", f"no verdict within {self.timeout_s:.0f} s (endless loop "
-                                          f"or far too slow); the worker was killed and replaced"),
+                return Evaluation(Verdict(False, "timeout", f"no verdict within {_limit_text(self.timeout_s, limit_s)} "
+                                          f"(endless loop or far too slow); the worker was killed and replaced"),
                                   eval_s=time.perf_counter() - t0, extra=extra, **common)
             return Evaluation(Verdict(False, "crash", f"{judged.detail} while running the candidate\n"
                                       f"{_tail(judged.log_tail, 2000)}"),

@@ -508,3 +508,137 @@ def test_timing_config_round_trips_through_json():
     assert TimingConfig.from_json(None) == TimingConfig()
     assert TimingConfig.from_json({}) == TimingConfig()
     assert cfg.to_json()["reps"] == 7
+
+
+# ---------------------------------------------------------------- the CUDA protocol, on a simulated GPU
+
+
+class SimGpu:
+    """One CUDA stream and the host that feeds it, in simulated microseconds. Host work advances
+    ``host``; a GPU op starts when both the GPU is free and the host has enqueued it; an event
+    completes when the GPU reaches it. What the protocol measures is then exactly what a real
+    event pair would: the kernel, plus any wait of the GPU for the host's launch."""
+
+    def __init__(self, host_before_us: float, host_launch_us: float, kernel_us: float, flush_us: float = 20.0,
+                 flush_host_us: float = 5.0):
+        self.host = self.gpu = 0.0
+        self.flush_host_us = flush_host_us
+        self.host_before_us, self.host_launch_us, self.kernel_us, self.flush_us = (
+            host_before_us, host_launch_us, kernel_us, flush_us)
+        self.spins: list[float] = []
+        sim = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                sim.host += 1.0
+                self.t = sim.gpu = max(sim.gpu, sim.host)
+
+            def elapsed_time(self, end):
+                return (end.t - self.t) / 1000.0  # ms
+
+        class Cuda:
+            pass
+
+        self.cuda = Cuda()
+        self.cuda.Event = Event
+        self.cuda.synchronize = lambda: setattr(self, "host", max(self.host, self.gpu))
+        self.cuda._sleep = self._sleep
+
+    def _sleep(self, cycles):
+        self.host += 2.0
+        self.spins.append(cycles / 1000.0)
+        self.gpu = max(self.gpu, self.host) + cycles / 1000.0  # 1000 cycles per µs (gpu_cycles_per_us)
+
+    def _enqueue(self, host_us: float, gpu_us: float) -> None:
+        self.host += host_us
+        self.gpu = max(self.gpu, self.host) + gpu_us
+
+    def before(self):
+        self._enqueue(self.host_before_us, 1.0)  # the evaluator's input change and output refill
+
+    def flush(self):
+        self._enqueue(self.flush_host_us, self.flush_us)
+
+    def call(self):
+        self._enqueue(self.host_launch_us, self.kernel_us)  # the Python side, then the launch
+
+    def clock(self) -> float:
+        return self.host / 1e6
+
+
+def _on_sim(monkeypatch, sim: SimGpu) -> None:
+    monkeypatch.setattr(timing, "torch", sim)
+    monkeypatch.setattr(timing, "gpu_cycles_per_us", lambda: 1000.0)
+    monkeypatch.setattr(timing, "_clock", sim.clock)
+
+
+def _time_on_sim(sim: SimGpu, cfg: TimingConfig, copies: int = 4):
+    checks = []
+
+    def after(phase):
+        checks.append(phase)
+        return False
+
+    t = timing.time_calls([sim.call] * copies, "cuda", cfg, flusher=sim.flush, before=[sim.before] * copies,
+                          after=after)
+    return t, checks
+
+
+def test_a_host_heavier_than_the_fixed_lead_is_not_timed(monkeypatch):
+    """87 µs of host work per call (input changes, a flush, the events, a Python wrapper) against 31 µs
+    of GPU work: the old fixed 40 µs lead per call runs out within a batch and the GPU waits for
+    launches inside event pairs; the protocol's lead, sized from the measured enqueue time, keeps
+    every pair on GPU work: 10 µs."""
+    sim = SimGpu(host_before_us=40.0, host_launch_us=40.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    t, checks = _time_on_sim(sim, TimingConfig(warmup=8, reps=40))
+    assert t.median_us == pytest.approx(10.0) and t.iqr_us == pytest.approx(0.0) and t.n == 40
+    assert min(sim.spins) > 4 * 40.0  # longer than the fixed lead of 4 calls
+    assert checks.count("timed") >= 10  # every batch is checked, a rerun one included
+
+    fixed = SimGpu(host_before_us=40.0, host_launch_us=40.0, kernel_us=10.0)
+    _on_sim(monkeypatch, fixed)
+    monkeypatch.setattr(timing, "lead_us", lambda cfg, calls, host: min(cfg.queue_lead_us * calls, cfg.queue_lead_max_us))
+    old, _ = _time_on_sim(fixed, TimingConfig(warmup=8, reps=40))
+    # what the unchecked fixed lead measured: later calls of each batch with host time in their pairs,
+    # a bimodal spread as on the H100 (an 11 µs kernel timed at 30 µs with an IQR of 24 µs)
+    assert old.median_us > 15.0 and old.iqr_us > 10.0 and old.min_us == pytest.approx(10.0)
+
+
+def test_a_batch_that_outlasted_its_lead_is_run_again_and_dropped(monkeypatch):
+    """The warm-up's enqueue time leaves out the flush and the events: with a flush that costs the
+    host 200 µs, the first timed batch's lead (from the warm-up's 50 µs per call) is short, its CPU
+    outlasts it, and its times (host time included) are not kept."""
+    sim = SimGpu(host_before_us=0.0, host_launch_us=50.0, kernel_us=10.0, flush_us=0.0, flush_host_us=200.0)
+    _on_sim(monkeypatch, sim)
+    cfg = TimingConfig(warmup=4, reps=30, queue_lead_us=1.0)
+    t, checks = _time_on_sim(sim, cfg)
+    assert t.median_us == pytest.approx(10.0) and t.n == 30  # 8 kept batches: 7 of 4 calls, 1 of 2
+    assert checks.count("timed") > 8  # and at least one batch more, run and checked, then dropped
+    assert sim.spins[0] < sim.spins[-1]
+
+
+def test_a_lead_of_zero_turns_the_spin_off(monkeypatch):
+    """queue_lead_us=0: no spin, no rerun (tests/test_verify_gpu.py times the bare protocol so)."""
+    sim = SimGpu(host_before_us=30.0, host_launch_us=30.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    t, checks = _time_on_sim(sim, TimingConfig(warmup=4, reps=30, queue_lead_us=0.0))
+    assert sim.spins == [] and checks.count("timed") == 8
+    # the launch's 30 µs of host time, less the 20 µs flush ahead of the start event, and the event's 1 µs
+    assert t.median_us == pytest.approx(10.0 + 30.0 - 20.0 + 1.0)
+
+
+def test_the_lead_is_capped_and_a_batch_is_kept_after_the_retries(monkeypatch):
+    sim = SimGpu(host_before_us=0.0, host_launch_us=500.0, kernel_us=10.0, flush_us=0.0)
+    _on_sim(monkeypatch, sim)
+    cfg = TimingConfig(warmup=4, reps=30, queue_lead_max_us=300.0)
+    t, checks = _time_on_sim(sim, cfg)
+    assert max(sim.spins) == pytest.approx(300.0) and t.n == 30
+    assert checks.count("timed") == 8  # at the cap a rerun cannot help: each batch kept at once
+    assert timing.lead_us(cfg, 4, 1e9) == 300.0 and timing.lead_us(TimingConfig(queue_lead_us=0), 4, 50.0) == 0.0
+    assert timing.lead_us(TimingConfig(), 2, 5.0) == 80.0 and timing.lead_us(TimingConfig(), 2, 30.0) == 120.0
+    assert timing.outlasted(100.0, 126.0) is False and timing.outlasted(101.0, 126.0) is True
+    assert timing.outlasted(1e6, 0.0) is False

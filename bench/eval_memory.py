@@ -1,6 +1,6 @@
 """Peak GPU memory and wall time of one evaluation at GB scale, per signature (issue 23).
 
-    python bench/eval_memory.py [OUT_BASE] [--only NAME ...] [--reps 30]
+    python bench/eval_memory.py [OUT_BASE] [--only NAME ...] [--reps 30] [--where] [--profile]
 
 For each case: compile the family's candidate, then judge it in this process exactly as a worker
 does (``judge.Session`` + ``judge.JudgeCandidate``: the static sets loaded, verification, timing),
@@ -8,6 +8,9 @@ twice: the first evaluation loads the hotspot's sets (and the worker's one-time 
 probe runs before it, not counted), the second is a search's steady state. Recorded per evaluation:
 ``torch.cuda.max_memory_allocated()`` above what was allocated before it (reset in between), as a
 multiple of the signature's inputs + outputs, the verdict, the kernel's median and the wall time.
+``--where``: per judge step (WHERE), the memory allocated at its entry and exit and the seconds inside
+it; ``--profile``: each evaluation under cProfile, its PROFILE_TOP functions by cumulative time (at
+3.3 s per GB an evaluation is far slower than its GPU work: these say where the rest goes).
 Writes OUT_BASE.{md,json} (default bench/results/eval_memory). About 4 minutes on an H200.
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from _common import environment, out_path, write
 
@@ -34,15 +38,20 @@ CASES = {
 
 
 # --where: the judge's steps whose entry and exit record the device memory allocated then (their own
-# high-water mark while they run, measured by resetting nothing: the live set at their boundaries)
-WHERE = ("verify.make_set", "verify.verify", "verify.derived_sets", "memory_plan.reference64",
-         "verdict_rules.compare", "verdict_rules.judge_output", "verdict_rules.eager_allowance", "ops.eager",
+# high-water mark while they run, measured by resetting nothing: the live set at their boundaries),
+# and the seconds spent inside them (inclusive of the steps they call; the device synchronised at
+# entry and exit, so a step's GPU work is its own: these evaluations' wall times include the syncs)
+WHERE = ("verify.make_set", "verify.verify", "verify._run_set", "verify.derived_sets", "verify.fresh_inputs",
+         "verdict_rules.derive_inputs", "memory_plan.reference64", "verdict_rules.compare",
+         "verdict_rules.judge_output", "verdict_rules.eager_allowance", "verdict_rules.bitwise_equal", "ops.eager",
          "judge.time_candidate", "judge._check_batch", "judge.check_bounds", "timing.time_calls")
+PROFILE_TOP = 25  # --profile: the functions with the most cumulative time per evaluation
 
 
 def trace_steps() -> dict:
     """Wrap the WHERE functions: per step, the most device memory allocated at its entry and at its exit
-    (bytes), so the phase of an evaluation that holds the most is named, not only the peak's size."""
+    (bytes), so the phase of an evaluation that holds the most is named, not only the peak's size, and
+    the seconds inside it."""
     import importlib
 
     import torch
@@ -55,19 +64,36 @@ def trace_steps() -> dict:
         real = getattr(mod, fn_name)
 
         def wrapped(*a, _real=real, _qual=qual, **k):
-            rec = seen.setdefault(_qual, {"calls": 0, "entry_max": 0, "exit_max": 0})
+            rec = seen.setdefault(_qual, {"calls": 0, "entry_max": 0, "exit_max": 0, "seconds": 0.0})
             rec["calls"] += 1
             rec["entry_max"] = max(rec["entry_max"], torch.cuda.memory_allocated())
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
             try:
                 return _real(*a, **k)
             finally:
+                torch.cuda.synchronize()
+                rec["seconds"] += time.perf_counter() - t0
                 rec["exit_max"] = max(rec["exit_max"], torch.cuda.memory_allocated())
 
         setattr(mod, fn_name, wrapped)
     return seen
 
 
-def run_case(name: str, reps: int, where: bool = False) -> dict:
+def profiled(fn):
+    """fn() under cProfile: (its result, the PROFILE_TOP functions by cumulative seconds)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    result = prof.runcall(fn)
+    stats = pstats.Stats(prof)
+    top = sorted(stats.stats.items(), key=lambda kv: -kv[1][3])[:PROFILE_TOP]
+    return result, [{"function": f"{Path(f).name}:{line} {name}", "calls": nc, "cumulative_s": ct, "own_s": tt}
+                    for (f, line, name), (cc, nc, tt, ct, _) in top]
+
+
+def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -> dict:
     import torch
 
     from forge_pack.evaluate import judge
@@ -97,22 +123,27 @@ def run_case(name: str, reps: int, where: bool = False) -> dict:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
-        got = judge.judge(session, job)
+        if profile:
+            got, top = profiled(lambda: judge.judge(session, job))
+        else:
+            got, top = judge.judge(session, job), None
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated() - before
         row["evaluations"].append({"first": i == 0, "reason": got.verdict.reason, "detail": got.verdict.detail[:300],
                                    "median_us": got.timing.median_us if got.timing else None,
                                    "floor_us": got.floor_us, "peak_bytes": peak,
-                                   "peak_x_data": peak / row["data_bytes"], "wall_s": wall})
+                                   "peak_x_data": peak / row["data_bytes"], "wall_s": wall, "profile": top})
         print(f"{name} #{i}: {got.verdict.reason} peak {peak / row['data_bytes']:.2f}x data, {wall:.1f} s, "
               f"median {row['evaluations'][-1]['median_us']}", flush=True)
         if steps is not None:  # the live set at each step's boundaries, over the data, for this evaluation
             row["evaluations"][-1]["steps_x_data"] = {
                 q: {"calls": r["calls"], "entry": (r["entry_max"] - before) / row["data_bytes"],
-                    "exit": (r["exit_max"] - before) / row["data_bytes"]} for q, r in steps.items()}
+                    "exit": (r["exit_max"] - before) / row["data_bytes"], "seconds": r["seconds"]}
+                for q, r in steps.items()}
             for q, r in sorted(row["evaluations"][-1]["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
-                print(f"  {q}: {r['calls']} calls, at entry up to {r['entry']:.2f}x, at exit {r['exit']:.2f}x")
+                print(f"  {q}: {r['calls']} calls, at entry up to {r['entry']:.2f}x, at exit {r['exit']:.2f}x, "
+                      f"{r['seconds']:.2f} s")
             steps.clear()
     session.sets.clear()
     torch.cuda.empty_cache()
@@ -140,10 +171,21 @@ def markdown(rows: list[dict], env: dict) -> str:
             if not e.get("steps_x_data"):
                 continue
             lines += ["", f"### {r['case']}, {'first' if e['first'] else 'next'} evaluation: device memory allocated at "
-                      "each step's entry and exit (most over its calls), over the data", "",
-                      "| step | calls | at entry | at exit |", "| --- | ---: | ---: | ---: |"]
+                      "each step's entry and exit (most over its calls), over the data; seconds inside the step "
+                      "(inclusive, synchronised)", "",
+                      "| step | calls | at entry | at exit | s |", "| --- | ---: | ---: | ---: | ---: |"]
             for q, v in sorted(e["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
-                lines.append(f"| `{q}` | {v['calls']} | {v['entry']:.2f}x | {v['exit']:.2f}x |")
+                secs = f"{v['seconds']:.2f}" if "seconds" in v else "-"
+                lines.append(f"| `{q}` | {v['calls']} | {v['entry']:.2f}x | {v['exit']:.2f}x | {secs} |")
+    for r in rows:  # --profile: where an evaluation's host time goes
+        for e in r.get("evaluations", []):
+            if not e.get("profile"):
+                continue
+            lines += ["", f"### {r['case']}, {'first' if e['first'] else 'next'} evaluation: cProfile, the "
+                      f"{PROFILE_TOP} functions with the most cumulative time", "",
+                      "| function | calls | cumulative s | own s |", "| --- | ---: | ---: | ---: |"]
+            lines += [f"| `{f['function']}` | {f['calls']} | {f['cumulative_s']:.2f} | {f['own_s']:.2f} |"
+                      for f in e["profile"]]
     return "\n".join(lines) + "\n"
 
 
@@ -152,10 +194,12 @@ def main() -> int:
     ap.add_argument("out", nargs="?")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--where", action="store_true", help="name the judge's steps that hold the most (trace_steps)")
+    ap.add_argument("--where", action="store_true",
+                    help="name the judge's steps that hold the most, and the seconds in each (trace_steps)")
+    ap.add_argument("--profile", action="store_true", help="cProfile each evaluation: where its host time goes")
     args = ap.parse_args()
     base = out_path("eval_memory")
-    rows = [run_case(name, args.reps, args.where) for name in CASES if not args.only or name in args.only]
+    rows = [run_case(name, args.reps, args.where, args.profile) for name in CASES if not args.only or name in args.only]
     env = environment()
     write(base, {"rows": rows, "env": env}, markdown(rows, env))
     return 0

@@ -162,7 +162,8 @@ def _fmt(v, unit="", scale=1.0, digits=1) -> str:
 
 def markdown(rows: list[dict], env: dict) -> str:
     lines = ["# KernelBench-style problems, searched by forge-pack", "",
-             f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch', '?')}. One search per "
+             f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch', '?')}, CUDA "
+             f"{env.get('cuda', '?')}, python {env.get('python', '?')}; commit {env.get('commit') or '?'}. One search per "
              "problem, budget as in its command; eager and compile are torch's medians under the same timing "
              "protocol, ours the best verified kernel's; % BW is the kernel's fraction of the copy bandwidth "
              "(bytes read + written at the measured device-to-device copy rate); wall is the whole search "
@@ -212,11 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = out / "kernelbench"
     doc = json.loads(base.with_suffix(".json").read_text()) if base.with_suffix(".json").exists() else {"rows": []}
-    import torch
+    from _common import commit, environment
 
-    env = {"torch": torch.__version__, "device": args.device}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_properties(0).name
+    env = {**environment(), "device": args.device, "commit": commit()}
     deadline_at = time.monotonic() + args.deadline
     for name in names:
         if time.monotonic() >= deadline_at:

@@ -520,8 +520,9 @@ class SimGpu:
     event pair would: the kernel, plus any wait of the GPU for the host's launch."""
 
     def __init__(self, host_before_us: float, host_launch_us: float, kernel_us: float, flush_us: float = 20.0,
-                 flush_host_us: float = 5.0):
+                 flush_host_us: float = 5.0, clock_rate: float = 1000.0):
         self.host = self.gpu = 0.0
+        self.clock_rate = clock_rate  # the SM clock now, in cycles per µs
         self.flush_host_us = flush_host_us
         self.host_before_us, self.host_launch_us, self.kernel_us, self.flush_us = (
             host_before_us, host_launch_us, kernel_us, flush_us)
@@ -546,11 +547,12 @@ class SimGpu:
         self.cuda.Event = Event
         self.cuda.synchronize = lambda: setattr(self, "host", max(self.host, self.gpu))
         self.cuda._sleep = self._sleep
+        self.cuda.current_device = lambda: 0
 
     def _sleep(self, cycles):
         self.host += 2.0
-        self.spins.append(cycles / 1000.0)
-        self.gpu = max(self.gpu, self.host) + cycles / 1000.0  # 1000 cycles per µs (gpu_cycles_per_us)
+        self.spins.append(cycles / self.clock_rate)
+        self.gpu = max(self.gpu, self.host) + cycles / self.clock_rate
 
     def _enqueue(self, host_us: float, gpu_us: float) -> None:
         self.host += host_us
@@ -569,10 +571,13 @@ class SimGpu:
         return self.host / 1e6
 
 
-def _on_sim(monkeypatch, sim: SimGpu) -> None:
+def _on_sim(monkeypatch, sim: SimGpu, calibrated: float = 1000.0) -> dict:
+    """The protocol on ``sim``, its spin clock calibrated at ``calibrated`` cycles per µs."""
+    rates = {0: calibrated}
     monkeypatch.setattr(timing, "torch", sim)
-    monkeypatch.setattr(timing, "gpu_cycles_per_us", lambda: 1000.0)
+    monkeypatch.setattr(timing, "_cycles_per_us", rates)
     monkeypatch.setattr(timing, "_clock", sim.clock)
+    return rates
 
 
 def _time_on_sim(sim: SimGpu, cfg: TimingConfig, copies: int = 4):
@@ -642,3 +647,21 @@ def test_the_lead_is_capped_and_a_batch_is_kept_after_the_retries(monkeypatch):
     assert timing.lead_us(TimingConfig(), 2, 5.0) == 80.0 and timing.lead_us(TimingConfig(), 2, 30.0) == 120.0
     assert timing.outlasted(100.0, 126.0) is False and timing.outlasted(101.0, 126.0) is True
     assert timing.outlasted(1e6, 0.0) is False
+
+
+def test_a_spin_cut_short_by_a_faster_clock_is_measured_not_assumed(monkeypatch):
+    """Calibrated at 1000 cycles per µs, the GPU now runs at 4000: every spin takes a quarter of what
+    was asked. Judged by the asked length, the batches would pass with host time in their pairs; the
+    spin's own event pair shows it short, the batch is run again, and the calibration is raised."""
+    sim = SimGpu(host_before_us=40.0, host_launch_us=40.0, kernel_us=10.0, clock_rate=4000.0)
+    rates = _on_sim(monkeypatch, sim, calibrated=1000.0)
+    t, checks = _time_on_sim(sim, TimingConfig(warmup=8, reps=40))
+    assert t.median_us == pytest.approx(10.0) and t.iqr_us == pytest.approx(0.0)
+    assert rates[0] == pytest.approx(4000.0, rel=0.01)  # the spin's events add their own microsecond
+    assert checks.count("timed") > 10  # the first batch ran again
+
+    asked = SimGpu(host_before_us=40.0, host_launch_us=40.0, kernel_us=10.0, clock_rate=4000.0)
+    _on_sim(monkeypatch, asked, calibrated=1000.0)
+    monkeypatch.setattr(timing, "spun_us", lambda spin: spin[2] / 1000.0 if spin else 0.0)  # the asked length
+    fooled, _ = _time_on_sim(asked, TimingConfig(warmup=8, reps=40))
+    assert fooled.median_us > 15.0 and fooled.iqr_us > 10.0

@@ -9,8 +9,8 @@ work. Without it, a batch whose per-call CPU work (the evaluator's input changes
 the flush, the events, a Python launch, torch.compile's wrapper) outlasts the flush's GPU time
 drains the queue, and the host's time to enqueue the call lands between the start event and the
 kernel. The spin is ``queue_lead_us`` per call or twice the CPU's measured enqueue time per call,
-whichever is longer, and a batch whose enqueueing outlasted its spin is run again with a longer
-one (``_time_cuda``). The fixed lead it replaces was never checked: on an H100 a confirmation process
+whichever is longer; its own length is measured by an event pair, and a batch whose enqueueing
+outlasted it is run again with a longer one (``_time_cuda``). The fixed lead it replaces was never checked: on an H100 a confirmation process
 timed an 11 µs group_norm kernel at 30 µs with an IQR of 24 µs (some calls fast, some ~25 µs slower,
 as when some event pairs take in a host launch), and torch.compile of that op at 54 µs. CPU: the same with
 ``time.perf_counter_ns`` and a last-level-cache flush by touching a large buffer; a call into the
@@ -209,8 +209,10 @@ def gpu_cycles_per_us() -> float:
 
 
 # The lead is sound when the CPU has enqueued a whole batch before the spin in front of it ends (the
-# spin starts no earlier than it is enqueued): SPIN_MARGIN is what the spin's calibrated length may
-# be short by (a clock boost after gpu_cycles_per_us measured it).
+# spin starts no earlier than it is enqueued). The spin's length is measured by an event pair around
+# it, not assumed from the cycle count: a clock that boosts after gpu_cycles_per_us measured it runs
+# the spin short (at half the calibrated clock, a 40 µs spin takes 20 µs). SPIN_MARGIN: the host
+# clock's and the events' own error.
 SPIN_MARGIN = 1.25
 HOST_LEAD_FACTOR = 2.0  # the lead per call: this many times the CPU's measured time to enqueue one call
 DRAIN_RETRIES = 3  # a batch the CPU outlasted the lead in is run again, with a lead sized by what it took
@@ -225,16 +227,38 @@ def lead_us(cfg: TimingConfig, calls: int, host_us_per_call: float) -> float:
     return min(max(cfg.queue_lead_us, HOST_LEAD_FACTOR * host_us_per_call) * calls, cfg.queue_lead_max_us)
 
 
-def queue_lead(us: float) -> None:
-    """Give the GPU ``us`` microseconds of spinning before the batch the CPU enqueues next."""
-    if us > 0:
-        torch.cuda._sleep(int(us * gpu_cycles_per_us()))
+def queue_lead(us: float):
+    """Give the GPU ``us`` microseconds of spinning before the batch the CPU enqueues next, between an
+    event pair: (start, end, cycles), or None for no spin."""
+    if us <= 0:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = int(us * gpu_cycles_per_us())
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    return start, end, cycles
 
 
-def outlasted(enqueue_us: float, lead: float) -> bool:
+def spun_us(spin) -> float:
+    """How long a synchronised spin of ``queue_lead`` ran on the GPU (0: none). A spin shorter than its
+    cycles at the calibrated clock means the clock is faster now: the calibration is raised to it, so
+    the next spin asked for is as long as asked."""
+    if spin is None:
+        return 0.0
+    start, end, cycles = spin
+    us = start.elapsed_time(end) * 1000.0
+    dev = torch.cuda.current_device()
+    if us > 0 and cycles / us > _cycles_per_us.get(dev, 0.0):
+        _cycles_per_us[dev] = cycles / us
+    return us
+
+
+def outlasted(enqueue_us: float, spin_us: float) -> bool:
     """Whether the CPU's time to enqueue a batch (from enqueuing its spin to its last end event) may
-    have outlasted the spin, so that the GPU could have waited for a launch between an event pair."""
-    return lead > 0 and enqueue_us * SPIN_MARGIN > lead
+    have outlasted the spin's measured length, so that the GPU could have waited for a launch between
+    an event pair. No spin (a lead of 0): nothing to outlast."""
+    return spin_us > 0 and enqueue_us * SPIN_MARGIN > spin_us
 
 
 def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores, after) -> Timing | None:
@@ -264,7 +288,7 @@ def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores, after) -> Ti
                 ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
                 lead = lead_us(cfg, n, host_us)
                 t0 = _clock()
-                queue_lead(lead)
+                spin = queue_lead(lead)
                 for i in range(n):
                     befores[i]()
                     flusher()
@@ -275,7 +299,7 @@ def _time_cuda(calls, cfg: TimingConfig, flusher: Flusher, befores, after) -> Ti
                 torch.cuda.synchronize()  # device-wide: every stream's work is done before we read the events
                 batch = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends)]
                 stop = after("timed")
-                redo = outlasted(enqueue_us, lead) and attempt < DRAIN_RETRIES and lead < cfg.queue_lead_max_us
+                redo = outlasted(enqueue_us, spun_us(spin)) and attempt < DRAIN_RETRIES and lead < cfg.queue_lead_max_us
                 if stop or not redo:
                     times.extend(batch)
                     if stop:

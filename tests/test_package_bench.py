@@ -190,3 +190,45 @@ def test_cuda_bench_pair_times_with_events_and_at_least_30_calls(bench):
     r = bench.bench_pair(soft, soft, x, "cuda", reps=5, warmup=2)
     assert r["eager"]["n"] == r["kernel"]["n"] == 30  # MIN_CUDA_REPS
     assert r["copies"] == 4 and 0.8 < r["speedup"] < 1.25  # the same op on both sides, flushed alike
+
+
+def _on_sim(monkeypatch, bench, sim, calibrated: float = 1000.0) -> dict:
+    import types
+
+    rates = {0: calibrated}
+    monkeypatch.setattr(bench, "torch", sim)
+    monkeypatch.setattr(bench, "_cycles_per_us", rates)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=sim.clock))
+    return rates
+
+
+@pytest.mark.parametrize("clock_rate", [1000.0, 4000.0])
+def test_cuda_time_calls_keeps_the_hosts_launch_out_of_the_pairs(bench, monkeypatch, clock_rate):
+    """On a simulated stream: 80 µs of Python per launch against 30 µs of GPU work a call. The build's
+    protocol (the spin sized from the host's enqueue time, measured by its events, a drained batch
+    run again) gives the kernel's 10 µs, also when the clock runs 4x faster than calibrated; the old
+    fixed 40 µs lead per call let the host's launch into the pairs."""
+    from sim_gpu import SimGpu
+
+    sim = SimGpu(host_before_us=0.0, host_launch_us=80.0, kernel_us=10.0, clock_rate=clock_rate)
+    rates = _on_sim(monkeypatch, bench, sim)
+    t = bench.time_calls([sim.call] * 4, "cuda", reps=40, warmup=8, flusher=sim.flush)
+    assert t["median_us"] == pytest.approx(10.0) and t["iqr_us"] == pytest.approx(0.0) and t["n"] == 40
+    assert rates[0] == pytest.approx(clock_rate, rel=0.01)
+
+    fixed = SimGpu(host_before_us=0.0, host_launch_us=80.0, kernel_us=10.0, clock_rate=clock_rate)
+    _on_sim(monkeypatch, bench, fixed)
+    monkeypatch.setattr(bench, "HOST_LEAD_FACTOR", 0.0)
+    monkeypatch.setattr(bench, "DRAIN_RETRIES", 0)
+    old = bench.time_calls([fixed.call] * 4, "cuda", reps=40, warmup=8, flusher=fixed.flush)
+    assert old["median_us"] > 15.0
+
+
+def test_the_packages_drain_constants_are_the_builds():
+    from forge_pack.evaluate import timing
+
+    src = TEMPLATE.read_text()
+    for name in ("HOST_LEAD_FACTOR", "SPIN_MARGIN", "DRAIN_RETRIES"):
+        assert f"\n{name} = {getattr(timing, name)!r}" in src, name
+    cfg = timing.TimingConfig()
+    assert f"\nQUEUE_LEAD_US = {cfg.queue_lead_us!r}" in src and f"\nQUEUE_LEAD_MAX_US = {cfg.queue_lead_max_us!r}" in src

@@ -8,9 +8,11 @@ The protocol, per timed function:
   turn, so no call finds its inputs where the previous call left them;
 - before every timed call a cache flush: on CUDA a write of twice the GPU's L2, on the CPU a touch of
   twice the last-level cache (at most 256 MB), so every call starts cold, as in the build;
-- CUDA: CUDA events around each call, each batch of calls queued behind a GPU-side spin of
-  QUEUE_LEAD_US per call, so the event pair spans GPU work and not the host's time to enqueue it; at
-  least MIN_CUDA_REPS timed calls;
+- CUDA: CUDA events around each call, each batch of calls queued behind a GPU-side spin so the event
+  pair spans GPU work and not the host's time to enqueue it: QUEUE_LEAD_US per call or twice the
+  host's measured time to enqueue one, whichever is longer; the spin's length measured by its own
+  event pair, and a batch the host outlasted its spin in run again with a longer one (at most
+  DRAIN_RETRIES times); at least MIN_CUDA_REPS timed calls;
 - CPU: per call the smaller of the wall time and this process's CPU time, so a call that waited for
   the scheduler on a loaded machine is not charged for the wait (the build holds eager and kernel to
   the same rule);
@@ -43,6 +45,9 @@ ROTATE_MAX_BYTES = 2 << 30  # bound on the memory the copies take (the build's r
 CPU_FLUSH_MAX_BYTES = 256 << 20  # the build's cap on the CPU flush buffer
 QUEUE_LEAD_US = 40.0  # CUDA: GPU spin ahead of each batch, per call in it (the build's queue_lead_us)
 QUEUE_LEAD_MAX_US = 20000.0
+HOST_LEAD_FACTOR = 2.0  # the build's: the lead per call is at least this many times the host's enqueue time
+SPIN_MARGIN = 1.25  # the build's: a batch enqueued within its spin's measured length / this never drained
+DRAIN_RETRIES = 3  # the build's: a batch the host outlasted its spin in is run again, this many times at most
 # An IQR above a fifth of the median: half the calls of the same work differ by more than +-10% from
 # the middle, far more than a quiet machine shows; something else was running.
 BUSY_IQR_FRACTION = 0.20
@@ -128,30 +133,60 @@ def _gpu_cycles_per_us() -> float:
     return _cycles_per_us[dev]
 
 
+def _spin(us: float):
+    """``us`` of GPU spinning between an event pair: (start, end, cycles)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = int(us * _gpu_cycles_per_us())
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    return start, end, cycles
+
+
+def _spun_us(spin) -> float:
+    """The synchronised spin's length on the GPU; a faster clock than calibrated raises the calibration."""
+    start, end, cycles = spin
+    us = start.elapsed_time(end) * 1000.0
+    dev = torch.cuda.current_device()
+    if us > 0 and cycles / us > _cycles_per_us.get(dev, 0.0):
+        _cycles_per_us[dev] = cycles / us
+    return us
+
+
 def time_calls(calls: list[Callable[[], object]], device: str, reps: int = REPS, warmup: int = WARMUP,
                flusher: Flusher | None = None) -> dict:
     """Time calls[0], calls[1], ... in turn (one per input copy), flushed before each timed call."""
     flusher = flusher or Flusher(device)
     k = len(calls)
     cuda = device.startswith("cuda")
+    host_us = float("inf")
     for n in _batches(max(warmup, 1) if cuda else warmup, k):
+        t0 = time.perf_counter()
         for i in range(n):
             calls[i]()
+        host_us = min(host_us, (time.perf_counter() - t0) * 1e6 / n)
     times: list[float] = []
     if cuda:
         torch.cuda.synchronize()
         for n in _batches(max(reps, MIN_CUDA_REPS), k):
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            lead_us = min(QUEUE_LEAD_US * n, QUEUE_LEAD_MAX_US)
-            torch.cuda._sleep(int(lead_us * _gpu_cycles_per_us()))
-            for i in range(n):
-                flusher()
-                starts[i].record()
-                calls[i]()
-                ends[i].record()
-            torch.cuda.synchronize()
-            times.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+            for attempt in range(DRAIN_RETRIES + 1):
+                starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+                ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+                lead_us = min(max(QUEUE_LEAD_US, HOST_LEAD_FACTOR * host_us) * n, QUEUE_LEAD_MAX_US)
+                t0 = time.perf_counter()
+                spin = _spin(lead_us)
+                for i in range(n):
+                    flusher()
+                    starts[i].record()
+                    calls[i]()
+                    ends[i].record()
+                enqueue_us = (time.perf_counter() - t0) * 1e6
+                torch.cuda.synchronize()
+                spun = _spun_us(spin)
+                if enqueue_us * SPIN_MARGIN <= spun or attempt == DRAIN_RETRIES or lead_us >= QUEUE_LEAD_MAX_US:
+                    times.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+                    break
+                host_us = max(host_us, enqueue_us / n)
         return summarize(times)
     for n in _batches(max(reps, 1), k):
         for i in range(n):

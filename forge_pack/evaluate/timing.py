@@ -10,9 +10,10 @@ the flush, the events, a Python launch, torch.compile's wrapper) outlasts the fl
 drains the queue, and the host's time to enqueue the call lands between the start event and the
 kernel. The spin is ``queue_lead_us`` per call or twice the CPU's measured enqueue time per call,
 whichever is longer; its own length is measured by an event pair, and a batch whose enqueueing
-outlasted it is run again with a longer one (``_time_cuda``). The fixed lead it replaces was never checked: on an H100 a confirmation process
-timed an 11 µs group_norm kernel at 30 µs with an IQR of 24 µs (some calls fast, some ~25 µs slower,
-as when some event pairs take in a host launch), and torch.compile of that op at 54 µs. CPU: the same with
+outlasted it is run again with a longer one (``_time_cuda``). The fixed lead it replaces was never
+checked: on an H100 a confirmation process timed an 11 µs group_norm kernel at 30 µs with an IQR of
+24 µs (some calls fast, some ~25 µs slower, as when some event pairs take in a host launch), and
+torch.compile of that op at 54 µs. CPU: the same with
 ``time.perf_counter_ns`` and a last-level-cache flush by touching a large buffer; a call into the
 sandboxed runner (``forge_pack.evaluate.sandbox``) is staged before the flush and timed by the judge's own
 GO->DONE clock (``call.elapsed_s``), which excludes the copies in and out of the arena.

@@ -125,10 +125,17 @@ def test_implausible_without_a_flush_judges_only_working_sets_far_larger_than_th
 def test_implausible_gate_rejects_a_verified_kernel_end_to_end(tmp_path):
     """The gate in the worker-side judge: with a margin no kernel can meet, a correct kernel timed after
     cache flushes is implausible_speedup; with the default margin the same kernel passes."""
+    from forge_pack.evaluate.timing import cache_bytes, cold_cache
+
     h = hotspot("softmax", "x: f32[64,1000], dim=-1")
     ref = reference_candidate(h.signature, "cpu")
-    strict = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False, implausible_margin=1e9)
-    normal = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False)
+    # a flush of twice all the cache, whatever this machine's: the default is capped at 256 MB, which a
+    # 300 MB last-level cache (this project's CI machines, 2026-12-06) outgrows, and then no call is cold
+    flush = 2 * cache_bytes("cpu")
+    strict = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False, implausible_margin=1e9,
+                          cpu_flush_bytes=flush)
+    normal = TimingConfig(warmup=1, reps=3, flush=True, compile_baseline=False, cpu_flush_bytes=flush)
+    assert cold_cache("cpu", strict)
     with Evaluator("cpu", workers=1, timeout_s=30, timing=strict, log_dir=tmp_path) as ev:
         e = ev.evaluate(ref, h)
     assert e.verdict.reason == "implausible_speedup", (e.verdict.reason, e.verdict.detail)

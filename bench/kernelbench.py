@@ -90,7 +90,7 @@ def row_of(name: str, doc: dict | None, wall_s: float, status: str, cmd: list[st
     row = {"problem": name, "status": status, "search_wall_s": round(wall_s, 1),
            "command": " ".join(["python"] + [shlex.quote(c) for c in cmd[1:]]), "signature": None, "eager_us": None,
            "compile_us": None, "ours_us": None, "vs_eager": None, "vs_compile": None, "bandwidth_fraction": None,
-           "family": None, "evaluations": None, "note": None}
+           "family": None, "evaluations": None, "search_s": None, "note": None}
     if doc is None:
         row["note"] = tail[-600:]
         return row
@@ -106,7 +106,8 @@ def row_of(name: str, doc: dict | None, wall_s: float, status: str, cmd: list[st
     row.update(signature=h["signature"], eager_us=h.get("eager_us"), compile_us=h.get("compile_us"),
                ours_us=best.get("median_us"), vs_eager=best.get("speedup_vs_eager"),
                vs_compile=best.get("speedup_vs_compile"), bandwidth_fraction=best.get("bandwidth_fraction"),
-               family=best.get("family"), evaluations=search.get("evaluations"), note=h.get("verdict"))
+               family=best.get("family"), evaluations=search.get("evaluations"),
+               search_s=search.get("search_s", search.get("elapsed_s")), note=h.get("verdict"))
     return row
 
 
@@ -160,6 +161,13 @@ def _fmt(v, unit="", scale=1.0, digits=1) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
 
 
+def _evals(r: dict) -> str:
+    n, secs = r.get("evaluations"), r.get("search_s")
+    if not n:
+        return "-" if n is None else "0"
+    return f"{n} ({secs / n:.1f} s)" if secs else str(n)
+
+
 def markdown(rows: list[dict], env: dict) -> str:
     lines = ["# KernelBench-style problems, searched by forge-pack", "",
              f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch', '?')}, CUDA "
@@ -167,17 +175,18 @@ def markdown(rows: list[dict], env: dict) -> str:
              "problem, budget as in its command; eager and compile are torch's medians under the same timing "
              "protocol, ours the best verified kernel's; % BW is the kernel's fraction of the copy bandwidth "
              "(bytes read + written at the measured device-to-device copy rate); wall is the whole search "
-             "(profile, baselines, evaluations).", "",
+             "(profile, baselines, evaluations); evals: the evaluations made, and the search's seconds per "
+             "evaluation (the issue's goal: 50 in 10 minutes, 12 s each, for a 7.5 GB signature).", "",
              "| problem | hot op (searched as) | eager µs | compile µs | ours µs | vs eager | vs compile | % BW | "
-             "wall s | status |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "evals (s each) | wall s | status |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         mode = f" ({r['mode']})" if r.get("mode") == "regions" else ""
         lines.append(f"| {r['problem']} | {r['signature'] or '-'}{mode} | {_fmt(r['eager_us'])} | "
                      f"{_fmt(r['compile_us'])} | "
                      f"{_fmt(r['ours_us'])} | {_fmt(r['vs_eager'], 'x', digits=2)} | "
                      f"{_fmt(r['vs_compile'], 'x', digits=2)} | {_fmt(r['bandwidth_fraction'], '%', 100, 0)} | "
-                     f"{r['search_wall_s']:.0f} | {r['status']} |")
+                     f"{_evals(r)} | {r['search_wall_s']:.0f} | {r['status']} |")
     lines += ["", "Commands (from the repository root):", ""]
     lines += [f"- `{r['problem']}`: `{r['command']}`" for r in rows]
     notes = [r for r in rows if r.get("note") and r["status"] != "ok" or r["status"] == "not targeted"]

@@ -56,13 +56,18 @@ def test_row_from_a_search_document():
                          "compile_us": 314.0, "verdict": "faster than torch.compile",
                          "best": {"median_us": 157.0, "speedup_vs_eager": 900 / 157, "speedup_vs_compile": 2.0,
                                   "bandwidth_fraction": 0.8, "family": "split_row"},
-                         "search": {"evaluations": 50}}]}
+                         "search": {"evaluations": 50, "search_s": 100.0}}]}
     row = kb.row_of("l1_40_layer_norm", doc, 123.4, "ok", ["py", "-m", "forge_pack", "search"], "")
     assert (row["ours_us"], row["vs_compile"], row["family"], row["evaluations"], row["search_wall_s"]) == (
         157.0, 2.0, "split_row", 50, 123.4)
     assert row["command"] == "python -m forge_pack search"
     md = kb.markdown([row], {"gpu": "NVIDIA H200", "torch": "2.11"})
-    assert "| l1_40_layer_norm | layer_norm(x: f32[16,64,256,256], ...) | 900.0 | 314.0 | 157.0 | 5.73x | 2.00x | 80% | 123 | ok |" in md
+    assert ("| l1_40_layer_norm | layer_norm(x: f32[16,64,256,256], ...) | 900.0 | 314.0 | 157.0 | 5.73x | 2.00x | 80% "
+            "| 50 (2.0 s) | 123 | ok |") in md
+    row.update(evaluations=0, search_s=None)
+    assert "| 80% | 0 | 123 |" in kb.markdown([row], {})
+    row.update(evaluations=7, search_s=None)
+    assert "| 80% | 7 | 123 |" in kb.markdown([row], {})
 
 
 def test_row_when_nothing_is_targeted():

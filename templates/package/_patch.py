@@ -325,7 +325,7 @@ class Patcher:
         for t in self.targets:
             if t.composite and t.module_class:
                 self.composites[t.module_class] = self.composites.get(t.module_class, ()) + (t,)
-        self._x_keys: dict = {op: _x_keys(ts) for op, ts in self.by_op.items()}  # dispatch's first guard
+        self._x_keys = {op: _x_keys(ts) for op, ts in self.by_op.items()}  # dispatch's first guard, per op
         self.allowed_caps = _capability_set(manifest["build"].get("cuda_arch_list"))
         # figures edited after the build: said once here (import time), and by info/bench/status
         self.integrity = integrity_status(manifest)
@@ -496,12 +496,10 @@ class Patcher:
                 return t, [tensors[n] for n in t.present]
         return None
 
-    def dispatch_module(self, targets: tuple, module: Any, args: tuple, kwargs: dict) -> Any:
+    def dispatch_module(self, targets: tuple, keys: frozenset | None, module: Any, args: tuple, kwargs: dict) -> Any:
         """The kernel's output for a composite module's call it was verified for, else _MISS. The
-        kind's module binder reads the call (an RMSNorm: forward(x), its eps and weight)."""
-        keys = self._x_keys.get(targets)
-        if keys is None and targets not in self._x_keys:
-            keys = self._x_keys[targets] = _x_keys(targets)
+        kind's module binder reads the call (an RMSNorm: forward(x), its eps and weight); ``keys``:
+        ``_x_keys(targets)``, made once with the wrapper."""
         if not self._active or _no_verified_x(keys, args, kwargs) or _autocast_on(self.backend):
             return _MISS
         bound: dict[str, Any] = {}
@@ -533,13 +531,13 @@ class Patcher:
         """A model-code function that computes a kind as eager ops (HF's eager_attention_forward),
         replaced at its module-level name: the kind's binder reads the call by the original's
         parameters, and its ``composite_return`` shapes the kernel's output as the function returns it."""
-        patcher = self
+        patcher, keys = self, _x_keys(targets)
         shape = TARGETS.get(targets[0].op).composite_return
 
         def wrapper(*args, **kwargs):
             if not link.live:
                 return link.previous(*args, **kwargs)
-            out = patcher.dispatch_module(targets, original, args, kwargs)
+            out = patcher.dispatch_module(targets, keys, original, args, kwargs)
             if out is _MISS:
                 return patcher.fall_back("function", link.previous, args, kwargs)
             return shape(out) if shape is not None else out
@@ -562,12 +560,12 @@ class Patcher:
             self._patched_classes.add(original)
 
     def _class_forward(self, targets: tuple, link: _Link) -> Callable:
-        patcher = self
+        patcher, keys = self, _x_keys(targets)
 
         def forward(module, *args, **kwargs):
             if not link.live:
                 return link.previous(module, *args, **kwargs)
-            out = patcher.dispatch_module(targets, module, args, kwargs)
+            out = patcher.dispatch_module(targets, keys, module, args, kwargs)
             if out is _MISS:
                 return patcher.fall_back("module", link.previous, (module, *args), kwargs)
             return out
@@ -583,13 +581,13 @@ class Patcher:
         sub = self._subclasses.get(base)
         if sub is not None:
             return sub
-        patcher = self
+        patcher, keys = self, _x_keys(targets)
         link = _Link(base, True)
 
         def forward(module, *args, **kwargs):
             if not link.live:
                 return link.previous.forward(module, *args, **kwargs)
-            out = patcher.dispatch_module(targets, module, args, kwargs)
+            out = patcher.dispatch_module(targets, keys, module, args, kwargs)
             if out is _MISS:
                 return patcher.fall_back("module", link.previous.forward, (module, *args), kwargs)
             return out

@@ -241,10 +241,10 @@ def test_streamed_static_sets_come_back_from_host_memory_unchanged(built, monkey
     sums = []
     real = verify.make_set
 
-    def spy(kind, sig, tensors, device):
+    def spy(kind, sig, tensors, device, known=None):
         if kind.startswith(("odd", "adversarial")):
             sums.append((kind, float(tensors["x"].double().sum())))
-        return real(kind, sig, tensors, device)
+        return real(kind, sig, tensors, device, known)
 
     monkeypatch.setattr(verify, "make_set", spy)
     sig, cand, path = built

@@ -110,3 +110,34 @@ def test_a_kind_defined_outside_the_registry_runs_through_the_rules_like_any_oth
         d = verdict_rules.derive_inputs(region, params, kind, src, torch.Generator().manual_seed(3))
         assert set(d) == {"x", "mask"} and d["x"].shape == (6, 16), kind
     assert verdict_rules.tolerance(region, "bfloat16") == verdict_rules.TABLE["bfloat16"]
+
+
+@pytest.mark.parametrize("op, text, cols", [
+    ("layer_norm", "x: f32[3,4,96,96], weight: f32[4,96,96], bias: f32[4,96,96], normalized_shape=[4,96,96]", 36864),
+    ("layer_norm", "x: f32[5,4,96,96], normalized_shape=[4,96,96]", 36864),
+    ("group_norm", "x: f32[2,8,96,96], weight: f32[8], bias: f32[8], num_groups=2", 36864),
+    ("group_norm", "x: f32[2,8,96,96], num_groups=2", 36864),
+])
+def test_a_long_row_float64_reference_is_the_fused_ops_result_and_leaves_its_inputs_alone(op, text, cols):
+    """Rows of LONG_ROW elements or more are normalised by torch's reductions (the fused kernel puts
+    one block on each row: a few huge rows crawl); the result must be the fused op's, affine included."""
+    import torch
+    import torch.nn.functional as F
+
+    from forge_pack.targets import norm_common
+    from forge_pack.targets.sigparse import parse_signature
+
+    assert cols >= norm_common.LONG_ROW
+    sig = parse_signature(op, text)
+    g = torch.Generator().manual_seed(1)
+    t = {n: (torch.randn(s.shape, generator=g, dtype=torch.float64) * 3 + 1 if s is not None else None)
+         for n, s in sig.inputs}
+    before = {n: v.clone() for n, v in t.items() if v is not None}
+    called = []
+    ref = registry.spec_for(sig).reference64(dict(sig.params), t, lookup=lambda *a: called.append(a))
+    assert not called  # the fused op was not used
+    p = dict(sig.params)
+    want = (F.layer_norm(t["x"], tuple(p["normalized_shape"]), t.get("weight"), t.get("bias"), p["eps"])
+            if op == "layer_norm" else F.group_norm(t["x"], p["num_groups"], t.get("weight"), t.get("bias"), p["eps"]))
+    torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
+    assert all(torch.equal(t[n], v) for n, v in before.items())

@@ -171,6 +171,22 @@ def test_eager_allowance_covers_every_chunk(monkeypatch):
     assert tolerance.eager_allowance(eager, ref)[1023].item() == 0.5
 
 
+@pytest.mark.parametrize("spread", [2, 3, 1024])
+def test_eager_allowance_spread_over_table_copies_is_the_same_table(monkeypatch, spread):
+    """CUDA scatters into SCATTER_SPREAD copies of the table (atomics into one address serialise); the
+    table must be the one-copy table exactly, whatever lane an element lands in, chunked or not."""
+    monkeypatch.setattr(verdict_rules, "_CHUNK", 7)  # a partial last chunk: its lanes differ in length
+    g = torch.Generator().manual_seed(3)
+    ref = torch.randn(61, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 61, dtype=torch.float64)
+    eager = ref + torch.randn(61, generator=g, dtype=torch.float64) * 1e-4
+    eager[5], ref[9] = float("nan"), float("inf")
+    one = tolerance.eager_allowance(eager, ref, spread=1)
+    assert one.abs().sum() > 0
+    assert torch.equal(tolerance.eager_allowance(eager, ref, spread=spread), one)
+    monkeypatch.setitem(verdict_rules.SCATTER_SPREAD, "cpu", spread)  # the device default is used
+    assert torch.equal(tolerance.eager_allowance(eager, ref), one)
+
+
 def test_max_abs_error_ignores_non_finite_positions():
     out = torch.tensor([1.0, float("nan"), 2.5, 4.0])
     ref = torch.tensor([1.5, 3.0, float("inf"), 3.75], dtype=torch.float64)

@@ -253,7 +253,7 @@ def _on_device(monkeypatch, tmp_path):
     monkeypatch.setattr(capture, "load_capture", lambda path, sig, *device: asked.append(("load", *device)) or
                         real_load(path, sig, "cpu"))
 
-    def make_set(kind, sig, tensors, device):
+    def make_set(kind, sig, tensors, device, known=None):
         sets.append((kind, {n: (t.device.type if t is not None else None) for n, t in tensors.items()}))
         return verify.InputSet(kind, sig, tensors, torch.zeros(0, dtype=torch.float64))
 
@@ -304,6 +304,45 @@ def test_a_static_stream_copies_its_host_sets_to_the_device_and_hands_out_copies
     n = len(list(stream))
     list(stream)
     assert [d for _, d in sets] == [{"x": "cpu"}] * n + [{"x": "meta"}] * n  # drawn (here: CPU), then copied over
+
+
+def test_a_static_stream_measures_eagers_allowance_once_per_kept_set(tmp_path, monkeypatch):
+    """A set kept in host memory is the same tensors every evaluation: its eager allowance is measured
+    on the first pass only, and later passes carry the same table (and the same skipped sets); a set
+    not kept is measured every time (its allowance must never outlive the tensors it was measured on)."""
+    from forge_pack.targets import ops
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[8,64], dim=-1"))
+    caps = _saved_captures(tmp_path, sig, n=1)
+    calls = []
+    real = verify.rules.allowance
+    monkeypatch.setattr(verify.rules, "allowance", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 1 << 30)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    first = list(stream)
+    assert len(calls) == len(first) + len(stream.skipped) and set(stream.known) == set(stream.host)
+    calls.clear()
+    second = list(stream)
+    assert calls == []
+    for a, b in zip(first, second, strict=True):
+        assert a.kind == b.kind and torch.equal(a.atol_floor, b.atol_floor)
+    monkeypatch.setattr(verify.memory_plan, "host_cache_bytes", lambda device: 0)
+    stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
+    calls.clear()
+    n = len(list(stream)) + len(list(stream))
+    assert len(calls) == n and stream.known == {}
+
+
+def test_a_host_copy_keeps_the_exact_strides_of_a_non_dense_view_both_ways():
+    """A region's input can be a slice of a fused buffer: the host copy and the copy back must keep its
+    strides (``.to`` makes a non-dense view dense, and a kernel specialised to them reads elsewhere)."""
+    base = torch.arange(4 * 10, dtype=torch.float32).reshape(4, 10)
+    view = base[:, 2:7]
+    host = verify.memory_plan.to_host(view)
+    back = verify.memory_plan.from_host(host, "cpu")
+    for t in (host, back):
+        assert t.stride() == view.stride() and torch.equal(t, view)
+    assert back.data_ptr() != host.data_ptr() and host.data_ptr() != view.data_ptr()
 
 
 def test_a_static_stream_keeps_an_absent_optional_input_absent_in_host_memory(tmp_path, monkeypatch):

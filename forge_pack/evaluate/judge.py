@@ -226,7 +226,7 @@ def judge(session: Session, job: JudgeCandidate) -> Judged:
         verdict = verify(module, cand, sets, session.device)
         del sets
         if streamed and verdict.ok:  # the timed input again (not held on the device while the other sets were verified)
-            fresh[0].tensors = ({n: (t.to(session.device, copy=True) if t is not None else None)
+            fresh[0].tensors = ({n: (memory_plan.from_host(t, session.device) if t is not None else None)
                                  for n, t in parked["fresh"].items()} if "fresh" in parked
                                 else fresh_inputs(sig, session.device, seed, cand.content_hash, final))
         if verdict.ok and (final or job.bounds) and getattr(module, "supports_guard", False):
@@ -310,7 +310,7 @@ def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candida
     yield base
     host = None
     if memory_plan.park_on_host(device):
-        host = parked["fresh"] = {n: (t.to("cpu", copy=True) if t is not None else None)
+        host = parked["fresh"] = {n: (memory_plan.to_host(t) if t is not None else None)
                                   for n, t in base.tensors.items()}
         base.tensors, base.ref = {}, None
     elif stream.captures:  # not the derived sets' source: drawn again for timing
@@ -319,7 +319,7 @@ def _streamed_sets(stream, base, sig: Signature, device: str, seed: int, candida
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, len(stream.captures), stream.source)
     elif host is not None:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1,
-                                    lambda i: {n: (t.to(device, copy=True) if t is not None else None)
+                                    lambda i: {n: (memory_plan.from_host(t, device) if t is not None else None)
                                                for n, t in host.items()})
     else:
         derived = iter_derived_sets(sig, device, seed, candidate_hash, final, 1, lambda i: base.tensors)

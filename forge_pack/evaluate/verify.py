@@ -73,18 +73,26 @@ class InputSet:
     streamed: bool = False
 
 
-def make_set(kind: str, sig: Signature, tensors: dict, device: str) -> InputSet | None:
+def make_set(kind: str, sig: Signature, tensors: dict, device: str, known: dict | None = None) -> InputSet | None:
     """Reference and eager error for one input; None when eager itself breaks NaN/Inf parity there
-    (a kernel is not held to a standard PyTorch does not meet)."""
+    (a kernel is not held to a standard PyTorch does not meet). ``known``: a dict kept by the caller
+    for the same tensors made again (a streamed static set): the first call stores the eager allowance
+    in it (or that the set is skipped), later calls take it from there instead of running eager and
+    measuring its error again (a GB set: a few hundred ms per evaluation)."""
     ref = memory_plan.reference64(sig, tensors)
-    eager_out = ops.eager(sig)(tensors)
     spec = registry.spec_for(sig)
     mag = rules.magnitude(spec, tensors)
-    allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, spec, mag)
+    if known is not None and "allowance" in known:
+        allowance = known["allowance"]
+    else:
+        eager_out = ops.eager(sig)(tensors)
+        allowance = rules.allowance(eager_out, ref, sig.output.dtype if sig.output else None, spec, mag)
+        del eager_out
+        if known is not None:
+            known["allowance"] = allowance
     if allowance is None:
         return None
     s = InputSet(kind, sig, tensors, ref, allowance, magnitude=mag)
-    del eager_out
     s.fingerprint = fingerprint(s)
     return s
 
@@ -127,6 +135,8 @@ class StaticStream:
         # for each evaluation instead of drawn again; the kernel only ever sees the device copy
         self.host: dict[str, dict] = {}
         self.host_room = memory_plan.host_cache_bytes(device)
+        # kind -> make_set's ``known`` for a set kept in host memory (the same tensors every time)
+        self.known: dict[str, dict] = {}
 
     def capture(self, i: int) -> dict:
         from forge_pack.profile.capture import load_capture
@@ -160,17 +170,21 @@ class StaticStream:
         """The set's tensors on the device: from the host copy when there is one, else made (and kept
         in host memory while there is room)."""
         if kind in self.host:
-            return {n: (t.to(self.device, copy=True) if t is not None else None) for n, t in self.host[kind].items()}
+            return {n: (memory_plan.from_host(t, self.device) if t is not None else None)
+                    for n, t in self.host[kind].items()}
         tensors = make()
         size = memory_plan.tensors_bytes(tensors)
         if size <= self.host_room:
-            self.host[kind] = {n: (t.to("cpu", copy=True) if t is not None else None) for n, t in tensors.items()}
+            self.host[kind] = {n: (memory_plan.to_host(t) if t is not None else None) for n, t in tensors.items()}
             self.host_room -= size
         return tensors
 
     def _made(self, kind: str, sig: Signature, make):
         tensors = self._tensors(kind, make)
-        s = make_set(kind, sig, tensors, self.device)
+        # the allowance is kept only for a set whose tensors are kept: one made again from its seed or
+        # file is the same too, but a kept allowance must never outlive the tensors it was measured on
+        known = self.known.setdefault(kind, {}) if kind in self.host else None
+        s = make_set(kind, sig, tensors, self.device, known)
         del tensors
         if s is None:
             self.skipped.append(f"{kind}: eager PyTorch itself differs from float64 in NaN/Inf positions")

@@ -35,8 +35,15 @@ def _size_vars(sig) -> dict:
 
 
 def _reference(params, t, lookup):
-    return lookup("torch.nn.functional", "group_norm")(t["x"], params["num_groups"], t.get("weight"), t.get("bias"),
-                                                       params["eps"])
+    x, g = t["x"], params["num_groups"]
+    if x.numel() // max(x.shape[0] * g, 1) < norm_common.LONG_ROW:
+        return lookup("torch.nn.functional", "group_norm")(x, g, t.get("weight"), t.get("bias"), params["eps"])
+    n, c = x.shape[0], x.shape[1]
+    y = norm_common.normalize_rows64(x.reshape(n, g, -1), (-1,), params["eps"]).view(x.shape)
+    per_channel = (1, c) + (1,) * (x.dim() - 2)  # weight and bias: one value per channel
+    if t.get("weight") is not None:
+        y.mul_(t["weight"].view(per_channel))
+    return y if t.get("bias") is None else y.add_(t["bias"].view(per_channel))
 
 
 def _eager(params, out_dtype, lookup):

@@ -78,6 +78,23 @@ def row_size_vars(sig) -> dict:
     return {"rows": rows, "cols": cols, "x_inner": inner, "x_so": s_outer, "x_si": s_inner}
 
 
+# A float64 reference whose normalised rows (layer_norm's rows, group_norm's groups) are at least this
+# long is computed from torch's reductions (``var_mean``), not from the op's fused kernel: that kernel
+# gives each row one thread block, so a few huge rows (KernelBench's layer_norm: 16 rows of 4M; a
+# reference computed in slices of two rows) took ~90 ms per 0.3 GB on an H100, where a reduction
+# splits each row over many blocks. Shorter rows keep the fused kernel (many rows fill the GPU).
+LONG_ROW = 1 << 15
+
+
+def normalize_rows64(x, dims: tuple, eps: float):
+    """(x - mean) * rsqrt(var + eps) over ``dims`` (the biased variance), x float64: the normalisation
+    the fused kernels compute, as two reductions and two passes."""
+    from .lazy_torch import torch
+
+    var, mean = torch.var_mean(x, dim=dims, correction=0, keepdim=True)
+    return (x - mean).mul_(torch.rsqrt(var.add_(eps)))
+
+
 def rows(params: dict, xf):
     return trailing_rows(xf, normalized_size(params, tuple(xf.shape)))
 

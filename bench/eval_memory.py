@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import environment, out_path, write
+from _common import commit, environment, out_path, write
 
 CASES = {
     # name: (op, signature, family)
@@ -152,7 +152,8 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
 
 def markdown(rows: list[dict], env: dict) -> str:
     lines = ["# Peak GPU memory and wall time of one evaluation", "",
-             f"{env.get('gpu', '?')}, torch {env.get('torch')}. `python bench/eval_memory.py`. Peak: "
+             f"{env.get('gpu', '?')}, torch {env.get('torch')}, commit {env.get('commit') or '?'}. "
+             f"`{env.get('command', 'python bench/eval_memory.py')}`. Peak: "
              "`torch.cuda.max_memory_allocated()` above the allocation before the evaluation, over the "
              "signature's inputs + outputs. First: the evaluation that loads the hotspot's sets.", "",
              "| case | family | data GB | eval | verdict | kernel µs | % BW | peak / data | wall s |",
@@ -200,7 +201,9 @@ def main() -> int:
     args = ap.parse_args()
     base = out_path("eval_memory")
     rows = [run_case(name, args.reps, args.where, args.profile) for name in CASES if not args.only or name in args.only]
-    env = environment()
+    # the command without its output path (the caller's own directory); the flags say what was measured
+    flags = sys.argv[2:] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else sys.argv[1:]
+    env = {**environment(), "commit": commit(), "command": " ".join(["python bench/eval_memory.py", *flags])}
     write(base, {"rows": rows, "env": env}, markdown(rows, env))
     return 0
 

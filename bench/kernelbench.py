@@ -171,7 +171,8 @@ def _evals(r: dict) -> str:
 def markdown(rows: list[dict], env: dict) -> str:
     lines = ["# KernelBench-style problems, searched by forge-pack", "",
              f"Device: {env.get('gpu', env.get('device', '?'))}; torch {env.get('torch', '?')}, CUDA "
-             f"{env.get('cuda', '?')}, python {env.get('python', '?')}; commit {env.get('commit') or '?'}. One search per "
+             f"{env.get('cuda', '?')}, python {env.get('python', '?')}; commit {env.get('commit') or '?'} (the last call's; "
+             "each row's own is after its command). One search per "
              "problem, budget as in its command; eager and compile are torch's medians under the same timing "
              "protocol, ours the best verified kernel's; % BW is the kernel's fraction of the copy bandwidth "
              "(bytes read + written at the measured device-to-device copy rate); wall is the whole search "
@@ -188,7 +189,8 @@ def markdown(rows: list[dict], env: dict) -> str:
                      f"{_fmt(r['vs_compile'], 'x', digits=2)} | {_fmt(r['bandwidth_fraction'], '%', 100, 0)} | "
                      f"{_evals(r)} | {r['search_wall_s']:.0f} | {r['status']} |")
     lines += ["", "Commands (from the repository root):", ""]
-    lines += [f"- `{r['problem']}`: `{r['command']}`" for r in rows]
+    lines += [f"- `{r['problem']}`: `{r['command']}`" + (f" (commit {r['commit']})" if r.get("commit") else "")
+              for r in rows]
     notes = [r for r in rows if r.get("note") and r["status"] != "ok" or r["status"] == "not targeted"]
     if notes:
         lines += ["", "Notes:", ""] + [f"- `{r['problem']}`: {r['note']}" for r in notes]
@@ -230,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() >= deadline_at:
             print(f"deadline reached: {name} and later problems not started", flush=True)
             break
-        row = run_one(name, args, deadline_at)
+        row = {**run_one(name, args, deadline_at), "commit": env["commit"]}  # rows of several calls merge
         rows = [r for r in doc["rows"] if r["problem"] != name] + [row]
         doc = {"rows": sorted(rows, key=lambda r: r["problem"]), "env": env}
         base.with_suffix(".json").write_text(json.dumps(doc, indent=2))

@@ -209,6 +209,79 @@ def test_every_call_sees_one_element_of_x_changed_by_the_judge():
     assert torch.equal(base.tensors["x"], base_set().tensors["x"])  # the verified set itself is untouched
 
 
+def _spy_references(monkeypatch):
+    """Every timed call's reference as the judge got it, beside the whole reference of the inputs that call had."""
+    got = []
+    real = judge._timed_reference
+
+    def spy(sig, slot, changed, running):
+        ref = real(sig, slot, changed, running)
+        got.append((running, list(changed), ref.clone(), memory_plan.reference64(sig, slot["tensors"])))
+        return ref
+
+    monkeypatch.setattr(judge, "_timed_reference", spy)
+    return got
+
+
+def test_one_large_row_wise_copy_keeps_its_reference_and_recomputes_only_the_changed_rows(monkeypatch):
+    """One copy of a row-wise signature whose reference is larger than a slice: the first check makes the
+    reference whole, each later one recomputes the row the judge changed before the call; every
+    reference the checks get is the whole reference of that call's inputs."""
+    monkeypatch.setattr(memory_plan, "SLICE_BYTES", 64)  # SIG's reference (512 bytes) is "large"
+    assert memory_plan.running_reference(SIG)
+    base = base_set()
+    whole, rows = [], []
+    real_whole, real_rows = memory_plan.reference64, memory_plan.reference64_rows
+    monkeypatch.setattr(memory_plan, "reference64", lambda sig, t, *a: whole.append(1) or real_whole(sig, t, *a))
+    monkeypatch.setattr(memory_plan, "reference64_rows",
+                        lambda sig, t, ref, r: rows.append(list(r)) or real_rows(sig, t, ref, r))
+    got = _spy_references(monkeypatch)
+    cfg = TimingConfig(warmup=2, reps=4, flush=False, rotate=1, compile_baseline=False)
+    timing, verdict = judge.time_candidate(FakeModule(), cand(), SIG, base, cfg, "cpu")
+    assert verdict is None and timing.n == 4 and len(got) == 6
+    assert len(rows) == 5 and all(len(r) == 1 for r in rows)  # one changed row per later call
+    assert len(whole) == 1 + 6  # the first check's, and the spy's own per call
+    for running, changed, ref, want in got:
+        assert running and len(changed) == 1
+        torch.testing.assert_close(ref, want, rtol=1e-13, atol=1e-15)
+
+
+def test_a_cached_result_is_caught_with_the_running_reference(monkeypatch):
+    monkeypatch.setattr(memory_plan, "SLICE_BYTES", 64)
+    first = {}
+
+    def cached(t, n, run):
+        if "out" not in first:
+            first["out"] = torch.softmax(t["x"], -1)
+        t["out"].copy_(first["out"])
+
+    cfg = TimingConfig(warmup=2, reps=4, flush=False, rotate=1, compile_baseline=False)
+    _, v = judge.time_candidate(FakeModule(cached), cand(), SIG, base_set(), cfg, "cpu")
+    assert v.reason == "mismatch" and v.detail.startswith("call 2 of the timing loop (warm-up, copy 0)")
+
+
+@pytest.mark.parametrize("rotate, slice_bytes", [(2, 64), (1, 1 << 26)])
+def test_several_copies_or_a_small_reference_get_a_whole_reference_per_call(monkeypatch, rotate, slice_bytes):
+    monkeypatch.setattr(memory_plan, "SLICE_BYTES", slice_bytes)
+    got = _spy_references(monkeypatch)
+    cfg = TimingConfig(warmup=1, reps=3, flush=False, rotate=rotate, compile_baseline=False)
+    _, verdict = judge.time_candidate(FakeModule(), cand(), SIG, base_set(), cfg, "cpu")
+    assert verdict is None and got and not any(running for running, *_ in got)
+    for _, _, ref, want in got:
+        assert torch.equal(ref, want)
+
+
+def test_a_running_reference_is_only_for_row_wise_ops_larger_than_a_slice(monkeypatch):
+    big = ops.with_output(parse_signature("softmax", "x: f32[4096,4096], dim=-1"))  # 128 MiB of float64
+    assert memory_plan.running_reference(big)
+    assert not memory_plan.running_reference(ops.with_output(parse_signature("softmax", "x: f32[4096,4096], dim=0")))
+    assert not memory_plan.running_reference(SIG)  # 512 bytes: the whole reference is one slice
+    monkeypatch.setattr(memory_plan, "SLICE_BYTES", 512)
+    assert not memory_plan.running_reference(SIG)
+    monkeypatch.setattr(memory_plan, "SLICE_BYTES", 511)
+    assert memory_plan.running_reference(SIG)
+
+
 def test_a_kernel_writing_its_input_while_timed_is_input_mutated():
     def writes(t, n, run):
         honest(t, n, run)
@@ -2179,3 +2252,21 @@ def test_a_parked_set_moves_by_copy_to_a_named_device_every_time(loaded, monkeyp
     assert reply.verdict.ok
     # parked once, copied back for each derived set, and once more for timing
     assert moves == [("host", True)] + [("cpu", True)] * (len(ops.DERIVED_KINDS) + 1)
+
+
+@pytest.mark.parametrize("op, text", [
+    ("group_norm", "x: f32[5,4,6], weight: f32[4], bias: f32[4], num_groups=2"),
+    ("layer_norm", "x: f32[5,3,8], weight: f32[8], bias: f32[8], normalized_shape=[8]"),
+    ("log_softmax", "x: f32[5,7], dim=1"),
+])
+def test_reference64_rows_recomputes_exactly_the_changed_samples(op, text):
+    sig = ops.with_output(parse_signature(op, text))
+    g = torch.Generator().manual_seed(4)
+    t = {n: torch.randn(s.shape, generator=g) for n, s in sig.inputs if s is not None}
+    ref = memory_plan.reference64(sig, t)
+    before = ref.clone()
+    t["x"][3].add_(1.5)
+    t["x"][1, 0] = 9.0
+    memory_plan.reference64_rows(sig, t, ref, [3, 1, 3])
+    torch.testing.assert_close(ref, memory_plan.reference64(sig, t), rtol=1e-13, atol=1e-15)
+    assert torch.equal(ref[[0, 2, 4]], before[[0, 2, 4]])  # the other samples untouched

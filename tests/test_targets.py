@@ -141,3 +141,28 @@ def test_a_long_row_float64_reference_is_the_fused_ops_result_and_leaves_its_inp
             if op == "layer_norm" else F.group_norm(t["x"], p["num_groups"], t.get("weight"), t.get("bias"), p["eps"]))
     torch.testing.assert_close(ref, want, rtol=1e-12, atol=1e-12)
     assert all(torch.equal(t[n], v) for n, v in before.items())
+
+
+@pytest.mark.parametrize("op, text, fused", [
+    ("layer_norm", "x: f32[2,32768], normalized_shape=[32768]", False),  # exactly LONG_ROW: reductions
+    ("layer_norm", "x: f32[2,32767], normalized_shape=[32767]", True),
+    ("group_norm", "x: f32[1,1,32768], num_groups=1", False),  # one sample, one group of LONG_ROW
+    ("group_norm", "x: f32[2,2,8192], num_groups=2", True),  # groups of 8192 over 2 samples
+])
+def test_the_long_row_reference_starts_at_long_row_elements_per_row(op, text, fused):
+    import torch
+
+    from forge_pack.targets import norm_common
+    from forge_pack.targets.sigparse import parse_signature
+
+    assert norm_common.LONG_ROW == 32768
+    sig = parse_signature(op, text)
+    t = {n: (torch.randn(s.shape, dtype=torch.float64) if s is not None else None) for n, s in sig.inputs}
+    called = []
+
+    def lookup(module, name):
+        called.append(name)
+        return getattr(torch.nn.functional, name)
+
+    registry.spec_for(sig).reference64(dict(sig.params), t, lookup=lookup)
+    assert called == ([op] if fused else [])

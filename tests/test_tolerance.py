@@ -187,6 +187,31 @@ def test_eager_allowance_spread_over_table_copies_is_the_same_table(monkeypatch,
     assert torch.equal(tolerance.eager_allowance(eager, ref), one)
 
 
+def test_eager_allowance_scatters_into_spread_copies_neighbours_apart(monkeypatch):
+    """The spread is the table copies scattered into: the explicit one, else the device's default
+    (none listed: one copy), and neighbouring elements land in different copies."""
+    seen = []
+    real = torch.Tensor.scatter_reduce_
+
+    def spy(self, dim, index, src, **kw):
+        seen.append((self.numel(), int(index[1]) - int(index[0])))
+        return real(self, dim, index, src, **kw)
+
+    monkeypatch.setattr(torch.Tensor, "scatter_reduce_", spy)
+    ref = torch.ones(4, dtype=torch.float64)  # one magnitude bucket: neighbours differ only by their copy
+    eager = ref + 1e-3
+    B = verdict_rules._BUCKETS
+    for spread, want in ((1, (B, 0)), (2, (2 * B, B)), (None, (B, 0))):
+        seen.clear()
+        tolerance.eager_allowance(eager, ref, spread=spread)
+        assert seen == [want], spread
+    monkeypatch.setitem(verdict_rules.SCATTER_SPREAD, "cpu", 8)
+    for spread, want in ((None, (8 * B, B)), (3, (3 * B, B))):
+        seen.clear()
+        tolerance.eager_allowance(eager, ref, spread=spread)
+        assert seen == [want], spread
+
+
 def test_max_abs_error_ignores_non_finite_positions():
     out = torch.tensor([1.0, float("nan"), 2.5, 4.0])
     ref = torch.tensor([1.5, 3.0, float("inf"), 3.75], dtype=torch.float64)

@@ -399,6 +399,7 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
 
     import torch
 
+    from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.launch import plan
     from forge_pack.evaluate.timing import rotation_cache, rotation_count, time_calls
     from forge_pack.evaluate.verify import guarded_empty, guarded_like, seed_for, set_canaries
@@ -409,7 +410,8 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
     rng = random.Random(seed_for("timing", cand.content_hash, sig.key()))
     gen = torch.Generator(device=device).manual_seed(seed_for("timing-garbage", cand.content_hash, sig.key()))
     out_spec = sig.output
-    state = {"batch": 0, "calls": 0, "verdict": None}
+    # one copy of a large row-wise signature: its reference is kept and updated where x changed
+    state = {"batch": 0, "calls": 0, "verdict": None, "running": k == 1 and memory_plan.running_reference(sig)}
     calls, befores, slots = [], [], []
     for i in range(k):
         tensors = {n: (t if own_base and i == 0 or t is None else same_layout(t)) for n, t in base.tensors.items()}
@@ -442,7 +444,6 @@ def time_candidate(module, cand: Candidate, sig: Signature, base, cfg: TimingCon
 
 def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> Verdict | None:
     """Every call of the batch just made, checked as a verified call is (see time_candidate)."""
-    from forge_pack.evaluate import memory_plan
     from forge_pack.evaluate.tolerance import compare, magnitude, surely_within
     from forge_pack.evaluate.verdict_rules import bitwise_equal, first_diff
     from forge_pack.evaluate.verify import canaries_intact, count_sentinel, set_canaries
@@ -453,6 +454,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         slot["called"] = False
         state["calls"] += 1
         what = f"call {state['calls']} of the timing loop ({phase}, copy {slot['index']})"
+        changed = [idx[0] for idx, _ in slot["pending"]]  # the dim-0 indices of x the judge changed
         for idx, value in slot["pending"]:  # the judge's own changes, made on the shadow too
             slot["shadow"][main_input(slot["tensors"])][idx] = value
         slot["pending"].clear()
@@ -470,7 +472,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         if unwritten:
             return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
                                                       f"not written ({where})")
-        ref = memory_plan.reference64(sig, slot["tensors"])  # float64 temporaries bounded by slices
+        ref = _timed_reference(sig, slot, changed, state["running"])
         if surely_within(out, ref, sig.output.dtype, sig):
             continue
         check = compare(out, ref, sig.output.dtype, sig, atol_floor=base.atol_floor,
@@ -482,6 +484,23 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
                                               f"{out.numel()} elements, {check.first_mismatch}): the kernel behaves "
                                               f"differently when timed (cached or skipped work?)", checks=(check,))
     return None
+
+
+def _timed_reference(sig: Signature, slot: dict, changed: list, running: bool):
+    """The float64 reference of the inputs a timed call had (checked equal to the shadow: the judge's
+    changes only). ``running`` (``memory_plan.running_reference``, one copy): the first check makes it
+    whole and keeps it in the slot; later checks recompute only the dim-0 slices of x changed since
+    (one per call), a 1/rows share of the work. Otherwise made whole for every call; its float64
+    temporaries are bounded by slices either way."""
+    from forge_pack.evaluate import memory_plan
+
+    if not running:
+        return memory_plan.reference64(sig, slot["tensors"])
+    if slot.get("ref") is None:
+        slot["ref"] = memory_plan.reference64(sig, slot["tensors"])
+    else:
+        memory_plan.reference64_rows(sig, slot["tensors"], slot["ref"], changed)
+    return slot["ref"]
 
 
 def _passes_rekeyed(out, ref, sig: Signature, slot: dict) -> bool:

@@ -85,6 +85,27 @@ def reference64(sig: Signature, tensors: dict[str, Any], slice_bytes: int = SLIC
     return ref
 
 
+def running_reference(sig: Signature) -> bool:
+    """Whether the timing loop keeps its one copy's float64 reference and recomputes only the dim-0
+    slices the judge changed before each call (``reference64_rows``) instead of the whole reference per
+    call: a row-wise or per-sample op whose reference is larger than one slice. The reference is held
+    where the whole one was made per call, so the peak is the same."""
+    return sig.output is not None and _dim0_independent(sig) and sig.output.numel * 8 > SLICE_BYTES
+
+
+def reference64_rows(sig: Signature, tensors: dict[str, Any], ref, rows) -> None:
+    """Recompute ``ref`` (``reference64`` of ``tensors`` before x changed in ``rows``) at those dim-0
+    indices, from x's rows and the other tensors whole, as ``reference64``'s slices are made."""
+    from forge_pack.targets import ops
+
+    x = tensors["x"]
+    for r in sorted(set(rows)):
+        part = {k: (v[r:r + 1] if k == "x" else v) for k, v in tensors.items()}
+        ref[r:r + 1] = ops.reference64(sig, part)
+        del part
+    del x
+
+
 PARK_ON_HOST = ("cuda",)  # devices whose streamed timed input waits in host memory during the derived sets
 
 

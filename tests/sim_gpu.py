@@ -23,12 +23,15 @@ class SimGpu:
         class Event:
             def __init__(self, enable_timing=False):
                 self.t = None
+                self.timing = enable_timing is True
 
             def record(self):
                 sim.host += 1.0
                 self.t = sim.gpu = max(sim.gpu, sim.host)
 
             def elapsed_time(self, end):
+                if not (self.timing and end.timing):  # as torch.cuda.Event.elapsed_time refuses
+                    raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
                 return (end.t - self.t) / 1000.0  # ms
 
         class Cuda:

@@ -609,3 +609,113 @@ def test_a_spin_cut_short_by_a_faster_clock_is_measured_not_assumed(monkeypatch)
     monkeypatch.setattr(timing, "spun_us", lambda spin: spin[2] / 1000.0 if spin else 0.0)  # the asked length
     fooled, _ = _time_on_sim(asked, TimingConfig(warmup=8, reps=40))
     assert fooled.median_us > 15.0 and fooled.iqr_us > 10.0
+
+
+def _phases_on_sim(sim: SimGpu, cfg: TimingConfig, copies: int = 1, stop_at: int | None = None):
+    """time_calls on the simulated GPU with ``copies`` copies: the Timing, the phase of every ``after``
+    call, and the number of calls made; ``stop_at``: after() asks to stop at that check."""
+    phases, made = [], []
+
+    def call():
+        made.append(1)
+        sim.call()
+
+    def after(phase):
+        phases.append(phase)
+        return stop_at is not None and len(phases) >= stop_at
+
+    t = timing.time_calls([call] * copies, "cuda", cfg, flusher=sim.flush, before=[sim.before] * copies, after=after)
+    return t, phases, len(made)
+
+
+def test_the_cuda_loop_names_its_phases_its_clock_and_makes_one_warm_up_call_at_least(monkeypatch):
+    sim = SimGpu(host_before_us=5.0, host_launch_us=5.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    t, phases, made = _phases_on_sim(sim, TimingConfig(warmup=0, reps=30))
+    assert phases == ["warm-up"] + ["timed"] * 30 and made == 31  # warmup=0 still warms up once
+    assert t.clock == "cuda_events" and t.n == 30 and t.median_us == pytest.approx(10.0)
+    t, phases, made = _phases_on_sim(sim, TimingConfig(warmup=3, reps=30), copies=2)
+    assert phases == ["warm-up"] * 2 + ["timed"] * 15 and made == 3 + 30
+
+
+def test_a_stop_in_the_warm_up_times_nothing_and_a_stop_while_timed_keeps_the_calls_so_far(monkeypatch):
+    sim = SimGpu(host_before_us=5.0, host_launch_us=5.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    t, phases, _ = _phases_on_sim(sim, TimingConfig(warmup=2, reps=30), stop_at=1)
+    assert t is None and phases == ["warm-up"]
+    t, phases, made = _phases_on_sim(sim, TimingConfig(warmup=2, reps=30), copies=2, stop_at=4)
+    assert phases == ["warm-up", "timed", "timed", "timed"] and made == 2 + 6
+    assert t.clock == "cuda_events" and t.n == 6 and t.median_us == pytest.approx(10.0)
+
+
+def test_min_time_keeps_timing_in_rounds_of_reps_up_to_max_reps(monkeypatch):
+    """Each round is ``reps`` more calls; timing stops once the kept times sum to ``min_time_s`` (that
+    sum exactly included) or ``max_reps`` calls were kept (exactly included)."""
+    sim = SimGpu(host_before_us=5.0, host_launch_us=5.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    two_rounds = (60 * 10.0) * 1e-6  # the sum of 60 kept times of 10 µs, as the loop computes it
+    t, phases, made = _phases_on_sim(sim, TimingConfig(warmup=1, reps=30, min_time_s=two_rounds))
+    assert t.n == 60 and made == 1 + 60 and phases.count("timed") == 60
+    t, _, made = _phases_on_sim(sim, TimingConfig(warmup=1, reps=30, min_time_s=1.0, max_reps=75))
+    assert t.n == 75 and made == 1 + 75  # 30, 30, then the 15 left to max_reps
+    t, _, made = _phases_on_sim(sim, TimingConfig(warmup=1, reps=30, min_time_s=1.0, max_reps=30))
+    assert t.n == 30 and made == 1 + 30
+
+
+def test_each_spin_is_sized_from_the_hosts_measured_enqueue_time_exactly(monkeypatch):
+    """The warm-up's enqueue time per call (the warmest batch) sizes the first lead: HOST_LEAD_FACTOR x it
+    per call; a batch the host outlasted is rerun with the lead sized from that batch's enqueue time."""
+    # a clock fine enough that a spin is as long as asked to the picosecond, and a host clock well past 0
+    sim = SimGpu(host_before_us=0.0, host_launch_us=50.0, kernel_us=10.0, flush_us=0.0, flush_host_us=200.0,
+                 clock_rate=1e9)
+    sim.host = sim.gpu = 1e4
+    _on_sim(monkeypatch, sim, calibrated=1e9)
+    _phases_on_sim(sim, TimingConfig(warmup=2, reps=30, queue_lead_us=1.0), copies=2)
+    # warm-up: the launch's 50 µs per call, nothing else between its clock readings
+    assert sim.spins[0] == pytest.approx(timing.HOST_LEAD_FACTOR * 50.0 * 2, rel=1e-9)
+    # the timed batch: the spin's 4 µs of host time (its two events and the sleep), then per call the
+    # flush (200), the start event (1), the launch (50) and the end event (1): outlasted, so rerun
+    enqueue = 4.0 + 2 * (200.0 + 1.0 + 50.0 + 1.0)
+    assert sim.spins[1] == pytest.approx(timing.HOST_LEAD_FACTOR * enqueue, rel=1e-9)
+
+
+def test_a_batch_the_host_always_outlasts_is_run_drain_retries_more_times_then_kept(monkeypatch):
+    sim = SimGpu(host_before_us=5.0, host_launch_us=5.0, kernel_us=10.0)
+    _on_sim(monkeypatch, sim)
+    monkeypatch.setattr(timing, "outlasted", lambda enqueue_us, spin_us: True)
+    t, phases, made = _phases_on_sim(sim, TimingConfig(warmup=1, reps=30), copies=30)
+    assert t.n == 30 and phases.count("timed") == timing.DRAIN_RETRIES + 1
+    assert made == 1 + 30 * (timing.DRAIN_RETRIES + 1)  # one warm-up call (warmup=1), then 4 runs of the batch
+
+
+def test_a_spin_is_asked_for_any_positive_lead_between_timing_events(monkeypatch):
+    sim = SimGpu(host_before_us=0.0, host_launch_us=0.0, kernel_us=1.0)
+    _on_sim(monkeypatch, sim, calibrated=1000.0)
+    assert timing.queue_lead(0.0) is None and timing.queue_lead(-1.0) is None
+    spin = timing.queue_lead(0.5)
+    assert spin[2] == 500 and sim.spins == [0.5]
+    assert timing.spun_us(spin) == pytest.approx(3.0, rel=1e-12)  # the host: 2 µs to sleep, 1 to record the end
+    assert timing.spun_us(None) == 0.0 and timing.outlasted(1.0, 0.5) and not timing.outlasted(4.0, 5.0)
+
+
+class _Spin:
+    """An event pair that measured ``us`` microseconds."""
+
+    def __init__(self, us):
+        self.us = us
+
+    def elapsed_time(self, end):
+        return self.us / 1000.0
+
+
+def test_spun_us_raises_the_calibration_to_a_faster_clock_only(monkeypatch):
+    sim = SimGpu(host_before_us=0.0, host_launch_us=0.0, kernel_us=1.0)
+    rates = _on_sim(monkeypatch, sim, calibrated=1000.0)
+    assert timing.spun_us((_Spin(10.0), None, 8000)) == pytest.approx(10.0, rel=1e-12)
+    assert rates[0] == 1000.0  # a slower clock (800 cycles per µs) never lowers it
+    assert timing.spun_us((_Spin(2.0), None, 3000)) == pytest.approx(2.0, rel=1e-12)
+    assert rates[0] == pytest.approx(1500.0, rel=1e-12)
+    assert timing.spun_us((_Spin(0.5), None, 1000)) == pytest.approx(0.5) and rates[0] == pytest.approx(2000.0)
+    assert timing.spun_us((_Spin(0.0), None, 1000)) == 0.0 and rates[0] == pytest.approx(2000.0)
+    rates.clear()  # none measured yet on this device: any measured rate is taken
+    assert timing.spun_us((_Spin(10.0), None, 1)) == pytest.approx(10.0) and rates[0] == pytest.approx(0.1)

@@ -472,7 +472,7 @@ def _check_batch(slots: list, sig: Signature, base, phase: str, state: dict) -> 
         if unwritten:
             return Verdict(False, "unwritten_output", f"{what}: {unwritten} of {out.numel()} output elements "
                                                       f"not written ({where})")
-        ref = _timed_reference(sig, slot, changed, state["running"])
+        ref = _timed_reference(sig, slot, changed, state.get("running", False))
         if surely_within(out, ref, sig.output.dtype, sig):
             continue
         check = compare(out, ref, sig.output.dtype, sig, atol_floor=base.atol_floor,

@@ -98,12 +98,10 @@ def reference64_rows(sig: Signature, tensors: dict[str, Any], ref, rows) -> None
     indices, from x's rows and the other tensors whole, as ``reference64``'s slices are made."""
     from forge_pack.targets import ops
 
-    x = tensors["x"]
     for r in sorted(set(rows)):
         part = {k: (v[r:r + 1] if k == "x" else v) for k, v in tensors.items()}
         ref[r:r + 1] = ops.reference64(sig, part)
         del part
-    del x
 
 
 PARK_ON_HOST = ("cuda",)  # devices whose streamed timed input waits in host memory during the derived sets

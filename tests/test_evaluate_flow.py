@@ -465,6 +465,30 @@ def test_before_timed_call_prefills_out_with_the_sentinel_in_even_batches_and_ga
     assert float(x[i2]) == pytest.approx(v2, rel=1e-6)
 
 
+def test_the_judges_change_to_x_fills_the_elements_view_and_never_assigns_a_python_number(monkeypatch):
+    """A Python number assigned to one element of a CUDA tensor is copied from the host and synchronises
+    the stream: ahead of every timed call that drained the queue lead's spin. The change is a fill_ of
+    the element's view (a kernel with the value as its argument); no __setitem__ on x or its shadow."""
+    def refuse(self, key, value):
+        raise AssertionError(f"x[{key}] = {value}: a host-to-device copy and a stream sync on CUDA")
+
+    monkeypatch.setattr(torch.Tensor, "__setitem__", refuse)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
+    shadow = x.clone()
+    out = torch.softmax(x, -1)
+    slot = {"index": 0, "called": False, "tensors": {"x": x}, "shadow": {"x": shadow}, "pending": [], "out": out,
+            "wholes": []}
+    before = judge._before_timed_call(slot, None, [], random.Random(1), torch.Generator().manual_seed(2),
+                                      {"batch": 0})
+    before()
+    (idx, value), = slot["pending"]
+    assert float(x[idx]) == pytest.approx(value, rel=1e-6) and not torch.equal(x, shadow)
+    out.copy_(torch.softmax(x, -1))
+    slot["called"] = True
+    assert judge._check_batch([slot], SIG, SimpleNamespace(atol_floor=0.0), "timed", {"calls": 0}) is None
+    assert torch.equal(slot["shadow"]["x"], x)  # the shadow took the same change, by fill_ too
+
+
 def test_check_batch_applies_the_judges_changes_to_the_shadow_and_skips_uncalled_slots():
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0))
     out = torch.softmax(x, -1)

@@ -181,3 +181,35 @@ def test_host_time_to_enqueue_a_call_is_not_timed():
     bare = time_calls([slow_host_call], "cuda", TimingConfig(warmup=3, reps=30, queue_lead_us=0.0))
     assert led.median_us < 40.0, led
     assert bare.median_us > 70.0, bare
+
+
+def test_the_judges_per_call_preparation_never_synchronises_the_stream():
+    """Ahead of every timed call the judge changes one element of x, prefills out and garbles the
+    workspaces. None of it may wait for the GPU: a synchronising step drains the queue lead's spin, the
+    host then outlasts every lead (each batch run again up to DRAIN_RETRIES times, 20 ms spins waited
+    out), and the launch is no longer covered. torch's sync debug mode raises on any synchronising call."""
+    import random
+
+    import torch
+
+    from forge_pack.evaluate import judge
+
+    x = torch.randn(64, 1024, device="cuda")
+    out = torch.empty(64, 1024, device="cuda")
+    ws = torch.empty(4096, dtype=torch.uint8, device="cuda")
+    slot = {"tensors": {"x": x}, "pending": []}
+    state = {"batch": 0}
+    before = judge._before_timed_call(slot, out, [ws], random.Random(0),
+                                      torch.Generator(device="cuda").manual_seed(0), state)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in range(4):
+            state["batch"] = batch
+            before()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert len(slot["pending"]) == 4
+    idx, value = slot["pending"][-1]
+    assert float(x[idx]) == pytest.approx(value, rel=1e-6)

@@ -1114,6 +1114,17 @@ def test_the_judge_limit_grows_with_the_signatures_data(ev):
     assert [t for job, t in ev.pool.requests if isinstance(job, judge.LoadInputs)] == [34.0, 34.0]
 
 
+def test_the_judge_limit_is_exactly_the_base_plus_its_per_gb_share_and_says_so_from_half_a_second():
+    from forge_pack.evaluate import evaluator
+
+    sig = ops.with_output(parse_signature("softmax", "x: f32[4096,393216], dim=1"))
+    data = abi.bytes_moved(sig)
+    assert evaluator.judge_timeout_s(12.0, sig) == 12.0 + evaluator.JUDGE_S_PER_GB * data / 1e9
+    assert evaluator._limit_text(12.0, 12.4) == "12 s"  # under half a second added: the base alone
+    for limit in (12.5, 13.0):
+        assert evaluator._limit_text(12.0, limit) == f"{limit:.0f} s (12 s + 10 s per GB of the signature's data)"
+
+
 def test_evaluate_reports_a_worker_error_as_launch_or_internal_error(ev):
     ev.pool.replies = [LOADED, JobError("x" * 5000, retire=True), JobError("oops")]
     e = ev.evaluate(cand(), HOT)

@@ -504,6 +504,7 @@ def test_check_batch_applies_the_judges_changes_to_the_shadow_and_skips_uncalled
     assert judge._check_batch([slot, idle], SIG, base, "timed", state) is None
     assert state["calls"] == 1 and slot["called"] is False and slot["pending"] == []
     assert float(slot["shadow"]["x"][1, 1]) == 5.0
+    assert "ref" not in slot  # no running flag: a whole reference for the call, none kept in the slot
 
 
 def test_check_batch_ignores_an_absent_optional_input():

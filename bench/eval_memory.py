@@ -36,6 +36,36 @@ CASES = {
                          "weight: f32[768], bias: f32[768]", "strided_row"),
 }
 
+# Regions (searched with --regions, e.g. KernelBench's InstanceNorm2d and its RMS norm over channels): the model's
+# region captured on the GPU at this input shape, judged with the region family's kernel.
+REGION_CASES = {
+    # name: (model kind, input shape, family)
+    "instance_norm_region_28x64x512x512": ("instance_norm", (28, 64, 512, 512), "row"),
+    "channel_rms_region_28x64x512x512": ("channel_rms", (28, 64, 512, 512), "row"),
+}
+
+
+def region_signature(kind: str, shape: tuple, device: str = "cuda"):
+    """The signature of the one region of a small model on an input of ``shape`` (captured on ``device``)."""
+    import torch
+    from torch import nn
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    class ChannelRms(nn.Module):  # KernelBench's RMS norm: over the channels of NCHW
+        def forward(self, x):
+            return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+
+    model = nn.InstanceNorm2d(shape[1]) if kind == "instance_norm" else ChannelRms()
+    x = torch.randn(shape, device=device)
+    (region,) = find_regions(capture(model.to(device), (x,), profile=False))
+    del x
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return signature(region)
+
 
 # --where: the judge's steps whose entry and exit record the device memory allocated then (their own
 # high-water mark while they run, measured by resetting nothing: the live set at their boundaries),
@@ -104,8 +134,12 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
     from forge_pack.targets.ops import with_output
     from forge_pack.targets.sigparse import parse_signature
 
-    op, text, family = CASES[name]
-    sig = with_output(parse_signature(op, text))
+    if name in REGION_CASES:
+        kind, shape, family = REGION_CASES[name]
+        op, sig = "region", region_signature(kind, shape)
+    else:
+        op, text, family = CASES[name]
+        sig = with_output(parse_signature(op, text))
     cand = instantiate(op, "cuda", family, None, sig)
     build = compile_candidate(cand)
     row = {"case": name, "signature": sig.pretty(), "family": family, "data_bytes": abi.bytes_moved(sig),
@@ -200,7 +234,8 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile each evaluation: where its host time goes")
     args = ap.parse_args()
     base = out_path("eval_memory")
-    rows = [run_case(name, args.reps, args.where, args.profile) for name in CASES if not args.only or name in args.only]
+    rows = [run_case(name, args.reps, args.where, args.profile) for name in (*CASES, *REGION_CASES)
+            if not args.only or name in args.only]
     # the command without its output path (the caller's own directory); the flags say what was measured
     flags = sys.argv[2:] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else sys.argv[1:]
     env = {**environment(), "commit": commit(), "command": " ".join(["python bench/eval_memory.py", *flags])}

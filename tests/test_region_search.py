@@ -257,6 +257,10 @@ def test_instance_norm_lowers_and_verifies(cpu_evaluator, how, dtype):
         nn.init.normal_(norm.bias)
     model = _Act(norm).to(dtype).eval()
     (region,) = find_regions(capture(model, (torch.randn(2, 6, 7, 9).to(dtype),), profile=False))
+    if how == "running_stats":  # nothing is reduced
+        assert region.kind == "pointwise" and not region.domain
+    else:  # the planes are the rows, not batch_norm's channels
+        assert region.kind == "row" and region.domain["dims"] == [2, 3], (region.kind, region.domain)
     _verifies(cpu_evaluator, region)
 
 

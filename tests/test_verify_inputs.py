@@ -6,6 +6,7 @@ A candidate that could predict its verification inputs could special-case them, 
 a guard in its own right (mutation testing found no test that missed it).
 """
 
+import pytest
 import torch
 
 from forge_pack.evaluate import verify
@@ -460,3 +461,45 @@ def test_a_capture_is_read_from_disk_once_for_its_derived_and_captured_sets(tmp_
     stream = verify.StaticStream(sig, caps, str(tmp_path), "cpu", 7, False)
     stream.source(0), stream.source(0)
     assert len(reads) == 2  # no room: read each time
+
+
+def _permuted(monkeypatch, n: int, seed: int = 1, full: int = 1_000, block: int = 64, chunk: int = 200):
+    """inputs.flat_permuted of 0..n-1 (float64: every value distinct), scaled down (whole randperm up to ``full``
+    elements, blocks of ``block``, gathers of ``chunk``), and the sizes randperm was asked for."""
+    from forge_pack.targets import inputs
+
+    monkeypatch.setattr(inputs, "FULL_PERM", full)
+    monkeypatch.setattr(inputs, "PERM_BLOCK", block)
+    monkeypatch.setattr(inputs, "CHUNK", chunk)
+    sizes: list[int] = []
+    real = torch.randperm
+
+    def spy(k, *a, **kw):
+        sizes.append(k)
+        return real(k, *a, **kw)
+
+    monkeypatch.setattr(torch, "randperm", spy)
+    got = inputs.flat_permuted(torch.arange(n, dtype=torch.float64), torch.Generator().manual_seed(seed))
+    monkeypatch.setattr(torch, "randperm", real)
+    return got, sizes
+
+
+@pytest.mark.parametrize("n", [1_000 * 64 + 37, 64 * 64], ids=["tail", "whole_blocks"])
+def test_a_large_permutation_is_a_permutation_drawn_from_small_ones(monkeypatch, n):
+    """A region's derived 'permute' set of a GB input drew randperm over every element (minutes on the CPU, an
+    int64 index twice the input's size): above FULL_PERM the order comes from permutations of n / block and block
+    elements, and is still a permutation of every element that moves elements across blocks, the seed's alone."""
+    got, sizes = _permuted(monkeypatch, n)
+    assert got.shape == (n,) and torch.equal(got.sort().values, torch.arange(n, dtype=torch.float64))
+    assert max(sizes) <= max(n // 64, 64) and n not in sizes
+    moved = got != torch.arange(n, dtype=torch.float64)
+    assert moved.float().mean() > 0.9
+    whole = (n // 64) * 64
+    assert (got[:whole].view(-1, 64).div(64).floor() != torch.arange(n // 64)[:, None]).any()  # across blocks
+    assert torch.equal(got, _permuted(monkeypatch, n)[0])
+    assert not torch.equal(got, _permuted(monkeypatch, n, seed=2)[0])
+
+
+def test_a_small_permutation_is_any_order_of_the_elements(monkeypatch):
+    got, sizes = _permuted(monkeypatch, 1_000)
+    assert sizes == [1_000] and torch.equal(got.sort().values, torch.arange(1_000, dtype=torch.float64))

@@ -100,6 +100,8 @@ def classify(op: str, args: tuple = (), kwargs: dict | None = None) -> str:
         return "pointwise"  # max(a, b) elementwise
     if name in ("batch_norm", "native_batch_norm", "_native_batch_norm_legit") and not _bn_training(name, args, kwargs):
         return "pointwise"  # inference batch_norm: a per-channel affine map, nothing is reduced
+    if name == "instance_norm" and len(args) > 5 and not args[5]:
+        return "pointwise"  # use_input_stats False: the running statistics' per-channel affine map
     if name in POINTWISE:
         return "pointwise"
     if name in REDUCTION:
@@ -144,6 +146,8 @@ def reduction_domain(op: str, args: tuple, kwargs: dict, shape: tuple[int, ...],
     elif name in ("layer_norm", "native_layer_norm", "rms_norm", "_fused_rms_norm"):
         k = len(args[1])
         dims = tuple(range(nd - k, nd))
+    elif name == "instance_norm":  # each (sample, channel) plane by its own statistics
+        dims = tuple(range(2, nd))
     elif name in BATCH_NORMS:
         dims = tuple(d for d in range(nd) if d != 1)
     else:

@@ -267,3 +267,39 @@ FP_PROBE(__ldg) FP_PROBE(__ldcg) FP_PROBE(__ldca) FP_PROBE(__ldcs) FP_PROBE(__ld
     bad = src + "__device__ float fp_probe_old(const __nv_bfloat16* p) { return __bfloat162float(__ldg(p)); }\n"
     rc, log = _nvcc(bad, str(tmp_path), "probe_bad")
     assert rc != 0 and "non-volatile asm" in log, log[-3000:]
+
+
+def _channel_rms_signature(n: int, size: int):
+    """KernelBench's RMS norm over the channels of NCHW (8 channels): a strided region of n * size^2 rows."""
+    import torch
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    class ChannelRms(torch.nn.Module):
+        def forward(self, x):
+            return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+
+    (region,) = find_regions(capture(ChannelRms(), (torch.randn(n, 8, size, size),), profile=False))
+    return signature(region)
+
+
+@needs_nvcc
+def test_a_strided_region_with_rows_to_fill_the_gpu_reduces_one_row_per_thread(tmp_path):
+    """KernelBench's RMS norm over channels ran at 57% of copy bandwidth with 8 lanes per row (a warp read 4
+    neighbours per channel: half of every sector unused): with enough rows, the default is one row per thread,
+    and it compiles without warnings or spills; with few rows, lanes still share a row."""
+    from forge_pack.search.families import region as fam
+    from forge_pack.search.template_kit import H200
+
+    many = _channel_rms_signature(2, 512)  # 524 288 rows
+    few = _channel_rms_signature(1, 64)  # 4 096 rows
+    assert many.param("kind") == few.param("kind") == "strided"
+    assert 2 * 512 * 512 >= fam.STRIDED_ROWS_PER_SM * H200.sm_count > 64 * 64
+    cand = instantiate("region", "cuda", "row", None, many)
+    assert cand.params["threads"] == cand.params["rows_per_block"] == 256
+    small = instantiate("region", "cuda", "row", None, few)
+    assert small.params["threads"] // small.params["rows_per_block"] > 1
+    rc, log = _nvcc(cand.source, str(tmp_path), "rms_one_row_per_thread")
+    assert rc == 0 and "warning" not in log and not _spills(log), log

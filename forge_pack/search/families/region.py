@@ -25,7 +25,8 @@ REGION_OP = "region"
 
 CHUNK = Knob("chunk", (1024, 4096, 16384, 65536), "elements per OpenMP chunk")
 VEC = Knob("vec", (1, 2, 4, 8), "consecutive columns per thread and access (16 bytes at most per load)")
-ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32), "rows one block reduces at once (threads/rows per row)")
+ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32, 64, 128, 256),
+                      "rows one block reduces at once (threads/rows per row; = threads: one row per thread)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
 PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
 ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
@@ -205,6 +206,9 @@ def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     return Built(dict(p), defines, spec([launch("region_pointwise", _args(sig), [grid], [p["threads"]])]), code)
 
 
+STRIDED_ROWS_PER_SM = 2048  # a strided region with this many rows per SM fills every SM with one row per thread
+
+
 def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     prog = program(sig)
     cols = 1024 if isinstance(prog, str) else prog.cols
@@ -212,6 +216,11 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     threads = max(group, 128)
     # 16 bytes per access of the first input (the row's data, in form order)
     vec = 8 if sig.inputs and sig.inputs[0][1] is not None and sig.inputs[0][1].dtype in ("bfloat16", "float16") else 4
+    if not isinstance(prog, str) and sig.param("kind") == "strided" and prog.rows >= STRIDED_ROWS_PER_SM * gpu.sm_count:
+        # the reduced dims are outer in memory (the channels of NCHW) and consecutive rows are neighbours: one row
+        # per thread, so each column's load is a warp's 32 consecutive elements (with GROUP lanes on one row, a
+        # warp read 32 / GROUP neighbours per column: half of every 32-byte sector unused at GROUP 8, fp32)
+        return {"threads": 256, "rows_per_block": 256, "vec": vec, "fast_math": 0}
     return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0}
 
 

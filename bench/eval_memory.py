@@ -8,8 +8,8 @@ twice: the first evaluation loads the hotspot's sets (and the worker's one-time 
 probe runs before it, not counted), the second is a search's steady state. Recorded per evaluation:
 ``torch.cuda.max_memory_allocated()`` above what was allocated before it (reset in between), as a
 multiple of the signature's inputs + outputs, the verdict, the kernel's median and the wall time.
-``--where``: per judge step (WHERE), the memory allocated at its entry and exit and the seconds inside
-it; ``--profile``: each evaluation under cProfile, its PROFILE_TOP functions by cumulative time (at
+``--where``: per judge step (WHERE), the memory allocated at its entry and exit, the most allocated at any
+moment inside it (``Peaks``: the step holding the evaluation's peak is named), and the seconds inside it; ``--profile``: each evaluation under cProfile, its PROFILE_TOP functions by cumulative time (at
 3.3 s per GB an evaluation is far slower than its GPU work: these say where the rest goes).
 Writes OUT_BASE.{md,json} (default bench/results/eval_memory). About 4 minutes on an H200.
 """
@@ -78,9 +78,36 @@ WHERE = ("verify.make_set", "verify.verify", "verify._run_set", "verify.derived_
 PROFILE_TOP = 25  # --profile: the functions with the most cumulative time per evaluation
 
 
-def trace_steps() -> dict:
+class Peaks:
+    """The allocator's high-water mark inside nested steps. One counter (``max_allocated``, cleared by ``reset`` to
+    what is allocated now) serves every open step: before each reset the mark so far is folded into every open
+    step and into ``total`` (the evaluation's own peak, which the resets would otherwise lose)."""
+
+    def __init__(self, max_allocated, reset):
+        self.max_allocated, self.reset = max_allocated, reset
+        self.open: list[int] = []
+        self.total = 0
+
+    def fold(self) -> None:
+        m = self.max_allocated()
+        self.total = max(self.total, m)
+        self.open = [max(v, m) for v in self.open]
+        self.reset()
+
+    def enter(self) -> None:
+        self.fold()
+        self.open.append(0)
+
+    def exit(self) -> int:
+        """The most allocated at any moment inside the step being left."""
+        self.fold()
+        return self.open.pop()
+
+
+def trace_steps(peaks: Peaks | None = None) -> dict:
     """Wrap the WHERE functions: per step, the most device memory allocated at its entry and at its exit
-    (bytes), so the phase of an evaluation that holds the most is named, not only the peak's size, and
+    (bytes), so the phase of an evaluation that holds the most is named, not only the peak's size, the
+    most allocated at any moment inside it (``peaks``: with it the evaluation's peak is ``peaks.total``), and
     the seconds inside it."""
     import importlib
 
@@ -94,10 +121,12 @@ def trace_steps() -> dict:
         real = getattr(mod, fn_name)
 
         def wrapped(*a, _real=real, _qual=qual, **k):
-            rec = seen.setdefault(_qual, {"calls": 0, "entry_max": 0, "exit_max": 0, "seconds": 0.0})
+            rec = seen.setdefault(_qual, {"calls": 0, "entry_max": 0, "exit_max": 0, "inside_max": 0, "seconds": 0.0})
             rec["calls"] += 1
             rec["entry_max"] = max(rec["entry_max"], torch.cuda.memory_allocated())
             torch.cuda.synchronize()
+            if peaks is not None:
+                peaks.enter()
             t0 = time.perf_counter()
             try:
                 return _real(*a, **k)
@@ -105,6 +134,8 @@ def trace_steps() -> dict:
                 torch.cuda.synchronize()
                 rec["seconds"] += time.perf_counter() - t0
                 rec["exit_max"] = max(rec["exit_max"], torch.cuda.memory_allocated())
+                if peaks is not None:
+                    rec["inside_max"] = max(rec["inside_max"], peaks.exit())
 
         setattr(mod, fn_name, wrapped)
     return seen
@@ -151,10 +182,13 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
     cfg = TimingConfig(reps=reps, compile_baseline=False)
     session.bandwidth(cfg)  # once per worker, a fixed size: not part of an evaluation
     job = judge.JudgeCandidate(judge.LoadInputs(name, sig), cand, build.path, cfg)
-    steps = trace_steps() if where else None
+    peaks = Peaks(torch.cuda.max_memory_allocated, torch.cuda.reset_peak_memory_stats) if where else None
+    steps = trace_steps(peaks) if where else None
     for i in range(2):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        if peaks is not None:
+            peaks.total = 0
         before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         if profile:
@@ -163,7 +197,9 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
             got, top = judge.judge(session, job), None
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        peak = torch.cuda.max_memory_allocated() - before
+        if peaks is not None:
+            peaks.fold()
+        peak = (peaks.total if peaks is not None else torch.cuda.max_memory_allocated()) - before
         row["evaluations"].append({"first": i == 0, "reason": got.verdict.reason, "detail": got.verdict.detail[:300],
                                    "median_us": got.timing.median_us if got.timing else None,
                                    "floor_us": got.floor_us, "peak_bytes": peak,
@@ -173,11 +209,12 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
         if steps is not None:  # the live set at each step's boundaries, over the data, for this evaluation
             row["evaluations"][-1]["steps_x_data"] = {
                 q: {"calls": r["calls"], "entry": (r["entry_max"] - before) / row["data_bytes"],
-                    "exit": (r["exit_max"] - before) / row["data_bytes"], "seconds": r["seconds"]}
+                    "exit": (r["exit_max"] - before) / row["data_bytes"],
+                    "inside": (r["inside_max"] - before) / row["data_bytes"], "seconds": r["seconds"]}
                 for q, r in steps.items()}
             for q, r in sorted(row["evaluations"][-1]["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
                 print(f"  {q}: {r['calls']} calls, at entry up to {r['entry']:.2f}x, at exit {r['exit']:.2f}x, "
-                      f"{r['seconds']:.2f} s")
+                      f"inside {r['inside']:.2f}x, {r['seconds']:.2f} s")
             steps.clear()
     session.sets.clear()
     torch.cuda.empty_cache()
@@ -206,12 +243,14 @@ def markdown(rows: list[dict], env: dict) -> str:
             if not e.get("steps_x_data"):
                 continue
             lines += ["", f"### {r['case']}, {'first' if e['first'] else 'next'} evaluation: device memory allocated at "
-                      "each step's entry and exit (most over its calls), over the data; seconds inside the step "
-                      "(inclusive, synchronised)", "",
-                      "| step | calls | at entry | at exit | s |", "| --- | ---: | ---: | ---: | ---: |"]
+                      "each step's entry and exit and at any moment inside it (most over its calls), over the data; "
+                      "seconds inside the step (inclusive, synchronised)", "",
+                      "| step | calls | at entry | at exit | peak inside | s |",
+                      "| --- | ---: | ---: | ---: | ---: | ---: |"]
             for q, v in sorted(e["steps_x_data"].items(), key=lambda kv: -kv[1]["entry"]):
                 secs = f"{v['seconds']:.2f}" if "seconds" in v else "-"
-                lines.append(f"| `{q}` | {v['calls']} | {v['entry']:.2f}x | {v['exit']:.2f}x | {secs} |")
+                inside = f"{v['inside']:.2f}x" if "inside" in v else "-"
+                lines.append(f"| `{q}` | {v['calls']} | {v['entry']:.2f}x | {v['exit']:.2f}x | {inside} | {secs} |")
     for r in rows:  # --profile: where an evaluation's host time goes
         for e in r.get("evaluations", []):
             if not e.get("profile"):

@@ -41,9 +41,7 @@ def _reference(params, t, lookup):
     n, c = x.shape[0], x.shape[1]
     y = norm_common.normalize_rows64(x.reshape(n, g, -1), (-1,), params["eps"]).view(x.shape)
     per_channel = (1, c) + (1,) * (x.dim() - 2)  # weight and bias: one value per channel
-    if t.get("weight") is not None:
-        y.mul_(t["weight"].view(per_channel))
-    return y if t.get("bias") is None else y.add_(t["bias"].view(per_channel))
+    return norm_common.affine_(y, t.get("weight"), t.get("bias"), per_channel)
 
 
 def _eager(params, out_dtype, lookup):

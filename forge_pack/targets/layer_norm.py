@@ -24,9 +24,7 @@ def _reference(params, t, lookup):
     if norm_common.normalized_size(params, tuple(x.shape)) < norm_common.LONG_ROW:
         return lookup("torch.nn.functional", "layer_norm")(x, shape, t.get("weight"), t.get("bias"), params["eps"])
     y = norm_common.normalize_rows64(x, tuple(range(-len(shape), 0)), params["eps"])
-    if t.get("weight") is not None:
-        y.mul_(t["weight"])
-    return y if t.get("bias") is None else y.add_(t["bias"])
+    return norm_common.affine_(y, t.get("weight"), t.get("bias"))
 
 
 def _eager(params, out_dtype, lookup):

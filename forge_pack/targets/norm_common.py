@@ -95,6 +95,14 @@ def normalize_rows64(x, dims: tuple, eps: float):
     return (x - mean).mul_(torch.rsqrt(var.add_(eps)))
 
 
+def affine_(y, weight, bias, shape: tuple | None = None):
+    """y * weight + bias in place, each absent one skipped, both viewed as ``shape`` when given (one value per
+    channel for group_norm; layer_norm's broadcast over the trailing dims as they are)."""
+    if weight is not None:
+        y.mul_(weight if shape is None else weight.view(shape))
+    return y if bias is None else y.add_(bias if shape is None else bias.view(shape))
+
+
 def rows(params: dict, xf):
     return trailing_rows(xf, normalized_size(params, tuple(xf.shape)))
 

@@ -467,3 +467,48 @@ def test_the_allowance_for_one_input_set_uses_the_magnitude_it_is_given():
     kernel = torch.tensor([0.4, 100.0], dtype=torch.float64)
     assert not R.compare(kernel, ref, "float64", atol_floor=by_ref).passed
     assert R.compare(kernel, ref, "float64", atol_floor=by_mag, magnitude=mag).passed
+
+
+def _chunked_case():
+    """An output with: a value out of tolerance at 40, NaN parity broken at 90 (NaN where the reference is
+    finite), a matching NaN at 95 and a matching Inf at 97, the largest error at 60 (within a loose atol)."""
+    ref = torch.linspace(-3, 3, 100, dtype=torch.float64)
+    ref[95], ref[97] = float("nan"), float("inf")
+    out = ref.float().clone()
+    out[40] += 0.5
+    out[60] += 0.75
+    out[90] = float("nan")
+    return out, ref
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 100, 1 << 24])
+def test_a_chunked_comparison_is_the_whole_ones_result_whatever_the_chunk(monkeypatch, chunk):
+    """compare reads its counts and maxima back once, after every chunk (a read per chunk idled the GPU):
+    the result, the first failing element included, must not depend on where the chunks fall."""
+    out, ref = _chunked_case()
+    monkeypatch.setattr(verdict_rules, "_CHUNK", chunk)
+    c = compare(out, ref)
+    assert (c.mismatches, c.nonfinite_mismatches, c.nan_count, c.inf_count) == (3, 1, 2, 1)
+    assert c.first_mismatch == "index (40,): got -0.0757576, expected -0.575758" and not c.passed
+    assert c.max_abs_err == pytest.approx(0.75, rel=1e-6)
+    assert c.max_rel_err == pytest.approx(0.75 / abs(ref[60].item()), rel=1e-6)
+    loose = compare(out, ref, atol=1.0)  # only the NaN is left: the parity message comes from its own chunk
+    assert loose.mismatches == 1 and loose.first_mismatch.startswith("NaN/Inf parity at index (90,)")
+    fine = compare(ref.float(), ref.float().double())
+    assert fine.passed and fine.mismatches == 0 and fine.first_mismatch == "" and fine.max_abs_err == 0.0
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 24])
+def test_surely_within_folds_every_chunk(monkeypatch, chunk):
+    """The quick test's chunks are folded on the device and read once: a failing element in the last chunk
+    or the first makes it False, all within makes it True, whatever the chunk."""
+    monkeypatch.setattr(verdict_rules, "_CHUNK", chunk)
+    ref = torch.linspace(1, 2, 50, dtype=torch.float64)
+    assert tolerance.surely_within(ref.float(), ref)
+    for i in (0, 49):
+        out = ref.float().clone()
+        out[i] += 0.01
+        assert not tolerance.surely_within(out, ref)
+        out[i] = float("inf")
+        assert not tolerance.surely_within(out, ref)
+    assert tolerance.surely_within(torch.zeros(0), torch.zeros(0, dtype=torch.float64))

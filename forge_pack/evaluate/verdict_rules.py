@@ -178,40 +178,53 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, sp
     flat_out = out.reshape(-1)
     flat_ref = ref64.reshape(-1)
     n = flat_out.numel()
-    max_abs = max_rel = 0.0
-    mismatches = nonfinite_bad = nan_count = inf_count = 0
-    first = ""
+    # per chunk, on the device: [NaNs in out, Infs in out, parity failures, values out of tolerance] and the
+    # largest absolute and relative errors over finite pairs (0 where there are none), read back once at
+    # the end: a read per chunk waited for the GPU, idle while the next chunk was queued (~90 ms for 1.9 GB)
+    counts, peaks = [], []
     for start in range(0, n, _CHUNK):
-        o = flat_out[start:start + _CHUNK].to(torch.float64)
-        r = flat_ref[start:start + _CHUNK].to(torch.float64)
-        o_nan, r_nan = torch.isnan(o), torch.isnan(r)
-        o_inf, r_inf = torch.isinf(o), torch.isinf(r)
-        nan_count += int(o_nan.sum())
-        inf_count += int(o_inf.sum())
-        r_fin = ~(r_nan | r_inf)
-        # NaN/Inf parity, position by position: no wildcard NaN, no Inf where the reference is finite.
-        special_bad = (r_nan != o_nan) | (r_inf & (o != r)) | (r_fin & o_inf)
-        both_fin = r_fin & ~(o_nan | o_inf)
-        err = torch.where(both_fin, (o - r).abs(), torch.zeros_like(o))
-        a = atol if table is None else table[_bucket(torch.where(r_fin, _key(r, magnitude, start),
-                                                                 torch.zeros_like(r)))].clamp_min(atol)
-        bad = both_fin & (err > a + rtol * r.abs())
-        if both_fin.any():
-            max_abs = max(max_abs, float(err.max()))
-            # over finite pairs only: a NaN reference elsewhere in the chunk must not hide the maximum
-            rel = torch.where(both_fin, err / r.abs().clamp_min(max(atol, 1e-300)), torch.zeros_like(err))
-            max_rel = max(max_rel, float(rel.max()))
-        n_special, n_bad = int(special_bad.sum()), int(bad.sum())
-        nonfinite_bad += n_special
-        mismatches += n_special + n_bad
-        if not first and (n_special or n_bad):
-            where = special_bad | bad
-            i = int(torch.nonzero(where)[0, 0])
-            first = _describe(start + i, out.shape, float(o[i]), float(r[i]))
-            if n_special and bool(special_bad[i]):
-                first = "NaN/Inf parity at " + first
+        c = _compare_chunk(flat_out, flat_ref, start, atol, rtol, table, magnitude)
+        counts.append(torch.stack([c["o_nan"].sum(), c["o_inf"].sum(), c["special"].sum(), c["bad"].sum()]))
+        peaks.append(torch.stack([c["err"].max(), c["rel"].max()]))
+        del c  # this chunk's temporaries go before the next chunk's are made
+    per_chunk = torch.stack(counts).tolist() if counts else []
+    max_abs, max_rel = torch.stack(peaks).amax(dim=0).tolist() if peaks else (0.0, 0.0)
+    nan_count = sum(k[0] for k in per_chunk)
+    inf_count = sum(k[1] for k in per_chunk)
+    nonfinite_bad = sum(k[2] for k in per_chunk)
+    mismatches = nonfinite_bad + sum(k[3] for k in per_chunk)
+    first = ""
+    failing = next((j for j, k in enumerate(per_chunk) if k[2] or k[3]), None)
+    if failing is not None:  # the first failing element, from its chunk computed again
+        start = failing * _CHUNK
+        c = _compare_chunk(flat_out, flat_ref, start, atol, rtol, table, magnitude)
+        i = int(torch.nonzero(c["special"] | c["bad"])[0, 0])
+        first = _describe(start + i, out.shape, float(c["o"][i]), float(c["r"][i]))
+        if bool(c["special"][i]):
+            first = "NaN/Inf parity at " + first
     return Comparison(input_kind, max_abs, max_rel, mismatches, atol, rtol, first, nan_count, inf_count,
                       passed=mismatches == 0, nonfinite_mismatches=nonfinite_bad)
+
+
+def _compare_chunk(flat_out: torch.Tensor, flat_ref: torch.Tensor, start: int, atol: float, rtol: float,
+                   table: torch.Tensor | None, magnitude: torch.Tensor | None) -> dict:
+    """``compare``'s element tests on the chunk at ``start``, in float64: ``special`` (NaN/Inf parity broken) and
+    ``bad`` (both finite, out of tolerance) per element, ``err`` and ``rel`` (0 where not both finite)."""
+    o = flat_out[start:start + _CHUNK].to(torch.float64)
+    r = flat_ref[start:start + _CHUNK].to(torch.float64)
+    o_nan, r_nan = torch.isnan(o), torch.isnan(r)
+    o_inf, r_inf = torch.isinf(o), torch.isinf(r)
+    r_fin = ~(r_nan | r_inf)
+    # NaN/Inf parity, position by position: no wildcard NaN, no Inf where the reference is finite.
+    special = (r_nan != o_nan) | (r_inf & (o != r)) | (r_fin & o_inf)
+    both_fin = r_fin & ~(o_nan | o_inf)
+    err = torch.where(both_fin, (o - r).abs(), torch.zeros_like(o))
+    a = atol if table is None else table[_bucket(torch.where(r_fin, _key(r, magnitude, start),
+                                                             torch.zeros_like(r)))].clamp_min(atol)
+    bad = both_fin & (err > a + rtol * r.abs())
+    # over finite pairs only: a NaN reference elsewhere in the chunk must not hide the maximum
+    rel = torch.where(both_fin, err / r.abs().clamp_min(max(atol, 1e-300)), torch.zeros_like(err))
+    return {"o": o, "r": r, "o_nan": o_nan, "o_inf": o_inf, "special": special, "bad": bad, "err": err, "rel": rel}
 
 
 def max_abs_error(out: torch.Tensor, ref64: torch.Tensor) -> float:

@@ -512,3 +512,27 @@ def test_surely_within_folds_every_chunk(monkeypatch, chunk):
         out[i] = float("inf")
         assert not tolerance.surely_within(out, ref)
     assert tolerance.surely_within(torch.zeros(0), torch.zeros(0, dtype=torch.float64))
+
+
+def test_an_empty_comparison_has_no_error():
+    c = compare(torch.zeros(0), torch.zeros(0, dtype=torch.float64))
+    assert c.passed and (c.max_abs_err, c.max_rel_err, c.mismatches) == (0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize("chunk", [2, 1 << 24])
+@pytest.mark.parametrize("keyed", ["reference", "magnitude"])
+def test_the_first_mismatch_is_named_under_the_same_allowance_as_the_count(monkeypatch, chunk, keyed):
+    """The failing chunk is computed again to name its first failing element: with the eager allowance table and
+    the magnitude the count used, so an element the allowance covers is never named. Element 0 is 0.25 off and
+    covered (its key is in [1, 2), allowed 0.5); element 2 is 0.5 off with no allowance: the one failure."""
+    monkeypatch.setattr(verdict_rules, "_CHUNK", chunk)
+    table = torch.zeros(2048, dtype=torch.float64)
+    table[1023] = 0.5  # keys in [1, 2)
+    if keyed == "reference":
+        ref, mag = torch.tensor([1.0, 1.0, 4.0], dtype=torch.float64), None
+    else:  # element 0's reference is 8 (no allowance by |ref|); its magnitude is 1
+        ref, mag = torch.tensor([8.0, 1.0, 4.0], dtype=torch.float64), torch.tensor([1.0, 1.0, 4.0])
+    out = (ref + torch.tensor([0.25, 0.0, 0.5], dtype=torch.float64)).float()
+    c = compare(out, ref, atol_floor=table, magnitude=mag)
+    assert c.mismatches == 1, c
+    assert c.first_mismatch == "index (2,): got 4.5, expected 4", c

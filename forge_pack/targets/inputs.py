@@ -194,7 +194,7 @@ def block_permuted(flat, gen, block: int | None = None) -> Any:
         dst = out[:m * block].view(m, block)
         step = max(1, CHUNK // block)
         for a in range(0, m, step):
-            dst[a:a + step] = head[rows[a:a + step]][:, cols]
+            dst[a:a + step] = head[rows[a:a + step, None], cols]  # one gather, no chunk of whole rows between
     if n > m * block:
         tail = flat[m * block:]
         out[m * block:] = tail[perm(tail.numel(), gen, flat.device)]

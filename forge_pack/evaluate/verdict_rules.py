@@ -181,14 +181,18 @@ def compare(out: torch.Tensor, ref64: torch.Tensor, dtype: str | None = None, sp
     # per chunk, on the device: [NaNs in out, Infs in out, parity failures, values out of tolerance] and the
     # largest absolute and relative errors over finite pairs (0 where there are none), read back once at
     # the end: a read per chunk waited for the GPU, idle while the next chunk was queued (~90 ms for 1.9 GB)
-    counts, peaks = [], []
-    for start in range(0, n, _CHUNK):
+    # Both tables are allocated before the first chunk: a small result kept per chunk between the chunks'
+    # temporaries pinned the allocator's freed blocks (the CPU's resident peak grew from 4.4x to 5.9x the data).
+    chunks = -(-n // _CHUNK)
+    counts = torch.zeros(chunks, 4, dtype=torch.int64, device=flat_out.device)
+    peaks = torch.zeros(chunks, 2, dtype=torch.float64, device=flat_out.device)
+    for j, start in enumerate(range(0, n, _CHUNK)):
         c = _compare_chunk(flat_out, flat_ref, start, atol, rtol, table, magnitude)
-        counts.append(torch.stack([c["o_nan"].sum(), c["o_inf"].sum(), c["special"].sum(), c["bad"].sum()]))
-        peaks.append(torch.stack([c["err"].max(), c["rel"].max()]))
+        torch.stack([c["o_nan"].sum(), c["o_inf"].sum(), c["special"].sum(), c["bad"].sum()], out=counts[j])
+        torch.stack([c["err"].max(), c["rel"].max()], out=peaks[j])
         del c  # this chunk's temporaries go before the next chunk's are made
-    per_chunk = torch.stack(counts).tolist() if counts else []
-    max_abs, max_rel = torch.stack(peaks).amax(dim=0).tolist() if peaks else (0.0, 0.0)
+    per_chunk = counts.tolist()
+    max_abs, max_rel = peaks.amax(dim=0).tolist() if chunks else (0.0, 0.0)
     nan_count = sum(k[0] for k in per_chunk)
     inf_count = sum(k[1] for k in per_chunk)
     nonfinite_bad = sum(k[2] for k in per_chunk)

@@ -51,7 +51,7 @@ def main(op: str, text: str, family: str, reps: int = 5, scaled: bool = True) ->
 
     sandbox.RemoteCpuModule._grow = tracked_grow
     if scaled:
-        # the fixed-size chunks scale with the data too (1 << 24 float64 elements is 128 MiB)
+        # the fixed-size chunks scale with the data too (a comparison chunk of 1 << 22 elements holds ~256 MiB)
         memory_plan.CACHE_BYTES, memory_plan.SLICE_BYTES, verdict_rules._CHUNK = 0, 1 << 18, 1 << 14
     cfg = TimingConfig(warmup=1, reps=reps, flush=False, compile_baseline=False, rotate=1 if scaled else 4)
     session = judge_mod.Session("cpu")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from forge_pack.core.verdict import Verdict
-from forge_pack.evaluate import judge, memory_plan, timing, verify
+from forge_pack.evaluate import judge, memory_plan, timing, verdict_rules, verify
 from forge_pack.evaluate.compile import compile_candidate
 from forge_pack.evaluate.timing import TimingConfig
 from forge_pack.search.templates_proposer import instantiate
@@ -70,7 +70,9 @@ def test_estimate_that_does_not_fit_is_an_out_of_memory_message():
     need = memory_plan.estimate_peak(sig)
     inputs, out = (16 + 2) * 65536 * 4, 16 * 65536 * 4
     ref = 2 * out  # float64
-    assert need == 3 * inputs + 2 * out + ref + 4 * min(ref, memory_plan.SLICE_BYTES)
+    temporaries = max(4 * min(ref, memory_plan.SLICE_BYTES),
+                      min(16 * 65536, verdict_rules._CHUNK) * verdict_rules.CHUNK_BYTES_PER_ELEMENT)
+    assert need == 3 * inputs + 2 * out + ref + temporaries
     assert memory_plan.fits(sig, None) is None and memory_plan.fits(sig, 2 * need) is None
     why = memory_plan.fits(sig, need // 2)
     assert why.startswith(f"evaluating {sig.pretty()} needs about ") and "GiB are free" in why
@@ -176,6 +178,41 @@ def _probe_peak(text: str) -> dict:
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["reason"] == "ok", got
     return got
+
+
+_COMPARE_PEAK = """
+import json, re, sys, torch
+from forge_pack.evaluate import verdict_rules as vr
+def rss(key):
+    with open("/proc/self/status") as f:
+        return int(re.search(key + r":\\s+(\\d+) kB", f.read()).group(1)) * 1024
+torch.set_num_threads(1)
+n, vr._CHUNK = int(sys.argv[1]), int(sys.argv[2])
+out = torch.randn(n)
+ref = out.double() * (1 + 1e-9)
+table = vr.eager_allowance(out, ref)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+before = rss("VmRSS")
+c = vr.compare(out, ref, atol_floor=table)
+print(json.dumps({"peak": rss("VmHWM") - before, "passed": c.passed}))
+"""
+
+
+@pytest.mark.parametrize("n", [1 << 18, 1 << 20])
+def test_a_comparison_holds_at_most_its_chunk_times_the_bytes_memory_plan_counts(n):
+    """compare's float64 temporaries are one chunk's, whatever the tensor, and within the bytes per element
+    memory_plan's estimate counts (CHUNK_BYTES_PER_ELEMENT): measured in a fresh process whose allocations of
+    1 MiB or more are mapped on their own, so a freed temporary leaves the resident set at once."""
+    chunk = 1 << 18
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20), PYTHONPATH=str(HERE.parent))
+    res = subprocess.run([sys.executable, "-c", _COMPARE_PEAK, str(n), str(chunk)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["passed"], got
+    # the per-chunk tables (a few bytes per chunk) and the page rounding of each mapping: 4 MiB of slack
+    assert got["peak"] <= chunk * verdict_rules.CHUNK_BYTES_PER_ELEMENT + (4 << 20), got
 
 
 def test_large_path_peak_memory_is_bounded_by_the_data():

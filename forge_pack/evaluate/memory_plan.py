@@ -178,11 +178,17 @@ def cache_static(sig: Signature, static_sets: int) -> bool:
 def estimate_peak(sig: Signature, workspace_bytes: int = 0) -> int:
     """Device bytes the judge holds at its peak (verification of one set while the timed input is
     kept): the timed input, one set (inputs + float64 reference), the set's saved inputs, the output
-    and its first-run copy, the workspaces, and one reference slice's temporaries."""
+    and its first-run copy, the workspaces, and the larger of one reference slice's temporaries and
+    one comparison chunk's."""
+    from forge_pack.evaluate import verdict_rules  # torch: only the judge (a worker) asks
+
     inputs = sum(s.nbytes for _, s in sig.inputs if s is not None)
     out = sig.output.nbytes if sig.output is not None else 0
     ref = sig.output.numel * 8 if sig.output is not None else 0
-    temporaries = min(ref, SLICE_BYTES) * 4  # float64 inputs and intermediates of one slice
+    numel = sig.output.numel if sig.output is not None else 0
+    slice_temporaries = min(ref, SLICE_BYTES) * 4  # float64 inputs and intermediates of one slice
+    compare_temporaries = min(numel, verdict_rules._CHUNK) * verdict_rules.CHUNK_BYTES_PER_ELEMENT
+    temporaries = max(slice_temporaries, compare_temporaries)
     return inputs + (inputs + ref) + inputs + 2 * out + workspace_bytes + temporaries
 
 

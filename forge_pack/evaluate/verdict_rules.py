@@ -64,7 +64,13 @@ TABLE: dict[str, Tolerance] = {
 EAGER_SLACK = 2.0
 _BUCKETS = 2048  # the biased exponent field of a float64 (11 bits): one bucket per power of two
 
-_CHUNK = 1 << 24  # elements per comparison chunk: bounds the float64 temporaries (~128 MB each)
+# Elements per comparison chunk: bounds the float64 temporaries (32 MiB each). A chunk's comparison
+# holds about CHUNK_BYTES_PER_ELEMENT bytes per element at its peak (measured on the CPU: 49 without an
+# allowance table, 56 with one; tests/test_eval_memory.py); at 1 << 24 that was 0.9 GiB, 1.7x the data of
+# the 568 MB layer_norm whose GPU evaluation peaked at 4.35x. The results are read back once per
+# comparison, so smaller chunks cost only launches (about 30 per chunk, each still ~20 us of GPU work).
+_CHUNK = 1 << 22
+CHUNK_BYTES_PER_ELEMENT = 64
 
 
 def tolerance(spec: Any, dtype: str) -> Tolerance:

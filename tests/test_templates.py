@@ -207,20 +207,23 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
 
 def test_the_family_registry_and_proposer_import_without_torch():
     code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
-            "assert len(r.backend_families('cuda')) == 31 and len(r.backend_families('cpu')) == 15; "
+            "assert len(r.backend_families('cuda')) == 32 and len(r.backend_families('cpu')) == 15; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
 
 def test_registry_finds_families_by_kind_or_op_and_reference_kernels_by_op():
     assert [f.name for f in registry.families("softmax", "cuda")] == \
-        ["warp_row", "multi_row", "block_row", "online", "split_row", "split_sync"]
+        ["warp_row", "multi_row", "block_row", "online", "split_row", "split_sync", "resident"]
     assert registry.families("log_softmax", "cpu") == registry.families("softmax", "cpu")
     assert registry.families("adaptive_avg_pool2d", "cuda") == registry.families("avg_pool", "cuda")
     assert registry.kind_of("adaptive_avg_pool2d") == "avg_pool" and registry.kind_of("conv2d") is None
     assert registry.families("conv2d", "cuda") == () and registry.families("softmax", "rocm") == ()
-    assert [f.name for f in registry.backend_families("cuda") if f.co_resident] == ["resident"]
+    assert [(f.ops, f.name) for f in registry.backend_families("cuda") if f.co_resident] == \
+        [(("softmax", "log_softmax"), "resident"), (("group_norm",), "resident")]
     assert registry.is_co_resident("group_norm", "cuda", "resident")
+    assert registry.is_co_resident("log_softmax", "cuda", "resident")
+    assert not registry.is_co_resident("softmax", "cuda", "split_sync")
     assert not registry.is_co_resident("group_norm", "cuda", "split_sync")
     assert not registry.is_co_resident("group_norm", "cpu", "resident")
     assert registry.reference_ops() == ("softmax", "log_softmax", "group_norm", "adaptive_avg_pool2d")
@@ -539,6 +542,65 @@ def test_resident_group_norm_variants_verify_on_gpu(cuda_evaluator):
         sig = _sig("group_norm", text)
         cand = _candidate(fam, sig, _build(fam, sig, {**fam.defaults(sig, H200), **knobs}))
         items.append((f"{text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
+    failures = _evaluate_all(cuda_evaluator, items)
+    assert not failures, "\n".join(failures)
+
+
+# softmax / log_softmax rows held on chip: (op, signature, knobs). Teams walking several rows (ragged: 37 rows
+# over 8 and 16 teams), two buffers, a row split into slices that leave the last blocks of a team empty,
+# registers only and shared memory only, bf16 in and fp32 out.
+SOFTMAX_RESIDENT_CASES = [
+    ("softmax", "x: f32[37,98304], dim=-1", {"teams": 8, "bufs": 2, "bps": 1, "threads": 512, "regs": 2}),
+    ("log_softmax", "x: f32[37,98304], dim=-1", {"teams": 16, "bps": 2, "threads": 512, "regs": 0}),
+    ("softmax", "x: bf16[6,40000], dim=-1, dtype=float32", {"teams": 2, "bps": 1, "threads": 1024, "regs": 0}),
+    ("log_softmax", "x: f16[5,4194304], dim=-1", {"teams": 1, "bps": 2, "threads": 256, "regs": 4}),
+    ("softmax", "x: f32[64,32768], dim=-1", {"teams": 64, "bps": 1, "threads": 1024, "regs": 2}),
+]
+
+
+def test_softmax_resident_fits_rows_on_chip_orders_itself_by_row_size_or_says_why():
+    """KernelBench's 4096 rows of 393216 fp32 (1.5 MB each): 16 teams of 8 blocks, 192 KB of a row per block
+    (4 register vectors and 8 shared-memory vectors per thread), tried before `online`, which reads each row twice;
+    rows of 128 KB stay with `online` (its second read hits L2); a row too long for the chip is refused."""
+    fam = registry.family("softmax", "cuda", "resident")
+    kb = _sig("softmax", "x: f32[4096,393216], dim=1")
+    cand = instantiate("softmax", "cuda", "resident", None, kb)
+    assert (cand.params["teams"], cand.params["regs"], cand.params["threads"], cand.params["bps"]) == (16, 4, 1024, 1)
+    assert "#define SLOTS 8\n" in cand.source and "#define LOG 0\n" in cand.source
+    assert int(evaluate(cand.spec.kernels[0].grid[0], launch_env(kb))) == 128
+
+    def roots(sig) -> list[str]:  # the search's first moves, in order
+        h = Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
+        return [m.candidate.family for m in TemplateProposer().propose(ProposeRequest(h, "cuda", None, max_moves=50))]
+
+    assert roots(kb)[:2] == ["resident", "online"]
+    # 37 rows (a prime): 8 teams, each walking 4 or 5 rows, rather than the one team that divides them
+    assert fam.defaults(_sig("softmax", "x: f32[37,98304], dim=-1"), H200)["teams"] == 8
+    assert roots(_sig("softmax", "x: f32[1024,32768], dim=-1"))[-1] == "resident"
+    assert "block_row" in fam.applicable(_sig("softmax", "x: f32[1024,24576], dim=-1"), H200)
+    assert "16-byte vector" in fam.applicable(_sig("softmax", "x: f32[1024,393217], dim=-1"), H200)
+    assert "does not fit" in fam.applicable(_sig("softmax", "x: f32[4,67108864], dim=-1"), H200)
+    assert "exceed shared memory" in _build(fam, kb, {**cand.params, "teams": 32, "regs": 0})
+    assert "(at most 32)" in _build(fam, kb, {**cand.params, "teams": 64, "regs": 0})
+    assert "64 teams for 37 rows" == _build(fam, _sig("softmax", SOFTMAX_RESIDENT_CASES[0][1]),
+                                            {**cand.params, "teams": 64})
+    for op, text, knobs in SOFTMAX_RESIDENT_CASES:
+        sig = _sig(op, text)
+        assert fam.applicable(sig, H200) is None, text
+        assert not isinstance(_build(fam, sig, {**fam.defaults(sig, H200), **knobs}), str), (text, knobs)
+
+
+@pytest.mark.gpu
+def test_resident_softmax_variants_verify_on_gpu(cuda_evaluator):
+    """Rows held on chip by teams of a persistent grid: every SOFTMAX_RESIDENT_CASES layout verified (the
+    evaluator adds odd sizes, whose rows are no multiple of a vector: the element-wise path, and adversarial
+    rows: -inf, NaN, huge values)."""
+    fam = registry.family("softmax", "cuda", "resident")
+    items = []
+    for op, text, knobs in SOFTMAX_RESIDENT_CASES:
+        sig = _sig(op, text)
+        cand = _candidate(fam, sig, _build(fam, sig, {**fam.defaults(sig, H200), **knobs}))
+        items.append((f"{op} {text} {cand.label}", Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda"), cand))
     failures = _evaluate_all(cuda_evaluator, items)
     assert not failures, "\n".join(failures)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
-from forge_pack.search.template_kit import (GRAIN, HINTS, ITEMS, SMEM_BLOCK_RESERVE, SPLIT, STATIC_SMEM, THREADS,
-                                            UNROLL, VEC, Built, Family, Gpu, Knob, ReferenceKernel, cdiv, clamp,
-                                            elem_bytes, full_vec, grain_default, launch, nearest, pow2_ceil, regs_ok,
-                                            spec, stream_ok, vec_default, vec_ok)
+from forge_pack.search import resident_grid
+from forge_pack.search.template_kit import (GRAIN, HINTS, ITEMS, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu, Knob,
+                                            ReferenceKernel, cdiv, clamp, elem_bytes, full_vec, grain_default, launch,
+                                            nearest, pow2_ceil, regs_ok, spec, stream_ok, vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
 
 OPS = ("group_norm",)
@@ -25,12 +25,6 @@ LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks a
 L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_first in L2 (cache policies)")
 MIN_BLOCKS = Knob("minb", (0, 2, 4, 5, 6, 8), "blocks per SM the registers are capped for (0: the compiler's choice)")
 TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8), "groups in flight: the persistent grid splits into this many teams")
-BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
-REGS = Knob("regs", (0, 2, 4, 8, 16), "16-byte vectors per thread and buffer kept in registers (the rest in shared "
-            "memory)")
-BUFS = Knob("bufs", (1, 2), "buffers per block: 2 streams a team's next group in while this one waits for statistics")
-RES_THREADS = Knob("threads", (256, 512, 1024), "threads per block")
-STAGGER = Knob("stagger", (0, 2, 4, 8, 16), "team t starts t x this many thousand cycles late (teams out of phase)")
 
 SPLIT_MIN_GROUP = 8192  # elements per group below which a block per group is enough (splitting only adds launches)
 RESIDENT_MIN_GROUP = 1 << 20  # a persistent grid pays off only when a group alone fills the GPU
@@ -246,30 +240,9 @@ def _sync_score(sig: Signature, gpu: Gpu) -> float:
 
 
 def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
-    """Sizes of a `resident` launch: team, slice per block, vectors per thread in registers and in
-    shared memory, dynamic shared memory; or why the group does not fit on chip that way."""
+    """Sizes of a `resident` launch (resident_grid.plan over the N * G groups), or why a group does not fit."""
     e = sizes(sig)
-    vec = full_vec(sig)
-    threads, bps, teams, regs, bufs = p["threads"], p["bps"], p["teams"], p["regs"], p.get("bufs", 1)
-    if threads * bps > 2048:
-        return f"{threads * bps} threads per SM (at most 2048)"
-    if teams > e["N"] * e["G"]:
-        return f"{teams} teams for {e['N'] * e['G']} groups"
-    budget = min(255, 65536 // (threads * bps))
-    if bufs * regs * 4 + 40 > budget:
-        return f"{bufs} x {regs} vectors in registers exceed {budget} registers per thread"
-    team = gpu.sm_count * bps // teams
-    slice_ = -(-cdiv(e["GROUP_SIZE"], team) // vec) * vec
-    nv = cdiv(slice_ // vec, threads)
-    if regs > nv:
-        return f"{regs} register vectors per thread, but a slice needs only {nv}"
-    slots = nv - regs
-    if bufs * slots > 32:
-        return f"{bufs} x {slots} shared-memory vectors per thread (at most 32)"
-    smem = bufs * slots * threads * 16
-    if smem > gpu.plan_smem or bps * (smem + SMEM_BLOCK_RESERVE + STATIC_SMEM) > gpu.smem_per_sm:
-        return f"slices of {slice_} elements ({slots} shared-memory vectors per thread) exceed shared memory"
-    return {"vec": vec, "team": team, "slice": slice_, "nv": nv, "slots": slots, "smem": smem}
+    return resident_grid.plan(e["N"] * e["G"], e["GROUP_SIZE"], full_vec(sig), p, gpu)
 
 
 def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
@@ -287,20 +260,11 @@ def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
 
 
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
-    """The most groups in flight that fit on chip, preferring a team count that divides the groups
-    (every team then walks as many groups); per team count, the first block shape that fits."""
-    ng = sizes(sig)["N"] * sizes(sig)["G"]
+    """The most groups in flight that fit on chip (resident_grid.defaults)."""
     hints = {"load_hint": 2, "store_hint": 1}
-    shapes = [(1024, 1, 4), (512, 2, 4), (512, 2, 8), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0)]
-    for teams in sorted(TEAMS.values, key=lambda t: (ng % t == 0, t), reverse=True):
-        for threads, bps, regs in shapes:
-            for r in sorted({regs, 0}, reverse=True):  # fewer register vectors when a slice needs fewer
-                # teams that start together reach their barriers together: start them ~2 us apart
-                p = {"threads": threads, "bps": bps, "teams": teams, "bufs": 1, "regs": r,
-                     "stagger": 4 if teams > 1 else 0, **hints}
-                if not isinstance(resident_plan(sig, p, gpu), str):
-                    return p
-    return {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+    p = resident_grid.defaults(sizes(sig)["N"] * sizes(sig)["G"], TEAMS.values,
+                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints)
+    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
 
 
 def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
@@ -338,7 +302,9 @@ CUDA = (
            "huge groups in one kernel: statistics blocks, then (LAG groups later) normalise blocks that "
            "re-read the chunk from L2; start-order tickets, no co-residency bound",
            _split_applicable, _flow_defaults, _flow_build, _flow_score),
-    Family(OPS, "cuda", "resident", "group_norm_resident.cu", (RES_THREADS, BPS, TEAMS, BUFS, REGS, STAGGER, *HINTS),
+    Family(OPS, "cuda", "resident", "group_norm_resident.cu",
+           (resident_grid.THREADS, resident_grid.BPS, TEAMS, resident_grid.BUFS, resident_grid.REGS,
+            resident_grid.STAGGER, *HINTS),
            "huge groups, ONE read: persistent grid in `teams` teams, each normalising its own groups one "
            "after another with every block's slice kept in registers + shared memory (cp.async)",
            _resident_applicable, _resident_defaults, _resident_build, _resident_score, co_resident=True),

@@ -1,8 +1,9 @@
 """softmax and log_softmax (`LOG`) over the last dimension: kernel families and reference kernels.
 
 CUDA: rows in registers (`warp_row`, `multi_row`, `block_row`), an online pass for any length
-(`online`), and few long rows split over many blocks (`split_row` through a workspace,
-`split_sync` in one kernel with an inter-block barrier). CPU: `rows` and `online`. Kernels in
+(`online`), few long rows split over many blocks (`split_row` through a workspace, `split_sync` in
+one kernel with an inter-block barrier), and rows too long for a block held on chip by a persistent
+grid (`resident`). CPU: `rows` and `online`. Kernels in
 templates/kernels/{cuda,cpu}/softmax_*. Pure Python, no torch import.
 """
 
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
+from forge_pack.search import resident_grid
 from forge_pack.search.template_kit import (FAST_EXP, GRAIN, HINTS, ITEMS, SPLIT, THREADS, UNROLL, VEC, Built,
-                                            Family, Gpu, Knob, ReferenceKernel, always, cdiv, clamp, full_vec,
+                                            Family, Gpu, Knob, ReferenceKernel, always, cdiv, clamp, elem_bytes, full_vec,
                                             grain_default, launch, pow2_ceil, regs_ok, rows_items, spec, stream_ok,
                                             vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
 
 OPS = ("softmax", "log_softmax")
 LANES = Knob("lanes", (2, 4, 8, 16), "threads per row (several short rows per warp)")
+BLOCK_ROW_COLS = 1024 * 24  # the longest row `block_row` holds in one block's registers
 
 
 def _log(sig: Signature) -> dict:
@@ -98,7 +101,7 @@ def _multi_row_score(sig: Signature, gpu: Gpu) -> float:
 
 
 def _block_row_applicable(sig: Signature, gpu: Gpu) -> str | None:
-    return "rows too long for one block's registers" if sizes(sig)["cols"] > 1024 * 24 else None
+    return "rows too long for one block's registers" if sizes(sig)["cols"] > BLOCK_ROW_COLS else None
 
 
 def _block_row_defaults(sig: Signature, gpu: Gpu) -> dict:
@@ -211,6 +214,65 @@ def _split_sync_score(sig: Signature, gpu: Gpu) -> float:
     return 0.5 if _few_rows(sig, gpu) else 6
 
 
+# ---------------------------------------------------------------- CUDA: rows held on chip by a persistent grid
+
+RES_TEAMS = Knob("teams", (1, 2, 4, 8, 16, 32, 64), "rows in flight: the persistent grid splits into this many teams")
+
+
+def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
+    """Sizes of a `resident` launch (resident_grid.plan over the rows), or why a row does not fit."""
+    e = sizes(sig)
+    return resident_grid.plan(e["rows"], e["cols"], full_vec(sig), p, gpu, noun="rows")
+
+
+def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
+    """The most rows in flight that fit on chip (resident_grid.defaults)."""
+    hints = {"fast_exp": 1, "load_hint": 2, "store_hint": 1}
+    p = resident_grid.defaults(sizes(sig)["rows"], RES_TEAMS.values,
+                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
+    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+
+
+def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    cols = sizes(sig)["cols"]
+    if cols <= BLOCK_ROW_COLS:
+        return "rows short enough for one block's registers (block_row)"
+    if cols % full_vec(sig):
+        return "rows not a multiple of a 16-byte vector"
+    if isinstance(resident_plan(sig, _resident_defaults(sig, gpu), gpu), str):
+        return "a row does not fit in the GPU's registers and shared memory"
+    return None
+
+
+def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    plan = resident_plan(sig, p, gpu)
+    if isinstance(plan, str):
+        return plan
+    threads, vec, team = p["threads"], plan["vec"], plan["team"]
+    defines = {**_log(sig), "THREADS": threads, "VEC": vec, "BPS": p["bps"], "TEAMS": p["teams"], "REGS": p["regs"],
+               "SLOTS": plan["slots"], "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0),
+               **_hint_defines(p)}
+    slice_ = f"round_up(ceil_div(cols, {team}), {vec})"
+    k = launch("softmax_resident", ["x", "out", "ws", "i32:cols", f"i32:{slice_}", "i32:rows"], [team * p["teams"]],
+               [threads], plan["smem"])
+    ws = [Workspace("ws", f"rows * {team} * 8", zero=True)]  # one flagged partial per block and row
+    return Built({**p, "vec": vec}, defines, spec([k], ws, [f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
+
+
+RESIDENT_FIRST_ROW_BYTES = 256 << 10  # a row from which one block per row keeps more in flight than the L2 holds
+
+
+def _resident_score(sig: Signature, gpu: Gpu) -> float:
+    """First (before `online`) for rows of RESIDENT_FIRST_ROW_BYTES or more among many: `online` and
+    `split_row` read such a row twice, and with a block per row on every SM the second read no longer
+    finds it in L2 (132 rows of 256 KiB are 33 MB); `resident` reads it once while the next rows stream in.
+    Shorter rows: last (the second read hits L2, and a team's barrier costs time)."""
+    if _few_rows(sig, gpu):
+        return 2  # after split_sync and split_row, which spread few rows over the whole GPU
+    row_bytes = sizes(sig)["cols"] * elem_bytes(sig.x.dtype)
+    return 3 if row_bytes >= RESIDENT_FIRST_ROW_BYTES else 8
+
+
 CUDA = (
     Family(OPS, "cuda", "warp_row", "softmax_warp_row.cu", (THREADS, VEC, FAST_EXP, *HINTS),
            "one warp per row, row in registers, shuffle reductions (rows up to 32*vec*8)",
@@ -230,6 +292,12 @@ CUDA = (
     Family(OPS, "cuda", "split_sync", "softmax_split_sync.cu", (THREADS, ITEMS, VEC, FAST_EXP, *HINTS),
            "few long rows in one kernel and one read: chunks in registers, inter-block barrier per row",
            _split_sync_applicable, _split_sync_defaults, _split_sync_build, _split_sync_score),
+    Family(OPS, "cuda", "resident", "softmax_resident.cu",
+           (resident_grid.THREADS, resident_grid.BPS, RES_TEAMS, resident_grid.BUFS, resident_grid.REGS,
+            resident_grid.STAGGER, FAST_EXP, *HINTS),
+           "rows too long for a block, ONE read: persistent grid in `teams` teams, each normalising its own rows "
+           "one after another with every block's slice kept in registers + shared memory (cp.async)",
+           _resident_applicable, _resident_defaults, _resident_build, _resident_score, co_resident=True),
 )
 
 

@@ -1,0 +1,72 @@
+"""The persistent ("resident") grid that the `resident` families of group_norm and softmax share.
+
+SMs x bps blocks, all resident at once, split into `teams` teams. A team holds one unit (a norm
+group, a softmax row) on chip: each of its blocks keeps the same slice of the unit in registers
+(`regs` 16-byte vectors per thread) and dynamic shared memory (the rest, `slots` vectors per
+thread), `bufs` times over. This module sizes that layout for a GPU, or says why a unit does not fit;
+the kernels share templates/kernels/cuda/_resident.cuh. Pure Python, no torch import.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from forge_pack.search.template_kit import SMEM_BLOCK_RESERVE, STATIC_SMEM, Gpu, Knob, cdiv
+
+BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
+REGS = Knob("regs", (0, 2, 4, 8, 16), "16-byte vectors per thread and buffer kept in registers (the rest in shared "
+            "memory)")
+BUFS = Knob("bufs", (1, 2), "buffers per block: 2 streams a team's next unit in while this one waits for statistics")
+THREADS = Knob("threads", (256, 512, 1024), "threads per block")
+STAGGER = Knob("stagger", (0, 2, 4, 8, 16), "team t starts t x this many thousand cycles late (teams out of phase)")
+MAX_SLOTS = 32  # shared-memory vectors per thread and buffer: the kernels' cp.async wait takes 0..31 pending groups
+# The block shapes tried for the defaults, most registers first: (threads, bps, register vectors)
+SHAPES = ((1024, 1, 4), (512, 2, 4), (512, 2, 8), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0))
+
+
+def plan(units: int, unit_size: int, vec: int, p: dict, gpu: Gpu, noun: str = "groups") -> dict | str:
+    """Sizes of a resident launch over `units` units of `unit_size` elements read in vectors of `vec`:
+    team (blocks per unit), slice (elements per block), vectors per thread in registers and in shared
+    memory, dynamic shared memory per block; or why a unit does not fit on chip that way."""
+    threads, bps, teams, regs, bufs = p["threads"], p["bps"], p["teams"], p["regs"], p.get("bufs", 1)
+    if threads * bps > 2048:
+        return f"{threads * bps} threads per SM (at most 2048)"
+    if teams > units:
+        return f"{teams} teams for {units} {noun}"
+    team = gpu.sm_count * bps // teams
+    if team < 1:
+        return f"{teams} teams for {gpu.sm_count * bps} blocks"
+    budget = min(255, 65536 // (threads * bps))
+    if bufs * regs * 4 + 40 > budget:
+        return f"{bufs} x {regs} vectors in registers exceed {budget} registers per thread"
+    slice_ = -(-cdiv(unit_size, team) // vec) * vec
+    nv = cdiv(slice_ // vec, threads)
+    if regs > nv:
+        return f"{regs} register vectors per thread, but a slice needs only {nv}"
+    slots = nv - regs
+    if bufs * slots > MAX_SLOTS:
+        return f"{bufs} x {slots} shared-memory vectors per thread (at most {MAX_SLOTS})"
+    smem = bufs * slots * threads * 16
+    if smem > gpu.plan_smem or bps * (smem + SMEM_BLOCK_RESERVE + STATIC_SMEM) > gpu.smem_per_sm:
+        return f"slices of {slice_} elements ({slots} shared-memory vectors per thread) exceed shared memory"
+    return {"vec": vec, "team": team, "slice": slice_, "nv": nv, "slots": slots, "smem": smem}
+
+
+def defaults(units: int, team_counts: tuple, fits: Callable[[dict], bool], hints: dict,
+             walk_min: int | None = None) -> dict | None:
+    """The most units in flight that fit on chip, preferring a balanced team count: one that divides the
+    units (every team then walks as many) or, with `walk_min`, leaves every team at least that many units
+    (the last round's idle teams are then a small part); per team count, the first block shape of SHAPES
+    that fits (`fits`), with fewer register vectors when a slice needs fewer. None when no shape fits."""
+    def balanced(t: int) -> bool:
+        return units % t == 0 or (walk_min is not None and units >= walk_min * t)
+
+    for teams in sorted(team_counts, key=lambda t: (balanced(t), t), reverse=True):
+        for threads, bps, regs in SHAPES:
+            for r in sorted({regs, 0}, reverse=True):
+                # teams that start together reach their barriers together: start them ~2 us apart
+                p = {"threads": threads, "bps": bps, "teams": teams, "bufs": 1, "regs": r,
+                     "stagger": 4 if teams > 1 else 0, **hints}
+                if fits(p):
+                    return p
+    return None

@@ -521,6 +521,22 @@ RESIDENT_CASES = [  # (signature, knobs): teams walking several groups, register
 ]
 
 
+def _roots(sig) -> list[str]:
+    """The families of the search's first moves, in order."""
+    h = Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
+    return [m.candidate.family for m in TemplateProposer().propose(ProposeRequest(h, "cuda", None, max_moves=50))]
+
+
+def test_resident_group_norm_goes_first_for_huge_groups_few_or_many():
+    """One read of each group: first for the VAE's 32 groups of 8 MB and for KernelBench's 896 (where a block
+    per group, `welford`, read each twice); groups under RESIDENT_MIN_GROUP never see it."""
+    for text in ("x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]",
+                 "x: f32[112,64,512,512], num_groups=8, weight: f32[64], bias: f32[64]"):
+        assert _roots(_sig("group_norm", text))[0] == "resident", text
+    assert "resident" not in _roots(_sig("group_norm", "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], "
+                                                       "bias: bf16[512]"))
+
+
 def test_resident_fits_groups_on_chip_or_says_why():
     big = _sig("group_norm", "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16[128]")
     cand = instantiate("group_norm", "cuda", "resident", None, big)
@@ -568,15 +584,10 @@ def test_softmax_resident_fits_rows_on_chip_orders_itself_by_row_size_or_says_wh
     assert (cand.params["teams"], cand.params["regs"], cand.params["threads"], cand.params["bps"]) == (16, 4, 1024, 1)
     assert "#define SLOTS 8\n" in cand.source and "#define LOG 0\n" in cand.source
     assert int(evaluate(cand.spec.kernels[0].grid[0], launch_env(kb))) == 128
-
-    def roots(sig) -> list[str]:  # the search's first moves, in order
-        h = Hotspot(sig, ("test",), 1.0, 100.0, 100.0, 0.5, (), "cuda")
-        return [m.candidate.family for m in TemplateProposer().propose(ProposeRequest(h, "cuda", None, max_moves=50))]
-
-    assert roots(kb)[:2] == ["resident", "online"]
+    assert _roots(kb)[:2] == ["resident", "online"]
     # 37 rows (a prime): 8 teams, each walking 4 or 5 rows, rather than the one team that divides them
     assert fam.defaults(_sig("softmax", "x: f32[37,98304], dim=-1"), H200)["teams"] == 8
-    assert roots(_sig("softmax", "x: f32[1024,32768], dim=-1"))[-1] == "resident"
+    assert _roots(_sig("softmax", "x: f32[1024,32768], dim=-1"))[-1] == "resident"
     assert "block_row" in fam.applicable(_sig("softmax", "x: f32[1024,24576], dim=-1"), H200)
     assert "16-byte vector" in fam.applicable(_sig("softmax", "x: f32[1024,393217], dim=-1"), H200)
     assert "does not fit" in fam.applicable(_sig("softmax", "x: f32[4,67108864], dim=-1"), H200)

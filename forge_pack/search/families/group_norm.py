@@ -284,7 +284,12 @@ def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:
-    return 0 if _few_groups(sig, gpu) else 5
+    """First wherever it applies (groups of RESIDENT_MIN_GROUP elements or more): the other families read such a
+    group twice, and with many of them in flight (a block per group on every SM) the second read misses L2.
+    Among many groups it goes before `welford` (0): on 32 groups of 8 MB it measured 74-76% of copy bandwidth
+    against 56% for the two-read `split` (bench/results/kernel_sweep.md), and KernelBench's 896 groups of 8 MB,
+    searched with `welford` first for 3 evaluations, ended at 0.96x torch.compile and 64% (kernelbench.md)."""
+    return 0 if _few_groups(sig, gpu) else -1
 
 
 CUDA = (

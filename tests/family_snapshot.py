@@ -39,6 +39,8 @@ SIGNATURES = {
                    "x: f32[4,256,64,64], num_groups=32, weight: f32[256], bias: f32[256]",
                    "x: bf16[1,256,512,512], num_groups=32, weight: bf16[256], bias: bf16[256]",
                    "x: f32[1,64,1024,1024], num_groups=8"],
+    "instance_norm": ["x: f32[2,8,16,16], weight: f32[8], bias: f32[8]", "x: bf16[3,4,100]",
+                      "x: f32[112,64,512,512]", "x: bf16[8,128,128,128], weight: bf16[128], bias: bf16[128]"],
     "batch_norm": ["x: bf16[8,64,28,28], running_mean: bf16[64], running_var: bf16[64], weight: bf16[64], bias: bf16[64]",
                    "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]",
                    "x: bf16[8,64,14,14]{channels_last}, running_mean: bf16[64], running_var: bf16[64], "

@@ -43,6 +43,7 @@ SIGS = {
                     "x: f16[128,128], dim=-1"],
     "group_norm": ["x: bf16[1,64,128,128], num_groups=32, weight: bf16[64], bias: bf16[64]",
                    "x: f32[2,32,16,16], num_groups=8", "x: f16[2,64,15,15], num_groups=4, weight: f16[64], bias: f16[64]"],
+    "instance_norm": ["x: f32[2,8,16,16], weight: f32[8], bias: f32[8]", "x: bf16[3,4,100]"],
     "batch_norm": ["x: bf16[8,64,28,28], running_mean: bf16[64], running_var: bf16[64], weight: bf16[64], bias: bf16[64]",
                    "x: f32[8,96,7,7], running_mean: f32[96], running_var: f32[96]",
                    "x: bf16[8,64,14,14]{channels_last}, running_mean: bf16[64], running_var: bf16[64], "
@@ -64,6 +65,8 @@ LARGE_SIGS = {
     "group_norm": ["x: bf16[1,32,256,256], num_groups=2, weight: bf16[32], bias: bf16[32]",
                    "x: f16[2,64,256,256], num_groups=4, weight: f16[64], bias: f16[64]",
                    "x: f32[1,16,256,256], num_groups=1"],
+    # 256 planes of 256 KB (256 MB): the whole-GPU families, resident among them (many planes far beyond L2)
+    "instance_norm": ["x: f32[4,64,512,512]"],
 }
 
 
@@ -220,7 +223,7 @@ def test_registry_finds_families_by_kind_or_op_and_reference_kernels_by_op():
     assert registry.kind_of("adaptive_avg_pool2d") == "avg_pool" and registry.kind_of("conv2d") is None
     assert registry.families("conv2d", "cuda") == () and registry.families("softmax", "rocm") == ()
     assert [(f.ops, f.name) for f in registry.backend_families("cuda") if f.co_resident] == \
-        [(("softmax", "log_softmax"), "resident"), (("group_norm",), "resident")]
+        [(("softmax", "log_softmax"), "resident"), (("group_norm", "instance_norm"), "resident")]
     assert registry.is_co_resident("group_norm", "cuda", "resident")
     assert registry.is_co_resident("log_softmax", "cuda", "resident")
     assert not registry.is_co_resident("softmax", "cuda", "split_sync")

@@ -45,7 +45,7 @@ OOM_MARGIN = 1.1  # estimate x this must fit the free memory: the allocator roun
 
 # Ops whose dim 0 indexes independent problems (samples, or rows of a row-wise op): the reference on
 # x[a:b] with every other tensor whole is rows a..b of the reference. Any other op is never sliced.
-_BATCH_DIM0 = ("group_norm", "batch_norm", "adaptive_avg_pool2d")
+_BATCH_DIM0 = ("group_norm", "instance_norm", "batch_norm", "adaptive_avg_pool2d")
 
 
 def _dim0_independent(sig: Signature) -> bool:

@@ -1,4 +1,5 @@
-"""group_norm over [N, C, *spatial] in G groups of C/G channels (targeted: contiguous tensors)."""
+"""group_norm over [N, C, *spatial] in G groups of C/G channels, and instance_norm, the group_norm of one channel
+per group (its statistics from the input: no running statistics), both on contiguous tensors."""
 
 from __future__ import annotations
 
@@ -88,4 +89,62 @@ GROUP_NORM = TargetSpec(
     call_paths=function_paths("group_norm", "group_norm", False, ("GroupNorm",)), bind=_binder,
     complete=_complete)
 
-SPECS = (GROUP_NORM,)
+
+
+def _instance_binder(style: str, args: tuple, kwargs: dict):
+    """F.instance_norm with the statistics of the input itself (nn.InstanceNorm*d without running statistics,
+    the default): running_mean and running_var absent and use_input_stats True. With running statistics it
+    either updates them (training: a side effect) or is a per-channel affine map (eval): neither is targeted."""
+    names = ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps")
+    b = bind(names, {"running_mean": None, "running_var": None, "weight": None, "bias": None, "use_input_stats": True,
+                     "momentum": 0.1, "eps": 1e-5}, args, kwargs)
+    if b is None or b["running_mean"] is not None or b["running_var"] is not None or b["use_input_stats"] is not True:
+        return None
+    if not is_number(b["eps"]) or not (b["momentum"] is None or is_number(b["momentum"])):
+        return None
+    return {"x": b["input"], "weight": b["weight"], "bias": b["bias"]}, {"eps": float(b["eps"])}
+
+
+def _instance_supports(sig) -> str | None:
+    why = norm_common.contiguous_inputs(sig)
+    if why is None and len(sig.x.shape) < 3:
+        return "instance_norm needs [N, C, *spatial] with at least one spatial dim"
+    return why
+
+
+def _instance_size_vars(sig) -> dict:
+    n, c = sig.x.shape[0], sig.x.shape[1]
+    hw = sig.x.numel // max(n * c, 1)
+    return {"N": n, "C": c, "G": c, "HW": hw, "CPG": 1, "GROUP_SIZE": hw}  # group_norm's, one channel per group
+
+
+def _instance_reference(params, t, lookup):
+    return _reference({"num_groups": t["x"].shape[1], "eps": params["eps"]}, t, lookup)
+
+
+def _instance_eager(params, out_dtype, lookup):
+    fn = lookup("torch.nn.functional", "instance_norm")
+    eps = params["eps"]
+    return lambda t: fn(t["x"], None, None, t.get("weight"), t.get("bias"), True, 0.1, eps)
+
+
+def _instance_rows(params: dict, xf):
+    return block_rows(xf, xf.shape[0] * xf.shape[1])  # one row per (sample, channel)
+
+
+def _instance_permute(params: dict, xf, others: dict, gen):
+    return permute_channels(xf, others, gen, groups=xf.shape[1])
+
+
+INSTANCE_NORM = TargetSpec(
+    name="instance_norm", tensors=("x", "weight", "bias"), scalars=("eps",), params=("eps",), own_params=(),
+    doc="x contiguous [N, C, *spatial] (HW = spatial size); per (n, c) mean and biased variance over the HW "
+        "elements of the plane; out = (x - mean) * rsqrt(var + eps) * weight[c] + bias[c]; weight/bias may be "
+        "absent. The group_norm kernels serve it with G = C groups of CPG = 1 channel (GROUP_SIZE = HW).",
+    size_vars=_instance_size_vars, supports=_instance_supports, float64_reference=_instance_reference,
+    eager_call=_instance_eager, tolerances=GROUP_NORM.tolerances, draws=GROUP_NORM.draws,
+    adversarial=GROUP_NORM.adversarial, rows=_instance_rows, permute=_instance_permute, odd_shapes=_odd_shapes,
+    call_paths=function_paths("instance_norm", None, False, ("InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")),
+    bind=_instance_binder)
+
+SPECS = (GROUP_NORM, INSTANCE_NORM)

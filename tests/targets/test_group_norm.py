@@ -131,3 +131,80 @@ def test_the_float64_reference_and_eager_call_normalize_each_group():
     assert spec.eager({"num_groups": 2, "eps": 0.0}, "float32")(t).tolist() == [[[-2.0, 2.0], [0.0, 2.0]]]
     one = spec.reference64({"num_groups": 1, "eps": 0.0}, {**t, "weight": None, "bias": None})
     assert torch.allclose(one, torch.tensor([[[-3.0, -1.0], [1.0, 3.0]]], dtype=torch.float64) / 5 ** 0.5, rtol=1e-15)
+
+
+# ---------------------------------------------------------------- instance_norm: group_norm of one channel per group
+
+inn = torch.nn.InstanceNorm2d(4, affine=True, eps=1e-3)
+IN_CALLS = [  # (call, style, tensors, params)
+    (lambda: F.instance_norm(x), "F", {"x": x, "weight": None, "bias": None}, {"eps": 1e-5}),
+    (lambda: F.instance_norm(x, None, None, w, b, True, 0.1, 1e-6), "F", {"x": x, "weight": w, "bias": b},
+     {"eps": 1e-6}),
+    (lambda: F.instance_norm(x, weight=w, eps=1e-4), "F", {"x": x, "weight": w, "bias": None}, {"eps": 1e-4}),
+    (lambda: torch.nn.InstanceNorm2d(4)(x), "F", {"x": x, "weight": None, "bias": None}, {"eps": 1e-5}),
+    (lambda: inn(x), "F", {"x": x, "weight": inn.weight, "bias": inn.bias}, {"eps": 1e-3}),
+    (lambda: torch.nn.InstanceNorm1d(4)(x.flatten(2)), "F", {"x": None, "weight": None, "bias": None}, {"eps": 1e-5}),
+]
+
+
+@pytest.mark.parametrize("call, style, tensors, params", IN_CALLS[:-1])
+def test_instance_norm_binder_reads_every_call_path(call, style, tensors, params):
+    kc.check_binds("instance_norm", call, style, tensors, params)
+
+
+@pytest.mark.parametrize("call, style, tensors, params", IN_CALLS)
+def test_the_package_binds_each_instance_norm_call_as_the_profiler_does(tmp_path_factory, call, style, tensors,
+                                                                         params):
+    kc.check_same_in_package(kc.package_runtime(tmp_path_factory.getbasetemp()), "instance_norm", call)
+
+
+rm, rv = torch.zeros(4), torch.ones(4)
+
+
+@pytest.mark.parametrize("style, args, kwargs", [
+    ("F", (x, rm, rv), {}),  # running statistics: training updates them, eval is an affine map
+    ("F", (x, rm, rv, None, None, False), {}),
+    ("F", (x, None, None, None, None, False), {}),  # use_input_stats False without statistics: PyTorch's error
+    ("F", (x,), {"eps": "1e-5"}),
+    ("F", (x,), {"cudnn_enabled": True}),  # F.instance_norm has no such argument
+])
+def test_instance_norm_calls_it_cannot_read_exactly_are_left_to_pytorch(tmp_path_factory, style, args, kwargs):
+    kc.check_refused(kc.package_runtime(tmp_path_factory.getbasetemp()), "instance_norm", style, args, kwargs)
+
+
+def test_instance_norm_with_running_statistics_is_not_a_target():
+    """nn.InstanceNorm2d(track_running_stats=True) passes its buffers: never taken, in training or in eval."""
+    m = torch.nn.InstanceNorm2d(4, track_running_stats=True)
+    for mode in (m.train(), m.eval()):
+        hits = [h for h in kc.recorded(lambda: mode(x)) if h[0] == "instance_norm"]
+        assert hits and all(kc.registry.get("instance_norm").bind(h[1], h[2], h[3]) is None for h in hits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_instance_norm_float64_reference_agrees_with_eager(dtype):
+    t = torch.empty(2, 8, 5, 7, dtype=dtype)
+    sig = kc.signature("instance_norm", {"x": t, "weight": torch.empty(8, dtype=dtype), "bias": None}, {"eps": 1e-5})
+    kc.check_reference_matches_eager(sig)
+
+
+def test_instance_norm_is_group_norm_with_one_channel_per_group():
+    """Its size variables are group_norm's with G = C (what lets the group_norm kernels serve it), its reference
+    is exactly F.instance_norm in float64 (long planes too: the var_mean path), and it needs a spatial dim."""
+    from forge_pack.targets import registry
+
+    spec = registry.get("instance_norm")
+    sig = kc.signature("instance_norm", {"x": torch.empty(2, 8, 5, 7), "weight": None, "bias": None}, {"eps": 1e-5})
+    kc.check_abi(sig, {"N": 2, "C": 8, "G": 8, "HW": 35, "CPG": 1, "GROUP_SIZE": 35, "has_weight": 0})
+    assert abi.supports(sig) is None
+    from forge_pack.targets import ops
+
+    flat = ops.make_signature("instance_norm", {"x": torch.empty(2, 8), "weight": None, "bias": None}, {"eps": 1e-5})
+    assert spec.supports(flat) == "instance_norm needs [N, C, *spatial] with at least one spatial dim"
+    g = torch.Generator().manual_seed(0)
+    for shape in ((2, 3, 5, 7), (2, 3, 40000)):  # 40000 >= LONG_ROW: the reference's var_mean path
+        t = {"x": torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 2,
+             "weight": torch.randn(3, generator=g, dtype=torch.float64), "bias": torch.randn(3, generator=g,
+                                                                                          dtype=torch.float64)}
+        want = F.instance_norm(t["x"], weight=t["weight"], bias=t["bias"], eps=1e-5)
+        assert torch.allclose(spec.reference64({"eps": 1e-5}, t), want, rtol=1e-12, atol=1e-12), shape
+    assert spec.tolerances == registry.get("group_norm").tolerances

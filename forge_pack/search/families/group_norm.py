@@ -1,4 +1,5 @@
-"""group_norm (NCHW, optional affine): kernel families and reference kernel.
+"""group_norm (NCHW, optional affine) and instance_norm (its groups of one channel): kernel families and reference
+kernel.
 
 CUDA: a block per group (`welford`, `two_pass`); huge groups split over blocks through a workspace
 (`split`), in one kernel with an inter-block barrier (`split_sync`), with statistics and normalise
@@ -17,17 +18,21 @@ from forge_pack.search.template_kit import (GRAIN, HINTS, ITEMS, SPLIT, THREADS,
                                             nearest, pow2_ceil, regs_ok, spec, stream_ok, vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
 
-OPS = ("group_norm",)
+OPS = ("group_norm", "instance_norm")  # instance_norm: G = C groups of one channel (its size variables)
 
 TILE_ITEMS = Knob("items", (1, 2, 4, 8), "loop trips per block of the normalise kernel (tile size)")
 STAGE = Knob("stage", (0, 1), "where a block keeps its chunk: 0 registers, 1 shared memory")
 LAG = Knob("lag", (1, 2, 3, 4, 6), "groups between a group's statistics blocks and its normalise blocks")
 L2_KEEP = Knob("l2", (0, 1), "1: first reads evict_last and second reads evict_first in L2 (cache policies)")
 MIN_BLOCKS = Knob("minb", (0, 2, 4, 5, 6, 8), "blocks per SM the registers are capped for (0: the compiler's choice)")
-TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8), "groups in flight: the persistent grid splits into this many teams")
+TEAMS = Knob("teams", (1, 2, 3, 4, 6, 8, 16, 32), "groups in flight: the persistent grid splits into this many teams")
 
 SPLIT_MIN_GROUP = 8192  # elements per group below which a block per group is enough (splitting only adds launches)
-RESIDENT_MIN_GROUP = 1 << 20  # a persistent grid pays off only when a group alone fills the GPU
+RESIDENT_MIN_GROUP = 1 << 20  # a persistent grid pays off only when a group alone fills the GPU,
+# or when the groups are many and together far larger than any L2 (a block per group then reads each twice from
+# DRAM): groups of RESIDENT_MIN_PLANE elements or more (instance_norm's planes) in a tensor of RESIDENT_MIN_BYTES
+RESIDENT_MIN_PLANE = 1 << 16
+RESIDENT_MIN_BYTES = 256 << 20
 SYNC_SPARE_SMS = 4  # split_sync leaves 4 SMs of the resident wave free, so a group's blocks fit beside others
 MAX_GROUP = 2000000000  # the kernels index a group with 32-bit integers
 _ARGS = ["x", "weight", "bias"]
@@ -250,7 +255,8 @@ def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
     if why:
         return why
     e = sizes(sig)
-    if e["GROUP_SIZE"] < RESIDENT_MIN_GROUP:
+    large = e["N"] * e["G"] * e["GROUP_SIZE"] * elem_bytes(sig.x.dtype) >= RESIDENT_MIN_BYTES
+    if e["GROUP_SIZE"] < (RESIDENT_MIN_PLANE if large else RESIDENT_MIN_GROUP):
         return "groups too small for a whole-GPU persistent kernel"
     if isinstance(resident_plan(sig, _resident_defaults(sig, gpu), gpu), str):
         return "a group does not fit in the GPU's registers and shared memory"
@@ -284,8 +290,9 @@ def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:
-    """First wherever it applies (groups of RESIDENT_MIN_GROUP elements or more): the other families read such a
-    group twice, and with many of them in flight (a block per group on every SM) the second read misses L2.
+    """First wherever it applies (groups of RESIDENT_MIN_GROUP elements or more, or of RESIDENT_MIN_PLANE in a tensor
+    of RESIDENT_MIN_BYTES): the other families read such a group twice, and with many of them in flight (a block per
+    group on every SM) the second read misses L2.
     Among many groups it goes before `welford` (0): on 32 groups of 8 MB it measured 74-76% of copy bandwidth
     against 56% for the two-read `split` (bench/results/kernel_sweep.md), and KernelBench's 896 groups of 8 MB,
     searched with `welford` first for 3 evaluations, ended at 0.96x torch.compile and 64% (kernelbench.md)."""

@@ -3,8 +3,8 @@
 CUDA: rows in registers (`warp_row`, `multi_row`, `block_row`), an online pass for any length
 (`online`), few long rows split over many blocks (`split_row` through a workspace, `split_sync` in
 one kernel with an inter-block barrier), and rows too long for a block held on chip by a persistent
-grid (`resident`). CPU: `rows` and `online`. Kernels in
-templates/kernels/{cuda,cpu}/softmax_*. Pure Python, no torch import.
+grid (`resident`). CPU: `rows` and `online`. Kernels in templates/kernels/{cuda,cpu}/softmax_*. Pure
+Python, no torch import.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
 from forge_pack.search import resident_grid
 from forge_pack.search.template_kit import (FAST_EXP, GRAIN, HINTS, ITEMS, SPLIT, THREADS, UNROLL, VEC, Built,
-                                            Family, Gpu, Knob, ReferenceKernel, always, cdiv, clamp, elem_bytes, full_vec,
-                                            grain_default, launch, pow2_ceil, regs_ok, rows_items, spec, stream_ok,
-                                            vec_default, vec_ok)
+                                            Family, Gpu, Knob, ReferenceKernel, always, cdiv, clamp, elem_bytes,
+                                            full_vec, grain_default, launch, pow2_ceil, regs_ok, rows_items, spec,
+                                            stream_ok, vec_default, vec_ok)
 from forge_pack.targets.abi import env as sizes
 
 OPS = ("softmax", "log_softmax")

@@ -760,6 +760,21 @@ def test_finite_absmax_reads_every_chunk_from_the_first_element(monkeypatch):
     assert vr._finite_absmax(torch.tensor([float("-inf"), float("nan")])) == 0.0
 
 
+def test_a_comparison_over_many_chunks_warns_nothing(monkeypatch):
+    """Each chunk's counts and maxima are written into tables sized for them before the first chunk: a table of
+    another width would have its rows resized under torch.stack(out=...), which warns."""
+    import warnings
+
+    monkeypatch.setattr(vr, "_CHUNK", 3)
+    ref = torch.arange(10, dtype=torch.float64)
+    out = ref.float().clone()
+    out[7] = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = vr.compare(out, ref, atol=0.0, rtol=0.0)
+    assert (c.mismatches, c.nan_count, c.nonfinite_mismatches) == (1, 1, 1) and c.first_mismatch.startswith("NaN/Inf")
+
+
 # ---------------------------------------------------------------- rejudge: a kind's second allowance key
 
 

@@ -133,7 +133,7 @@ def _instance_rows(params: dict, xf):
 
 
 def _instance_permute(params: dict, xf, others: dict, gen):
-    return permute_channels(xf, others, gen, groups=xf.shape[1])
+    return permute_channels(xf, others, gen)  # every channel its own group: channels in any order
 
 
 INSTANCE_NORM = TargetSpec(

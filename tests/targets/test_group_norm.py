@@ -208,3 +208,69 @@ def test_instance_norm_is_group_norm_with_one_channel_per_group():
         want = F.instance_norm(t["x"], weight=t["weight"], bias=t["bias"], eps=1e-5)
         assert torch.allclose(spec.reference64({"eps": 1e-5}, t), want, rtol=1e-12, atol=1e-12), shape
     assert spec.tolerances == registry.get("group_norm").tolerances
+
+
+def test_instance_norm_binder_defaults_are_pytorchs():
+    """The package's patched F.instance_norm receives the call as written: the binder's defaults are F's."""
+    from forge_pack.targets import registry
+
+    spec = registry.get("instance_norm")
+    assert spec.bind("F", (x,), {}) == ({"x": x, "weight": None, "bias": None}, {"eps": 1e-5})
+    assert spec.bind("F", (x, None, None, w), {"momentum": None}) == ({"x": x, "weight": w, "bias": None},
+                                                                      {"eps": 1e-5})
+    assert spec.bind("F", (x,), {"bias": b, "use_input_stats": True, "eps": 1e-2}) == (
+        {"x": x, "weight": None, "bias": b}, {"eps": 1e-2})
+    assert spec.bind("F", (x, rm), {}) is None and spec.bind("F", (x, None, rv), {}) is None  # either statistic
+    assert spec.bind("F", (x,), {"momentum": "0.1"}) is None
+
+
+def test_instance_norm_eager_is_the_functional_call_with_every_argument():
+    from forge_pack.targets import registry
+
+    g = torch.Generator().manual_seed(3)
+    t = {"x": torch.randn(2, 3, 4, 5, generator=g) * 2 + 1, "weight": torch.randn(3, generator=g),
+         "bias": torch.randn(3, generator=g)}
+    got = registry.get("instance_norm").eager({"eps": 0.5}, "float32")(t)
+    assert torch.equal(got, F.instance_norm(t["x"], weight=t["weight"], bias=t["bias"], eps=0.5))
+
+
+def _in_sig(shape, channels_last=False):
+    t = torch.empty(shape)
+    if channels_last:
+        t = t.to(memory_format=torch.channels_last)
+    return kc.signature("instance_norm", {"x": t, "weight": None, "bias": None}, {"eps": 1e-5})
+
+
+def test_instance_norm_size_vars_and_applicability_at_the_edges():
+    from forge_pack.targets import registry
+
+    spec = registry.get("instance_norm")
+    got = spec.size_vars(_in_sig((1, 1, 3, 3)))
+    assert got == {"N": 1, "C": 1, "G": 1, "HW": 9, "CPG": 1, "GROUP_SIZE": 9}
+    assert all(type(v) is int for v in got.values())
+    assert spec.supports(_in_sig((2, 4, 10))) is None  # InstanceNorm1d's [N, C, L]
+    assert spec.supports(_in_sig((2, 4, 3, 5, 6))) is None
+    assert spec.supports(_in_sig((2, 4, 3, 5), channels_last=True)) == "non-contiguous input"
+
+
+def test_instance_norm_rows_are_planes_and_its_permutation_moves_whole_planes_with_their_channel():
+    """The derived sets: rows are the (sample, channel) planes; a permutation reorders samples, channels (with
+    weight and bias) and positions, so every plane of the result is an original plane, with its channel's affine."""
+    from forge_pack.targets import registry
+
+    spec = registry.get("instance_norm")
+    n, c, hw = 3, 5, 6
+    xf = (torch.arange(n, dtype=torch.float64)[:, None, None] * 1000 + torch.arange(c)[None, :, None] * 10
+          + torch.arange(hw)[None, None, :] / 10).reshape(n, c, 2, 3)
+    rows, back = spec.rows({"eps": 1e-5}, xf)
+    assert rows.shape == (n * c, hw) and torch.equal(rows[c + 2], xf[1, 2].reshape(-1)) and torch.equal(back(rows), xf)
+    others = {"weight": torch.arange(c, dtype=torch.float64), "bias": -torch.arange(c, dtype=torch.float64)}
+    again = spec.permute({"eps": 1e-5}, xf, dict(others), torch.Generator().manual_seed(4))
+    moved = spec.permute({"eps": 1e-5}, xf, others, torch.Generator().manual_seed(4))
+    assert moved.shape == xf.shape and not torch.equal(moved, xf) and torch.equal(moved, again)  # the seed's
+    for i in range(n):
+        for j in range(c):
+            plane = moved[i, j].reshape(-1)
+            si, sj = int(plane[0] // 1000), int(plane[0] % 1000 // 10)  # the original plane it came from
+            assert torch.equal(plane.sort().values, xf[si, sj].reshape(-1)), (i, j)
+            assert others["weight"][j] == sj and others["bias"][j] == -sj

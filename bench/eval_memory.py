@@ -88,6 +88,11 @@ class Peaks:
         self.open: list[int] = []
         self.total = 0
 
+    def start(self) -> None:
+        """A new evaluation: its peak counts from now (the mark reset to what is allocated, no step open)."""
+        self.reset()
+        self.open, self.total = [], 0
+
     def fold(self) -> None:
         m = self.max_allocated()
         self.total = max(self.total, m)
@@ -188,7 +193,7 @@ def run_case(name: str, reps: int, where: bool = False, profile: bool = False) -
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         if peaks is not None:
-            peaks.total = 0
+            peaks.start()
         before = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         if profile:

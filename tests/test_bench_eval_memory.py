@@ -85,3 +85,8 @@ def test_peaks_name_the_step_inside_which_the_peak_was_and_keep_the_evaluations_
     p.fold()
     assert (inner, sibling, outer) == (35, 16, 35)
     assert p.total == 50 and p.open == []
+    p.start()  # the next evaluation starts from the 16 still held and peaks at 26: the first one's 50 is not its
+    a.alloc(10)
+    a.alloc(-10)
+    p.fold()
+    assert p.total == 26 and p.open == []

@@ -32,6 +32,9 @@ CASES = {
     "softmax_1024x393216": ("softmax", "x: f32[1024,393216], dim=-1", "split_row"),
     "group_norm_28x64x512x512": ("group_norm", "x: f32[28,64,512,512], num_groups=8, weight: f32[64], "
                                  "bias: f32[64]", "split"),
+    # the one-read persistent grids: rows of 1.5 MB, planes of 1 MB (KernelBench's softmax and InstanceNorm2d rows)
+    "softmax_1024x393216_resident": ("softmax", "x: f32[1024,393216], dim=-1", "resident"),
+    "instance_norm_28x64x512x512_resident": ("instance_norm", "x: f32[28,64,512,512]", "resident"),
     "vit_encoder_norm": ("layer_norm", "x: f32[64,197,768]{strides=768,49152,1}, normalized_shape=(768,), "
                          "weight: f32[768], bias: f32[768]", "strided_row"),
 }

@@ -61,7 +61,6 @@ __device__ __forceinline__ float2 team_group_stats(const T_X* __restrict__ xg, u
   return *stat;
 }
 
-
 // Per-channel scale and shift of the vectors a thread writes, in increasing element order: the
 // channel is recomputed (one division, two loads) only when a vector passes the channel's end.
 struct ResChannel {
@@ -91,7 +90,6 @@ FP_DEV Moments res_fold(Moments st, const Vec<T_X, V>& a) {
   for (int k = 0; k < V; ++k) v[k] = a.get(k);
   return moments_merge(st, moments_of<V>(v, V));
 }
-
 
 // Group g from the buffer: moments as the vectors land, the team's statistics, then every vector
 // written normalised and at once refilled with group gn's (when gn < ngroups). The other buffer's

@@ -57,11 +57,10 @@ def region_signature(kind: str, shape: tuple, device: str = "cuda"):
     from forge_pack.graph.regions import find_regions
     from forge_pack.targets.region_target import signature
 
-    class ChannelRms(nn.Module):  # KernelBench's RMS norm: over the channels of NCHW
-        def forward(self, x):
-            return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "kernelbench"))
+    from l1_36_rms_norm import Model as ChannelRms  # KernelBench's RMS norm: over the channels of NCHW
 
-    model = nn.InstanceNorm2d(shape[1]) if kind == "instance_norm" else ChannelRms()
+    model = nn.InstanceNorm2d(shape[1]) if kind == "instance_norm" else ChannelRms(shape[1])
     x = torch.randn(shape, device=device)
     (region,) = find_regions(capture(model.to(device), (x,), profile=False))
     del x

@@ -277,11 +277,10 @@ def _channel_rms_signature(n: int, size: int):
     from forge_pack.graph.regions import find_regions
     from forge_pack.targets.region_target import signature
 
-    class ChannelRms(torch.nn.Module):
-        def forward(self, x):
-            return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+    sys.path.insert(0, str(MODELS.parent.parent / "bench" / "kernelbench"))
+    from l1_36_rms_norm import Model
 
-    (region,) = find_regions(capture(ChannelRms(), (torch.randn(n, 8, size, size),), profile=False))
+    (region,) = find_regions(capture(Model(8), (torch.randn(n, 8, size, size),), profile=False))
     return signature(region)
 
 

@@ -264,18 +264,20 @@ def test_instance_norm_lowers_and_verifies(cpu_evaluator, how, dtype):
     _verifies(cpu_evaluator, region)
 
 
-class _ChannelRms(nn.Module):
-    """KernelBench's RMSNorm: over the channels of NCHW (dim 1, not the trailing dims), the input divided by it."""
+def _channel_rms() -> nn.Module:
+    """KernelBench's RMSNorm (bench/kernelbench/l1_36_rms_norm.py): over the channels of NCHW (dim 1, not the
+    trailing dims), the input divided by it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "kernelbench"))
+    from l1_36_rms_norm import Model
 
-    def forward(self, x):
-        return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+    return Model(8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 def test_a_norm_over_channels_computes_its_epilogue_in_the_reductions_dim_order(cpu_evaluator, dtype):
     """The rows are (n, h, w) and the columns c; the division, in the model's NCHW order, is computed over that
     space too, its output written at NCHW's strides read in that order."""
-    (region,) = find_regions(capture(_ChannelRms(), (torch.randn(2, 8, 5, 7).to(dtype),), profile=False))
+    (region,) = find_regions(capture(_channel_rms(), (torch.randn(2, 8, 5, 7).to(dtype),), profile=False))
     prog = program(signature(region))
     assert prog.space == (2, 5, 7, 8) and prog.out_perm == (0, 2, 3, 1) and prog.out_strides == (280, 7, 1, 35)
     _verifies(cpu_evaluator, region)

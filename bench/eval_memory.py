@@ -27,6 +27,8 @@ CASES = {
     # name: (op, signature, family)
     "layer_norm_16_rows": ("layer_norm", "x: f32[16,64,256,256], normalized_shape=(64,256,256), "
                            "weight: f32[64,256,256], bias: f32[64,256,256]", "split_row"),
+    "layer_norm_16_rows_resident": ("layer_norm", "x: f32[16,64,256,256], normalized_shape=(64,256,256), "
+                                    "weight: f32[64,256,256], bias: f32[64,256,256]", "resident"),
     "layer_norm_16_rows_online": ("layer_norm", "x: f32[16,64,256,256], normalized_shape=(64,256,256), "
                                   "weight: f32[64,256,256], bias: f32[64,256,256]", "online"),
     "softmax_1024x393216": ("softmax", "x: f32[1024,393216], dim=-1", "split_row"),

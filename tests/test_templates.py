@@ -145,7 +145,7 @@ def test_issue_families_exist():
     assert {"welford", "two_pass", "split", "split_sync", "split_flow", "resident"} <= names["group_norm"]
     assert {"nchw_plane", "nchw_flat", "nhwc"} <= names["batch_norm"]
     assert {"nchw_lanes", "nchw_tile", "nhwc"} <= names["adaptive_avg_pool2d"]
-    assert names["rms_norm"] == {"warp_row", "block_row", "online", "split_row"}
+    assert names["rms_norm"] == {"warp_row", "block_row", "online", "split_row", "resident"}
     assert names["layer_norm"] == names["rms_norm"] | {"strided_row"}  # rms_norm takes no strided x
     knobs = {k for op in OPS for f in families(op, "cuda") for k in f.params}
     assert {"threads", "vec", "items", "lanes", "unroll", "fast_exp", "load_hint", "store_hint", "split"} <= knobs
@@ -178,15 +178,17 @@ def test_long_rows_are_split_over_many_blocks():
 
 
 def test_few_long_norm_rows_are_split_over_many_blocks_and_tried_first():
-    """16 layer_norm rows of 4 M elements (64x256x256 each) must not run on 16 blocks: split_row is
-    the first root, with at least two blocks per SM, and both its kernels cover every row's chunks."""
+    """16 layer_norm rows of 4 M elements (64x256x256 each) must not run on 16 blocks: the first two roots are
+    resident (every SM's block holding a slice of a row) and split_row, with at least two blocks per SM, both its
+    kernels covering every row's chunks."""
     for op, text in (("layer_norm", "x: f32[16,4194304], normalized_shape=(4194304,), weight: f32[4194304], "
                                     "bias: f32[4194304]"),
                      ("rms_norm", "x: bf16[8,262144], normalized_shape=(262144,), weight: bf16[262144], eps=1e-6")):
         sig = _sig(op, text)
         roots = TemplateProposer().propose(_request(sig, max_moves=8))
-        assert roots[0].candidate.family == "split_row", op
-        cand = roots[0].candidate
+        assert [r.candidate.family for r in roots[:2]] == ["resident", "split_row"], op
+        assert evaluate(roots[0].candidate.spec.kernels[0].grid[0], launch_env(sig)) >= 128
+        cand = roots[1].candidate
         env = launch_env(sig)
         split = cand.params["split"]
         assert [k.name for k in cand.spec.kernels] == [f"{op}_split_stats", f"{op}_split_norm"]
@@ -210,7 +212,7 @@ def test_instantiate_rejects_inapplicable_family_and_bad_values():
 
 def test_the_family_registry_and_proposer_import_without_torch():
     code = ("import sys, forge_pack.search.families as r, forge_pack.search.templates_proposer; "
-            "assert len(r.backend_families('cuda')) == 32 and len(r.backend_families('cpu')) == 15; "
+            "assert len(r.backend_families('cuda')) == 34 and len(r.backend_families('cpu')) == 15; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
 
@@ -223,7 +225,8 @@ def test_registry_finds_families_by_kind_or_op_and_reference_kernels_by_op():
     assert registry.kind_of("adaptive_avg_pool2d") == "avg_pool" and registry.kind_of("conv2d") is None
     assert registry.families("conv2d", "cuda") == () and registry.families("softmax", "rocm") == ()
     assert [(f.ops, f.name) for f in registry.backend_families("cuda") if f.co_resident] == \
-        [(("softmax", "log_softmax"), "resident"), (("group_norm", "instance_norm"), "resident")]
+        [(("softmax", "log_softmax"), "resident"), (("group_norm", "instance_norm"), "resident"),
+         (("layer_norm",), "resident"), (("rms_norm",), "resident")]
     assert registry.is_co_resident("group_norm", "cuda", "resident")
     assert registry.is_co_resident("log_softmax", "cuda", "resident")
     assert not registry.is_co_resident("softmax", "cuda", "split_sync")
@@ -602,6 +605,22 @@ def test_softmax_resident_fits_rows_on_chip_orders_itself_by_row_size_or_says_wh
         sig = _sig(op, text)
         assert fam.applicable(sig, H200) is None, text
         assert not isinstance(_build(fam, sig, {**fam.defaults(sig, H200), **knobs}), str), (text, knobs)
+
+
+def test_rownorm_resident_goes_first_for_rows_beyond_l2_reach_and_fits_kernelbenchs_layer_norm():
+    """KernelBench's layer_norm (16 rows of 4M fp32, 16 MB each): 2 teams of 66 blocks, each holding 254 KB of a row,
+    before split_row (62% of copy bandwidth there, two reads); rows of 128 KB keep split_row first."""
+    kb = _sig("layer_norm", "x: f32[16,64,256,256], normalized_shape=(64,256,256), weight: f32[64,256,256], "
+                            "bias: f32[64,256,256]")
+    cand = instantiate("layer_norm", "cuda", "resident", None, kb)
+    assert (cand.params["teams"], cand.params["regs"], cand.params["threads"]) == (2, 4, 1024)
+    assert "#define SLOTS 12\n" in cand.source and "#define RMS 0\n" in cand.source
+    assert int(evaluate(cand.spec.kernels[0].grid[0], launch_env(kb))) == 132
+    assert _roots(kb)[:2] == ["resident", "split_row"]
+    rms = _sig("rms_norm", "x: f32[64,32768], normalized_shape=(32768,), eps=1e-6")
+    assert _roots(rms)[0] == "split_row" and _roots(rms)[-1] == "resident"
+    fam = registry.family("rms_norm", "cuda", "resident")
+    assert "shorter than 32768" in fam.applicable(_sig("rms_norm", "x: f32[64,32760], normalized_shape=(32760,)"), H200)
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """The row-normalisation families layer_norm and rms_norm share (templates rownorm_*, `RMS` picks
 the op): `warp_row` and `block_row` hold the row in registers, `online` streams any length,
-`split_row` spreads each of a few long rows over many blocks; layer_norm's `strided_row` reads an x
+`split_row` spreads each of a few long rows over many blocks, `resident` holds rows too long for a block on
+chip with a persistent grid (as softmax's and group_norm's); layer_norm's `strided_row` reads an x
 whose rows are each contiguous but not packed (a transposed view). The CPU has `rows` and
 (layer_norm) `strided_rows`. Every family but the strided ones needs a contiguous x. layer_norm.py and rms_norm.py each instantiate them for their op. Pure Python, no torch.
 """
@@ -9,10 +10,11 @@ from __future__ import annotations
 
 from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
+from forge_pack.search import resident_grid
 from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu,
-                                            always,
-                                            cdiv, clamp, first, grain_default, launch, pow2_ceil, regs_ok, rows_items,
-                                            spec, stream_ok, vec_default, vec_ok)
+                                            Knob, always, cdiv, clamp, elem_bytes, first, full_vec, grain_default,
+                                            launch, pow2_ceil, regs_ok, rows_items, spec, stream_ok, vec_default,
+                                            vec_ok)
 from forge_pack.targets.abi import env as sizes
 
 
@@ -168,6 +170,62 @@ def _split_row_score(sig: Signature, gpu: Gpu) -> float:
     return -1 if _few_rows(sig, gpu) else 4
 
 
+# ---------------------------------------------------------------- CUDA: rows held on chip by a persistent grid
+
+
+RES_TEAMS = Knob("teams", (1, 2, 4, 8, 16, 32, 64), "rows in flight: the persistent grid splits into this many teams")
+RESIDENT_MIN_COLS = 32768  # shorter rows: one block per row holds them (block_row), or its second read hits L2
+RESIDENT_FIRST_ROW_BYTES = 256 << 10  # rows from which a block per row, or split_row's second read, misses L2
+
+
+def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
+    """Sizes of a `resident` launch (resident_grid.plan over the rows), or why a row does not fit."""
+    e = sizes(sig)
+    return resident_grid.plan(e["rows"], e["cols"], full_vec(sig), p, gpu, noun="rows")
+
+
+def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
+    """The most rows in flight that fit on chip (resident_grid.defaults)."""
+    hints = {"load_hint": 2, "store_hint": 1}
+    p = resident_grid.defaults(sizes(sig)["rows"], RES_TEAMS.values,
+                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
+    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+
+
+def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
+    cols = sizes(sig)["cols"]
+    if cols < RESIDENT_MIN_COLS:
+        return f"rows shorter than {RESIDENT_MIN_COLS} elements: a block per row holds or re-reads them from L2"
+    if cols % full_vec(sig):
+        return "rows not a multiple of a 16-byte vector"
+    if isinstance(resident_plan(sig, _resident_defaults(sig, gpu), gpu), str):
+        return "a row does not fit in the GPU's registers and shared memory"
+    return None
+
+
+def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
+    plan = resident_plan(sig, p, gpu)
+    if isinstance(plan, str):
+        return plan
+    threads, vec, team = p["threads"], plan["vec"], plan["team"]
+    q = {**p, "vec": vec}
+    defines = {**_defines(sig, q), "BPS": p["bps"], "TEAMS": p["teams"], "REGS": p["regs"], "SLOTS": plan["slots"],
+               "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0)}
+    head, tail = _head_tail(sig)
+    slice_ = f"round_up(ceil_div(cols, {team}), {vec})"
+    k = launch(f"{sig.op}_resident", [*head, "ws", "i32:cols", f"i32:{slice_}", "i32:rows", *tail],
+               [team * p["teams"]], [threads], plan["smem"])
+    ws = [Workspace("ws", f"rows * {team} * 8", zero=True)]  # one flagged partial per block and row
+    return Built(q, defines, spec([k], ws, [f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
+
+
+def _resident_score(sig: Signature, gpu: Gpu) -> float:
+    """First (before `split_row`, -1) for rows of RESIDENT_FIRST_ROW_BYTES or more: the other families read such
+    a row twice, and the second read misses L2 (KernelBench's 16 rows of 16 MB: `split_row` at 62% of copy
+    bandwidth, under the 67% ceiling of two reads and a write); last for shorter rows."""
+    return -2 if sizes(sig)["cols"] * elem_bytes(sig.x.dtype) >= RESIDENT_FIRST_ROW_BYTES else 8
+
+
 # ---------------------------------------------------------------- strided rows (CUDA and CPU)
 
 
@@ -222,6 +280,13 @@ def cuda_families(op: str) -> tuple[Family, ...]:
         Family(ops, "cuda", "split_row", "rownorm_split_row.cu", (SPLIT, THREADS, VEC, UNROLL, *HINTS),
                "few long rows: each split over `split` blocks; stats kernel -> workspace -> normalise kernel",
                _contiguous(_split_row_applicable), _split_row_defaults, _split_row_build, _split_row_score),
+        Family(ops, "cuda", "resident", "rownorm_resident.cu",
+               (resident_grid.THREADS, resident_grid.BPS, RES_TEAMS, resident_grid.BUFS, resident_grid.REGS,
+                resident_grid.STAGGER, *HINTS),
+               "rows too long for a block, ONE read: persistent grid in `teams` teams, each normalising its own rows "
+               "one after another with every block's slice kept in registers + shared memory (cp.async)",
+               _contiguous(_resident_applicable), _resident_defaults, _resident_build, _resident_score,
+               co_resident=True),
     ) + (_strided_cuda() if op == "layer_norm" else ())
 
 

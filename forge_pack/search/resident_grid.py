@@ -9,8 +9,10 @@ the kernels share templates/kernels/cuda/_resident.cuh. Pure Python, no torch im
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
+from forge_pack.core.candidate import Workspace
 from forge_pack.search.template_kit import SMEM_BLOCK_RESERVE, STATIC_SMEM, Gpu, Knob, cdiv
 
 BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
@@ -19,6 +21,9 @@ REGS = Knob("regs", (0, 2, 4, 8, 16), "16-byte vectors per thread and buffer kep
 BUFS = Knob("bufs", (1, 2), "buffers per block: 2 streams a team's next unit in while this one waits for statistics")
 THREADS = Knob("threads", (256, 512, 1024), "threads per block")
 STAGGER = Knob("stagger", (0, 2, 4, 8, 16), "team t starts t x this many thousand cycles late (teams out of phase)")
+# rows (softmax, layer_norm, rms_norm) are smaller units than norm groups: more of them fit on chip at once
+ROW_TEAMS = Knob("teams", (1, 2, 4, 8, 16, 32, 64), "rows in flight: the persistent grid splits into this many teams")
+FIRST_ROW_BYTES = 256 << 10  # rows from which a block per row (or a second read) no longer finds the row in L2
 MAX_SLOTS = 32  # shared-memory vectors per thread and buffer: the kernels' cp.async wait takes 0..31 pending groups
 # The block shapes tried for the defaults, most registers first: (threads, bps, register vectors)
 SHAPES = ((1024, 1, 4), (512, 2, 4), (512, 2, 8), (512, 1, 16), (256, 2, 16), (512, 2, 0), (1024, 1, 0))
@@ -53,11 +58,12 @@ def plan(units: int, unit_size: int, vec: int, p: dict, gpu: Gpu, noun: str = "g
 
 
 def defaults(units: int, team_counts: tuple, fits: Callable[[dict], bool], hints: dict,
-             walk_min: int | None = None) -> dict | None:
+             walk_min: int | None = None) -> dict:
     """The most units in flight that fit on chip, preferring a balanced team count: one that divides the
     units (every team then walks as many) or, with `walk_min`, leaves every team at least that many units
     (the last round's idle teams are then a small part); per team count, the first block shape of SHAPES
-    that fits (`fits`), with fewer register vectors when a slice needs fewer. None when no shape fits."""
+    that fits (`fits`), with fewer register vectors when a slice needs fewer. When none fits, one team of
+    512-thread blocks, two per SM (the family's applicability then says why it does not apply)."""
     def balanced(t: int) -> bool:
         return units % t == 0 or (walk_min is not None and units >= walk_min * t)
 
@@ -69,4 +75,28 @@ def defaults(units: int, team_counts: tuple, fits: Callable[[dict], bool], hints
                      "stagger": 4 if teams > 1 else 0, **hints}
                 if fits(p):
                     return p
-    return None
+    return {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a resident launch spec needs from a plan: the grid's defines, the slice size expression (a kernel
+    argument), the grid size, the workspace of one flagged 64-bit partial per block and unit, and the launch's
+    requirement that a unit's slice fits the vectors the kernel was compiled for."""
+
+    defines: dict
+    slice: str
+    blocks: int
+    workspace: Workspace
+    requires: str
+
+
+def layout(p: dict, plan: dict, units: str, size: str) -> Layout:
+    """The launch of plan `plan` (from `plan`) at parameters `p`; `units` and `size` are the launch-time
+    expressions of the unit count and of the elements per unit."""
+    team, vec = plan["team"], plan["vec"]
+    defines = {"BPS": p["bps"], "TEAMS": p["teams"], "REGS": p["regs"], "SLOTS": plan["slots"],
+               "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0)}
+    slice_ = f"round_up(ceil_div({size}, {team}), {vec})"
+    return Layout(defines, slice_, team * p["teams"], Workspace("ws", f"{units} * {team} * 8", zero=True),
+                  f"ceil_div({slice_}, {vec * p['threads']}) <= {plan['nv']}")

@@ -268,25 +268,21 @@ def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
     """The most groups in flight that fit on chip (resident_grid.defaults)."""
     hints = {"load_hint": 2, "store_hint": 1}
-    p = resident_grid.defaults(sizes(sig)["N"] * sizes(sig)["G"], TEAMS.values,
-                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints)
-    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+    return resident_grid.defaults(sizes(sig)["N"] * sizes(sig)["G"], TEAMS.values,
+                                  lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints)
 
 
 def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     plan = resident_plan(sig, p, gpu)
     if isinstance(plan, str):
         return plan
-    threads, bps, teams, vec, team = p["threads"], p["bps"], p["teams"], plan["vec"], plan["team"]
-    blocks = team * teams
-    defines = {"THREADS": threads, "VEC": vec, "BPS": bps, "TEAMS": teams, "REGS": p["regs"], "SLOTS": plan["slots"],
-               "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0), "UNROLL": 1, **_hints(p)}
-    slice_ = f"round_up(ceil_div(GROUP_SIZE, {team}), {vec})"
+    lay = resident_grid.layout(p, plan, "N * G", "GROUP_SIZE")
+    defines = {"THREADS": p["threads"], "VEC": plan["vec"], **lay.defines, "UNROLL": 1, **_hints(p)}
     k = launch("group_norm_resident", [*_ARGS, "out", "ws", "i32:GROUP_SIZE", "i32:HW", "i32:CPG", "i32:G",
-                                       f"i32:{slice_}", "i32:N * G", "eps"], [blocks], [threads], plan["smem"])
-    ws = [Workspace("ws", f"N * G * {team} * 8", zero=True)]  # one flagged partial per block and group
-    return Built({**p, "vec": vec}, defines,
-                 spec([k], ws, [f"GROUP_SIZE <= {MAX_GROUP}", f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
+                                       f"i32:{lay.slice}", "i32:N * G", "eps"], [lay.blocks], [p["threads"]],
+               plan["smem"])
+    return Built({**p, "vec": plan["vec"]}, defines,
+                 spec([k], [lay.workspace], [f"GROUP_SIZE <= {MAX_GROUP}", lay.requires]))
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:

@@ -12,7 +12,7 @@ from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
 from forge_pack.search import resident_grid
 from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu,
-                                            Knob, always, cdiv, clamp, elem_bytes, first, full_vec, grain_default,
+                                            always, cdiv, clamp, elem_bytes, first, full_vec, grain_default,
                                             launch, pow2_ceil, regs_ok, rows_items, spec, stream_ok, vec_default,
                                             vec_ok)
 from forge_pack.targets.abi import env as sizes
@@ -173,9 +173,7 @@ def _split_row_score(sig: Signature, gpu: Gpu) -> float:
 # ---------------------------------------------------------------- CUDA: rows held on chip by a persistent grid
 
 
-RES_TEAMS = Knob("teams", (1, 2, 4, 8, 16, 32, 64), "rows in flight: the persistent grid splits into this many teams")
 RESIDENT_MIN_COLS = 32768  # shorter rows: one block per row holds them (block_row), or its second read hits L2
-RESIDENT_FIRST_ROW_BYTES = 256 << 10  # rows from which a block per row, or split_row's second read, misses L2
 
 
 def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
@@ -187,9 +185,8 @@ def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
     """The most rows in flight that fit on chip (resident_grid.defaults)."""
     hints = {"load_hint": 2, "store_hint": 1}
-    p = resident_grid.defaults(sizes(sig)["rows"], RES_TEAMS.values,
-                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
-    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+    return resident_grid.defaults(sizes(sig)["rows"], resident_grid.ROW_TEAMS.values,
+                                  lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
 
 
 def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
@@ -207,23 +204,19 @@ def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     plan = resident_plan(sig, p, gpu)
     if isinstance(plan, str):
         return plan
-    threads, vec, team = p["threads"], plan["vec"], plan["team"]
-    q = {**p, "vec": vec}
-    defines = {**_defines(sig, q), "BPS": p["bps"], "TEAMS": p["teams"], "REGS": p["regs"], "SLOTS": plan["slots"],
-               "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0)}
+    q = {**p, "vec": plan["vec"]}
+    lay = resident_grid.layout(p, plan, "rows", "cols")
     head, tail = _head_tail(sig)
-    slice_ = f"round_up(ceil_div(cols, {team}), {vec})"
-    k = launch(f"{sig.op}_resident", [*head, "ws", "i32:cols", f"i32:{slice_}", "i32:rows", *tail],
-               [team * p["teams"]], [threads], plan["smem"])
-    ws = [Workspace("ws", f"rows * {team} * 8", zero=True)]  # one flagged partial per block and row
-    return Built(q, defines, spec([k], ws, [f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
+    k = launch(f"{sig.op}_resident", [*head, "ws", "i32:cols", f"i32:{lay.slice}", "i32:rows", *tail], [lay.blocks],
+               [p["threads"]], plan["smem"])
+    return Built(q, {**_defines(sig, q), **lay.defines}, spec([k], [lay.workspace], [lay.requires]))
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:
-    """First (before `split_row`, -1) for rows of RESIDENT_FIRST_ROW_BYTES or more: the other families read such
+    """First (before `split_row`, -1) for rows of resident_grid.FIRST_ROW_BYTES or more: the other families read such
     a row twice, and the second read misses L2 (KernelBench's 16 rows of 16 MB: `split_row` at 62% of copy
     bandwidth, under the 67% ceiling of two reads and a write); last for shorter rows."""
-    return -2 if sizes(sig)["cols"] * elem_bytes(sig.x.dtype) >= RESIDENT_FIRST_ROW_BYTES else 8
+    return -2 if sizes(sig)["cols"] * elem_bytes(sig.x.dtype) >= resident_grid.FIRST_ROW_BYTES else 8
 
 
 # ---------------------------------------------------------------- strided rows (CUDA and CPU)
@@ -281,7 +274,7 @@ def cuda_families(op: str) -> tuple[Family, ...]:
                "few long rows: each split over `split` blocks; stats kernel -> workspace -> normalise kernel",
                _contiguous(_split_row_applicable), _split_row_defaults, _split_row_build, _split_row_score),
         Family(ops, "cuda", "resident", "rownorm_resident.cu",
-               (resident_grid.THREADS, resident_grid.BPS, RES_TEAMS, resident_grid.BUFS, resident_grid.REGS,
+               (resident_grid.THREADS, resident_grid.BPS, resident_grid.ROW_TEAMS, resident_grid.BUFS, resident_grid.REGS,
                 resident_grid.STAGGER, *HINTS),
                "rows too long for a block, ONE read: persistent grid in `teams` teams, each normalising its own rows "
                "one after another with every block's slice kept in registers + shared memory (cp.async)",

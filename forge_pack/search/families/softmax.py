@@ -216,9 +216,6 @@ def _split_sync_score(sig: Signature, gpu: Gpu) -> float:
 
 # ---------------------------------------------------------------- CUDA: rows held on chip by a persistent grid
 
-RES_TEAMS = Knob("teams", (1, 2, 4, 8, 16, 32, 64), "rows in flight: the persistent grid splits into this many teams")
-
-
 def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
     """Sizes of a `resident` launch (resident_grid.plan over the rows), or why a row does not fit."""
     e = sizes(sig)
@@ -228,9 +225,8 @@ def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
     """The most rows in flight that fit on chip (resident_grid.defaults)."""
     hints = {"fast_exp": 1, "load_hint": 2, "store_hint": 1}
-    p = resident_grid.defaults(sizes(sig)["rows"], RES_TEAMS.values,
-                               lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
-    return p or {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+    return resident_grid.defaults(sizes(sig)["rows"], resident_grid.ROW_TEAMS.values,
+                                  lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
 
 
 def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
@@ -248,29 +244,22 @@ def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     plan = resident_plan(sig, p, gpu)
     if isinstance(plan, str):
         return plan
-    threads, vec, team = p["threads"], plan["vec"], plan["team"]
-    defines = {**_log(sig), "THREADS": threads, "VEC": vec, "BPS": p["bps"], "TEAMS": p["teams"], "REGS": p["regs"],
-               "SLOTS": plan["slots"], "BUFS": p.get("bufs", 1), "STAGGER": p.get("stagger", 0),
-               **_hint_defines(p)}
-    slice_ = f"round_up(ceil_div(cols, {team}), {vec})"
-    k = launch("softmax_resident", ["x", "out", "ws", "i32:cols", f"i32:{slice_}", "i32:rows"], [team * p["teams"]],
-               [threads], plan["smem"])
-    ws = [Workspace("ws", f"rows * {team} * 8", zero=True)]  # one flagged partial per block and row
-    return Built({**p, "vec": vec}, defines, spec([k], ws, [f"ceil_div({slice_}, {vec * threads}) <= {plan['nv']}"]))
-
-
-RESIDENT_FIRST_ROW_BYTES = 256 << 10  # a row from which one block per row keeps more in flight than the L2 holds
+    lay = resident_grid.layout(p, plan, "rows", "cols")
+    defines = {**_log(sig), "THREADS": p["threads"], "VEC": plan["vec"], **lay.defines, **_hint_defines(p)}
+    k = launch("softmax_resident", ["x", "out", "ws", "i32:cols", f"i32:{lay.slice}", "i32:rows"], [lay.blocks],
+               [p["threads"]], plan["smem"])
+    return Built({**p, "vec": plan["vec"]}, defines, spec([k], [lay.workspace], [lay.requires]))
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:
-    """First (before `online`) for rows of RESIDENT_FIRST_ROW_BYTES or more among many: `online` and
+    """First (before `online`) for rows of resident_grid.FIRST_ROW_BYTES or more among many: `online` and
     `split_row` read such a row twice, and with a block per row on every SM the second read no longer
     finds it in L2 (132 rows of 256 KiB are 33 MB); `resident` reads it once while the next rows stream in.
     Shorter rows: last (the second read hits L2, and a team's barrier costs time)."""
     if _few_rows(sig, gpu):
         return 2  # after split_sync and split_row, which spread few rows over the whole GPU
     row_bytes = sizes(sig)["cols"] * elem_bytes(sig.x.dtype)
-    return 3 if row_bytes >= RESIDENT_FIRST_ROW_BYTES else 8
+    return 3 if row_bytes >= resident_grid.FIRST_ROW_BYTES else 8
 
 
 CUDA = (
@@ -293,7 +282,7 @@ CUDA = (
            "few long rows in one kernel and one read: chunks in registers, inter-block barrier per row",
            _split_sync_applicable, _split_sync_defaults, _split_sync_build, _split_sync_score),
     Family(OPS, "cuda", "resident", "softmax_resident.cu",
-           (resident_grid.THREADS, resident_grid.BPS, RES_TEAMS, resident_grid.BUFS, resident_grid.REGS,
+           (resident_grid.THREADS, resident_grid.BPS, resident_grid.ROW_TEAMS, resident_grid.BUFS, resident_grid.REGS,
             resident_grid.STAGGER, FAST_EXP, *HINTS),
            "rows too long for a block, ONE read: persistent grid in `teams` teams, each normalising its own rows "
            "one after another with every block's slice kept in registers + shared memory (cp.async)",

@@ -89,3 +89,33 @@ FP_DEV void res_fetch(Vec<T_X, V>* r, Vec<T_X, V>* sm, const T_X* __restrict__ x
     res_commit();
   }
 }
+
+// A block's walk over its team's units, staged: the slice of unit tm fetched into buffer A (REGS register
+// vectors `ra`, SLOTS shared-memory slots), then step(r, sm, u, next) for u = tm, tm + TEAMS, ...: the unit's
+// statistics, the team's merge, the write, and the refill with unit `next`. BUFS = 2: unit u + TEAMS streams
+// into buffer B while unit u waits for its statistics. Teams start STAGGER apart (res_stagger).
+template <int V, typename Step>
+FP_DEV void res_walk(const T_X* __restrict__ x, long long unit_size, int units, int tm, int begin, int end,
+                     Step step) {
+  typedef Vec<T_X, V> VX;
+#if SLOTS > 0
+  extern __shared__ uint4 res_smem[];
+  VX* const sa = reinterpret_cast<VX*>(res_smem) + threadIdx.x;
+#else
+  VX* const sa = nullptr;
+#endif
+  VX ra[REGS > 0 ? REGS : 1];
+  res_stagger(tm);
+  res_fetch<V>(ra, sa, x + (long long)tm * unit_size, tm < units, begin, end);
+#if BUFS == 2
+  VX* const sb = sa + SLOTS * THREADS;
+  VX rb[REGS > 0 ? REGS : 1];
+  res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * unit_size, tm + TEAMS < units, begin, end);
+  for (int u = tm; u < units; u += 2 * TEAMS) {
+    step(ra, sa, u, u + 2 * TEAMS);
+    if (u + TEAMS < units) step(rb, sb, u + TEAMS, u + 3 * TEAMS);
+  }
+#else
+  for (int u = tm; u < units; u += TEAMS) step(ra, sa, u, u + TEAMS);
+#endif
+}

@@ -141,37 +141,14 @@ __device__ __forceinline__ void gn_resident_staged(const T_X* __restrict__ x, WE
                                                    float eps) {
   __shared__ float red[96];
   __shared__ float2 stat;
-  typedef Vec<T_X, V> VX;
-#if SLOTS > 0
-  extern __shared__ uint4 res_smem[];
-  VX* const sa = reinterpret_cast<VX*>(res_smem) + threadIdx.x;
-#else
-  VX* const sa = nullptr;
-#endif
-  VX ra[REGS > 0 ? REGS : 1];
   const int team = (int)gridDim.x / TEAMS;
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
   if (tm >= TEAMS) return;
   const int begin = min(gs, rank * slice), end = min(gs, begin + slice);
-  res_stagger(tm);
-  res_fetch<V>(ra, sa, x + (long long)tm * gs, tm < ngroups, begin, end);
-#if BUFS == 2
-  // two buffers: group g + TEAMS streams into the second while group g waits for its statistics
-  VX* const sb = sa + SLOTS * THREADS;
-  VX rb[REGS > 0 ? REGS : 1];
-  res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * gs, tm + TEAMS < ngroups, begin, end);
-  for (int g = tm; g < ngroups; g += 2 * TEAMS) {
-    res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + 2 * TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team,
-                rank, slice, eps, red, &stat);
-    if (g + TEAMS < ngroups)
-      res_step<V>(rb, sb, x, weight, bias, out, ws, g + TEAMS, g + 3 * TEAMS, ngroups, begin, end, gs, hw, cpg,
-                  groups, team, rank, slice, eps, red, &stat);
-  }
-#else
-  for (int g = tm; g < ngroups; g += TEAMS)
-    res_step<V>(ra, sa, x, weight, bias, out, ws, g, g + TEAMS, ngroups, begin, end, gs, hw, cpg, groups, team, rank,
-                slice, eps, red, &stat);
-#endif
+  res_walk<V>(x, gs, ngroups, tm, begin, end, [&](Vec<T_X, V>* r, Vec<T_X, V>* sm, int g, int gn) {
+    res_step<V>(r, sm, x, weight, bias, out, ws, g, gn, ngroups, begin, end, gs, hw, cpg, groups, team, rank, slice,
+                eps, red, &stat);
+  });
 }
 #undef RES_E
 

@@ -145,37 +145,14 @@ __device__ __forceinline__ void rn_resident_staged(const T_X* __restrict__ x, WE
                                                    int cols, int slice, int rows, float eps OFFSET_PARAM) {
   __shared__ float red[96];
   __shared__ float2 stat;
-  typedef Vec<T_X, V> VX;
-#if SLOTS > 0
-  extern __shared__ uint4 res_smem[];
-  VX* const sa = reinterpret_cast<VX*>(res_smem) + threadIdx.x;
-#else
-  VX* const sa = nullptr;
-#endif
-  VX ra[REGS > 0 ? REGS : 1];
   const int team = (int)gridDim.x / TEAMS;
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
   if (tm >= TEAMS) return;
   const int begin = min(cols, rank * slice), end = min(cols, begin + slice);
-  res_stagger(tm);
-  res_fetch<V>(ra, sa, x + (long long)tm * cols, tm < rows, begin, end);
-#if BUFS == 2
-  // two buffers: row r + TEAMS streams into the second while row r waits for its statistics
-  VX* const sb = sa + SLOTS * THREADS;
-  VX rb[REGS > 0 ? REGS : 1];
-  res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * cols, tm + TEAMS < rows, begin, end);
-  for (int r = tm; r < rows; r += 2 * TEAMS) {
-    res_rn_step<V>(ra, sa, x, WEIGHT_ARG BIAS_ARG out, ws, r, r + 2 * TEAMS, rows, begin, end, cols, slice, team,
-                   rank, eps, red, &stat OFFSET_ARG);
-    if (r + TEAMS < rows)
-      res_rn_step<V>(rb, sb, x, WEIGHT_ARG BIAS_ARG out, ws, r + TEAMS, r + 3 * TEAMS, rows, begin, end, cols, slice,
-                     team, rank, eps, red, &stat OFFSET_ARG);
-  }
-#else
-  for (int r = tm; r < rows; r += TEAMS)
-    res_rn_step<V>(ra, sa, x, WEIGHT_ARG BIAS_ARG out, ws, r, r + TEAMS, rows, begin, end, cols, slice, team, rank,
-                   eps, red, &stat OFFSET_ARG);
-#endif
+  res_walk<V>(x, cols, rows, tm, begin, end, [&](Vec<T_X, V>* r, Vec<T_X, V>* sm, int row, int rn) {
+    res_rn_step<V>(r, sm, x, WEIGHT_ARG BIAS_ARG out, ws, row, rn, rows, begin, end, cols, slice, team, rank, eps, red,
+                   &stat OFFSET_ARG);
+  });
 }
 #undef RES_E
 

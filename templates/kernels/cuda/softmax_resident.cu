@@ -130,35 +130,13 @@ __device__ __forceinline__ void softmax_resident_staged(const T_X* __restrict__ 
                                                         int rows) {
   __shared__ float red_m[32], red_s[32];
   __shared__ MaxSum stat;
-  typedef Vec<T_X, V> VX;
-#if SLOTS > 0
-  extern __shared__ uint4 res_smem[];
-  VX* const sa = reinterpret_cast<VX*>(res_smem) + threadIdx.x;
-#else
-  VX* const sa = nullptr;
-#endif
-  VX ra[REGS > 0 ? REGS : 1];
   const int team = (int)gridDim.x / TEAMS;
   const int tm = (int)blockIdx.x / team, rank = (int)blockIdx.x % team;
   if (tm >= TEAMS) return;
   const int begin = min(cols, rank * slice), end = min(cols, begin + slice);
-  res_stagger(tm);
-  res_fetch<V>(ra, sa, x + (long long)tm * cols, tm < rows, begin, end);
-#if BUFS == 2
-  // two buffers: row r + TEAMS streams into the second while row r waits for its statistics
-  VX* const sb = sa + SLOTS * THREADS;
-  VX rb[REGS > 0 ? REGS : 1];
-  res_fetch<V>(rb, sb, x + (long long)(tm + TEAMS) * cols, tm + TEAMS < rows, begin, end);
-  for (int r = tm; r < rows; r += 2 * TEAMS) {
-    res_sm_step<V>(ra, sa, x, out, ws, r, r + 2 * TEAMS, rows, begin, end, cols, team, rank, red_m, red_s, &stat);
-    if (r + TEAMS < rows)
-      res_sm_step<V>(rb, sb, x, out, ws, r + TEAMS, r + 3 * TEAMS, rows, begin, end, cols, team, rank, red_m, red_s,
-                     &stat);
-  }
-#else
-  for (int r = tm; r < rows; r += TEAMS)
-    res_sm_step<V>(ra, sa, x, out, ws, r, r + TEAMS, rows, begin, end, cols, team, rank, red_m, red_s, &stat);
-#endif
+  res_walk<V>(x, cols, rows, tm, begin, end, [&](Vec<T_X, V>* r, Vec<T_X, V>* sm, int row, int rn) {
+    res_sm_step<V>(r, sm, x, out, ws, row, rn, rows, begin, end, cols, team, rank, red_m, red_s, &stat);
+  });
 }
 #undef RES_E
 

@@ -56,6 +56,15 @@ FP_DEV unsigned long long res_peek(const unsigned long long* p) {
 #endif
   return w;
 }
+// Wait for the word at p to be published (its flag set) and read it into w; false once this warp lane's
+// `polls` pass 2^18 (each an L2 round trip, >= 0.5 us: >= 0.1 s in all; a GPU too small for the grid).
+FP_DEV bool res_await(const unsigned long long* p, int& polls, unsigned long long& w) {
+  while (((w = res_peek(p)) >> 63) == 0ull) {
+    if (++polls > (1 << 18)) return false;
+    __nanosleep(20);
+  }
+  return true;
+}
 FP_DEV float res_lo(unsigned long long w) { return __uint_as_float((unsigned int)w); }
 FP_DEV float res_hi(unsigned long long w) { return __uint_as_float((unsigned int)(w >> 32) & 0x7fffffffu); }
 

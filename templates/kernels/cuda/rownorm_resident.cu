@@ -25,15 +25,12 @@ __device__ __forceinline__ float2 team_row_norm(const T_X* __restrict__ xr, unsi
   __shared__ int ok;
   if (threadIdx.x == 0) res_publish(wr + rank, RMS ? 0.f : part.mean, part.m2);
   if (threadIdx.x < 32) {
-    int good = 1, polls = 0;  // a poll is an L2 round trip (>= 0.5 us): 2^18 of them is >= 0.1 s
+    int good = 1, polls = 0;  // res_await's budget, per lane
     Moments st{0.f, 0.f, 0.f};
     float sq = 0.f;
     for (int p = threadIdx.x; p < team && good; p += 32) {
       unsigned long long w;
-      while (((w = res_peek(wr + p)) >> 63) == 0ull) {
-        if (++polls > (1 << 18)) { good = 0; break; }
-        __nanosleep(20);
-      }
+      if (!res_await(wr + p, polls, w)) { good = 0; break; }
       const float n = (float)(min(cols, (p + 1) * slice) - min(cols, p * slice));
       if (RMS) sq += res_hi(w);
       else st = moments_merge(st, Moments{n, res_lo(w), res_hi(w)});

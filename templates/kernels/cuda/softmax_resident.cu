@@ -31,14 +31,11 @@ __device__ __forceinline__ MaxSum team_row_stats(const T_X* __restrict__ xr, uns
   __shared__ int ok;
   if (threadIdx.x == 0) res_publish(wr + rank, part.m, part.s);
   if (threadIdx.x < 32) {
-    int good = 1, polls = 0;  // a poll is an L2 round trip (>= 0.5 us): 2^18 of them is >= 0.1 s
+    int good = 1, polls = 0;  // res_await's budget, per lane
     MaxSum st{-FP_INF, 0.f};
     for (int p = threadIdx.x; p < team && good; p += 32) {
       unsigned long long w;
-      while (((w = res_peek(wr + p)) >> 63) == 0ull) {
-        if (++polls > (1 << 18)) { good = 0; break; }
-        __nanosleep(20);
-      }
+      if (!res_await(wr + p, polls, w)) { good = 0; break; }
       st = maxsum_merge(st, MaxSum{res_lo(w), res_hi(w)}, SmExp());
     }
     good = __all_sync(0xffffffffu, good);

@@ -269,8 +269,9 @@ FP_PROBE(__ldg) FP_PROBE(__ldcg) FP_PROBE(__ldca) FP_PROBE(__ldcs) FP_PROBE(__ld
     assert rc != 0 and "non-volatile asm" in log, log[-3000:]
 
 
-def _channel_rms_signature(n: int, size: int):
-    """KernelBench's RMS norm over the channels of NCHW (8 channels): a strided region of n * size^2 rows."""
+def _channel_rms_signature(n: int, size: int, channels: int = 8):
+    """KernelBench's RMS norm over the channels of NCHW (8 channels unless told): a strided region of n * size^2
+    rows."""
     import torch
 
     from forge_pack.graph.capture import capture
@@ -280,7 +281,7 @@ def _channel_rms_signature(n: int, size: int):
     sys.path.insert(0, str(MODELS.parent.parent / "bench" / "kernelbench"))
     from l1_36_rms_norm import Model
 
-    (region,) = find_regions(capture(Model(8), (torch.randn(n, 8, size, size),), profile=False))
+    (region,) = find_regions(capture(Model(channels), (torch.randn(n, channels, size, size),), profile=False))
     return signature(region)
 
 
@@ -297,8 +298,46 @@ def test_a_strided_region_with_rows_to_fill_the_gpu_reduces_one_row_per_thread(t
     assert many.param("kind") == few.param("kind") == "strided"
     assert 2 * 512 * 512 >= fam.STRIDED_ROWS_PER_SM * H200.sm_count > 64 * 64
     cand = instantiate("region", "cuda", "row", None, many)
-    assert cand.params["threads"] == cand.params["rows_per_block"] == 256
+    assert cand.params["threads"] == cand.params["rows_per_block"] == 256 and cand.params["cache"] == 1
     small = instantiate("region", "cuda", "row", None, few)
     assert small.params["threads"] // small.params["rows_per_block"] > 1
     rc, log = _nvcc(cand.source, str(tmp_path), "rms_one_row_per_thread")
     assert rc == 0 and "warning" not in log and not _spills(log), log
+
+
+def _ptx(source: str, folder: Path, name: str) -> str:
+    src = folder / f"{name}.cu"
+    src.write_text(source)
+    res = subprocess.run(["nvcc", "-arch=sm_90", "-ptx", "-std=c++17", "-o", f"{src}.ptx", str(src)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return Path(f"{src}.ptx").read_text()
+
+
+@needs_nvcc
+def test_a_cached_row_reads_its_inputs_once_for_every_pass_and_the_epilogue(tmp_path):
+    """KernelBench's channel RMS norm (64 channels, fp32), at the strided default (one row per thread, cache): the
+    row's 64 elements are loaded once each (64 ld.global in the PTX: the mean of squares and the division share
+    them, x * x loads once) and stored once, without spills; with cache 0 the same layout loads in two loops (the
+    pass, unrolled by 2, and the epilogue). A load the compiler cannot merge (fp_ld of fp32 as __ldg, an ``asm
+    volatile``) makes it 192."""
+    from forge_pack.search.families import region as fam
+
+    sig = _channel_rms_signature(2, 384, channels=64)  # 294 912 rows
+    assert sig.param("kind") == "strided"
+    cand = instantiate("region", "cuda", "row", None, sig)
+    assert cand.params["cache"] == 1 and cand.params["threads"] == cand.params["rows_per_block"]
+    ptx = _ptx(cand.source, tmp_path, "cached")
+    assert len(re.findall(r"\bld\.global", ptx)) == 64, ptx[-3000:]
+    assert len(re.findall(r"\bst\.global", ptx)) == 64
+    rc, log = _nvcc(cand.source, str(tmp_path), "cached_build")
+    assert rc == 0 and "warning" not in log and not _spills(log), log
+    uncached = instantiate("region", "cuda", "row", {"cache": 0}, sig)
+    assert len(re.findall(r"\bld\.global", _ptx(uncached.source, tmp_path, "uncached"))) < 64
+    # cache needs one row per thread and a row that fits the registers
+    with pytest.raises(ValueError, match="one row per thread"):
+        instantiate("region", "cuda", "row", {"cache": 1, "threads": 256, "rows_per_block": 64}, sig)
+    wide = _channel_rms_signature(1, 8, channels=fam.CACHE_COLS + 8)
+    assert instantiate("region", "cuda", "row", None, wide).params["cache"] == 0
+    with pytest.raises(ValueError, match=f"at most {fam.CACHE_COLS} columns"):
+        instantiate("region", "cuda", "row", {"cache": 1, "threads": 128, "rows_per_block": 128}, wide)

@@ -176,6 +176,46 @@ def test_vectorised_rms_norm_row_verifies(evaluator, vec):
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
+# one row per thread held in registers (cache): KernelBench's RMS norm over NCHW's channels (fp32, bf16; rows not a
+# multiple of the block: the grid-stride loop's last block is partial), a per-row output (the channel mean) and a
+# two-pass norm (instance-norm-like variance over channels after the mean)
+def _channel_region(kind: str, dtype: str, n: int = 3, c: int = 64, size: int = 45):
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "kernelbench"))
+    from l1_36_rms_norm import Model as ChannelRms
+
+    class ChannelMean(torch.nn.Module):
+        def forward(self, x):
+            return x.float().mean(1, keepdim=True)
+
+    class ChannelNorm(torch.nn.Module):
+        def forward(self, x):
+            m = x.mean(1, keepdim=True)
+            d = x - m
+            return d * torch.rsqrt((d * d).mean(1, keepdim=True) + 1e-5)
+
+    model = {"rms": ChannelRms(c), "mean": ChannelMean(), "norm": ChannelNorm()}[kind]
+    x = torch.randn(n, c, size, size).to(getattr(torch, dtype)).cuda()
+    (region,) = find_regions(capture(model, (x,), profile=False))
+    sig = signature(region)
+    assert sig.param("kind") == "strided", sig.param("kind")
+    return sig, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda")
+
+
+@pytest.mark.parametrize("kind,dtype,knobs", [
+    ("rms", "float32", {"threads": 256}),
+    ("rms", "bfloat16", {"threads": 128}),
+    ("mean", "float16", {"threads": 64}),
+    ("norm", "float32", {"threads": 512}),
+], ids=["rms-f32", "rms-bf16", "mean-f16", "norm-f32"])
+def test_cached_rows_verify(evaluator, kind, dtype, knobs):
+    sig, h = _channel_region(kind, dtype)
+    cand = instantiate("region", "cuda", "row", {**knobs, "rows_per_block": knobs["threads"], "cache": 1}, sig)
+    e = evaluator.evaluate(cand, h)
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
 # ---------------------------------------------------------------- the window kind
 
 def _window_region(mod, dtype: str, channels_last: bool, **inputs):

@@ -28,6 +28,8 @@ VEC = Knob("vec", (1, 2, 4, 8), "consecutive columns per thread and access (16 b
 ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32, 64, 128, 256),
                       "rows one block reduces at once (threads/rows per row; = threads: one row per thread)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
+CACHE = Knob("cache", (0, 1), "1: one row per thread, its columns unrolled and its inputs kept in registers, read once "
+             "for every pass and the epilogue (rows of at most CACHE_COLS columns)")
 PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
 ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
 GRID_STRIDE = Knob("grid_stride", (0, 1), "0: one tile per block; 1: a resident grid striding over the tiles")
@@ -207,6 +209,8 @@ def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 STRIDED_ROWS_PER_SM = 2048  # a strided region with this many rows per SM fills every SM with one row per thread
+CACHE_COLS = 128  # cache: columns of a row held in one thread's registers at most (64 fp32 values and no spill
+#                   for KernelBench's channel RMS norm; tests/test_region_cuda_compile.py builds the largest)
 
 
 def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
@@ -220,22 +224,29 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
         # the reduced dims are outer in memory (the channels of NCHW) and consecutive rows are neighbours: one row
         # per thread, so each column's load is a warp's 32 consecutive elements (with GROUP lanes on one row, a
         # warp read 32 / GROUP neighbours per column: half of every 32-byte sector unused at GROUP 8, fp32)
-        return {"threads": 256, "rows_per_block": 256, "vec": vec, "fast_math": 0}
-    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0}
+        # and, where the row fits one thread's registers, its inputs read once (cache) rather than once per pass
+        # and again for the epilogue
+        return {"threads": 256, "rows_per_block": 256, "vec": vec, "fast_math": 0, "cache": int(prog.cols <= 64)}
+    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0, "cache": 0}
 
 
 def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     if p["threads"] % p["rows_per_block"] or p["threads"] // p["rows_per_block"] < 1:
         return "threads must split evenly into rows"
+    cache = p.get("cache", 0)
+    prog = program(sig)
+    if cache and p["rows_per_block"] != p["threads"]:
+        return "cache keeps one row per thread (rows_per_block = threads)"
+    if cache and not isinstance(prog, str) and prog.cols > CACHE_COLS:
+        return f"cache holds rows of at most {CACHE_COLS} columns in registers ({prog.cols} here)"
     made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
     code, defines = made
-    prog = program(sig)
     assert not isinstance(prog, str)
     grid = clamp(cdiv(prog.rows, p["rows_per_block"]), 1, MAX_GRID)
     defines = {**defines, "THREADS": p["threads"], "ROWS_PER_BLOCK": p["rows_per_block"], "VEC": p["vec"],
-               "FAST_MATH": p["fast_math"]}
+               "FAST_MATH": p["fast_math"], "CACHE": cache}
     return Built(dict(p), defines, spec([launch("region_row", _args(sig), [grid], [p["threads"]])]), code)
 
 
@@ -277,9 +288,9 @@ CUDA = (
            "generated elementwise chain, vector loads/stores of vec elements per operand where the layout "
            "allows (broadcasts once per run), ilp runs in flight, scalar tail",
            _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
-    Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH),
+    Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH, CACHE),
            "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
-           "(shuffles, shared memory); epilogue",
+           "(shuffles, shared memory); epilogue; or (cache) one row per thread held in registers, read once",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
     Family(OPS, "cuda", "window", "region_window.cu", (THREADS, WIN_VEC, WIN_ILP, WIN_WRUN),
            "one pooled element per thread (or vec along channels_last's C, vector loads of the window's "

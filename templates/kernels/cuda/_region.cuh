@@ -16,14 +16,17 @@ typedef FP_IDX_T fp_idx;
 #undef FP_NAN  // <math.h>'s classification constant under nvcc; here the NaN value
 #define FP_NAN __int_as_float(0x7fc00000)
 
-// One element. A 16-bit element is a plain load of its raw bits (ld.global.nc where the compiler proves
-// it read-only, as for the FP_RESTRICT inputs), not cuda_bf16.h / cuda_fp16.h's own __ldg overloads:
+// One element: a plain load (ld.global.nc where the compiler proves it read-only, as for the FP_RESTRICT
+// inputs), which the compiler may merge with another load of the same address: x * x loads x once, and the
+// row skeleton's CACHE path reads a row once for all its passes. fp32 used __ldg, an `asm volatile` that
+// pins every load where it is written (x * x loaded twice, every pass of a row again). A 16-bit element is
+// a plain load of its raw bits, not cuda_bf16.h / cuda_fp16.h's own __ldg overloads:
 // those are plain `asm` statements, which the compiler treats as free of side effects and may execute
 // ahead of the condition guarding them. A window kernel's predicated reads of padding cells
 // (`ok ? fp_ld(..) : 0`) were hoisted that way and read before the input's start (an illegal address
 // on the H100). __ldg of the raw unsigned short (an `asm volatile`) is safe too, but pins every load
 // where it is written: the window kernel at wrun 2, ilp 4, 1024 threads then spilled.
-FP_FN float fp_ld(const float* p) { return __ldg(p); }
+FP_FN float fp_ld(const float* p) { return *p; }
 FP_FN float fp_ld(const __nv_bfloat16* p) { return __uint_as_float((unsigned)*reinterpret_cast<const unsigned short*>(p) << 16); }
 FP_FN float fp_ld(const __half* p) { return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p))); }
 FP_FN void forge_store(float* p, float v) { *p = v; }

@@ -207,7 +207,7 @@ def _channel_region(kind: str, dtype: str, n: int = 3, c: int = 64, size: int = 
     ("rms", "float32", {"threads": 256}),
     ("rms", "bfloat16", {"threads": 128}),
     ("mean", "float16", {"threads": 64}),
-    ("norm", "float32", {"threads": 512}),
+    ("norm", "float32", {"threads": 32}),
 ], ids=["rms-f32", "rms-bf16", "mean-f16", "norm-f32"])
 def test_cached_rows_verify(evaluator, kind, dtype, knobs):
     sig, h = _channel_region(kind, dtype)

@@ -213,10 +213,15 @@ def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 def _resident_score(sig: Signature, gpu: Gpu) -> float:
-    """First (before `split_row`, -1) for rows of resident_grid.FIRST_ROW_BYTES or more: the other families read such
-    a row twice, and the second read misses L2 (KernelBench's 16 rows of 16 MB: `split_row` at 62% of copy
-    bandwidth, under the 67% ceiling of two reads and a write); last for shorter rows."""
-    return -2 if sizes(sig)["cols"] * elem_bytes(sig.x.dtype) >= resident_grid.FIRST_ROW_BYTES else 8
+    """First (before `split_row`) for rows of resident_grid.FIRST_ROW_BYTES or more among many rows: the other
+    families read such a row twice, and with rows on every SM at once the second read misses L2 (softmax's
+    `resident` at 90% of copy bandwidth where `online` reads twice, bench/results/eval_memory_resident.md). Few
+    rows (under two per SM): second, after `split_row`, which spreads a row over the whole GPU so that its second
+    read finds it in L2 (KernelBench's 16 rows of 16 MB on an H100: `split_row` 299-316 µs, `resident` 325 µs).
+    Shorter rows: last."""
+    if sizes(sig)["cols"] * elem_bytes(sig.x.dtype) < resident_grid.FIRST_ROW_BYTES:
+        return 8
+    return 0 if _few_rows(sig, gpu) else -2
 
 
 # ---------------------------------------------------------------- strided rows (CUDA and CPU)

@@ -193,7 +193,9 @@ def markdown(rows: list[dict], env: dict) -> str:
               for r in rows]
     notes = [r for r in rows if r.get("note") and r["status"] != "ok" or r["status"] == "not targeted"]
     if notes:
-        lines += ["", "Notes:", ""] + [f"- `{r['problem']}`: {r['note']}" for r in notes]
+        # one line per note: a run's output tail (its last lines) would otherwise end the list item
+        lines += ["", "Notes:", ""] + [f"- `{r['problem']}`: {' / '.join(ln.strip() for ln in str(r['note']).splitlines() if ln.strip())}"
+                                       for r in notes]
     return "\n".join(lines) + "\n"
 
 

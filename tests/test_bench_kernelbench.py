@@ -78,6 +78,14 @@ def test_row_when_nothing_is_targeted():
     assert row["note"] == "no targeted op in the forward"
 
 
+def test_a_run_cut_off_before_its_json_notes_its_output_tail_on_one_line():
+    row = kb.row_of("l2_gemm_layer_norm_gelu", None, 7.5, "stopped at the deadline (7 s)", ["py"],
+                    "run directory: /tmp/r\n[profile] capture pass on cuda\n\n[profile] warm-up 1/2\n")
+    md = kb.markdown([row], {})
+    assert ("- `l2_gemm_layer_norm_gelu`: run directory: /tmp/r / [profile] capture pass on cuda / "
+            "[profile] warm-up 1/2\n") in md
+
+
 @pytest.mark.parametrize("mode, first, want", [("auto", "not targeted", ["ops", "regions"]), ("auto", "ok", ["ops"]),
                                                ("always", "ok", ["regions"]), ("never", "not targeted", ["ops"])])
 def test_a_problem_no_op_target_covers_is_searched_as_regions(monkeypatch, mode, first, want):

@@ -318,9 +318,8 @@ def _ptx(source: str, folder: Path, name: str) -> str:
 def test_a_cached_row_reads_its_inputs_once_for_every_pass_and_the_epilogue(tmp_path):
     """KernelBench's channel RMS norm (64 channels, fp32), at the strided default (one row per thread, cache): the
     row's 64 elements are loaded once each (64 ld.global in the PTX: the mean of squares and the division share
-    them, x * x loads once) and stored once, without spills; with cache 0 the same layout loads in two loops (the
-    pass, unrolled by 2, and the epilogue). A load the compiler cannot merge (fp_ld of fp32 as __ldg, an ``asm
-    volatile``) makes it 192."""
+    them) and stored once, without spills; with cache 0 the same layout loads in two loops (the pass, unrolled by
+    2, and the epilogue). Past the group's cap of elements a lane may hold, cache is refused."""
     from forge_pack.search.families import region as fam
 
     sig = _channel_rms_signature(2, 384, channels=64)  # 294 912 rows
@@ -334,10 +333,48 @@ def test_a_cached_row_reads_its_inputs_once_for_every_pass_and_the_epilogue(tmp_
     assert rc == 0 and "warning" not in log and not _spills(log), log
     uncached = instantiate("region", "cuda", "row", {"cache": 0}, sig)
     assert len(re.findall(r"\bld\.global", _ptx(uncached.source, tmp_path, "uncached"))) < 64
-    # cache needs one row per thread and a row that fits the registers
-    with pytest.raises(ValueError, match="one row per thread"):
-        instantiate("region", "cuda", "row", {"cache": 1, "threads": 256, "rows_per_block": 64}, sig)
-    wide = _channel_rms_signature(1, 8, channels=fam.CACHE_COLS + 8)
+    wide = _channel_rms_signature(1, 8, channels=fam.CACHE_ELEMS + 8)
     assert instantiate("region", "cuda", "row", None, wide).params["cache"] == 0
-    with pytest.raises(ValueError, match=f"at most {fam.CACHE_COLS} columns"):
+    with pytest.raises(ValueError, match=f"at most {fam.CACHE_ELEMS} elements"):
         instantiate("region", "cuda", "row", {"cache": 1, "threads": 128, "rows_per_block": 128}, wide)
+
+
+def _rms_row_signature(cols: int = 2048):
+    """An RMS norm written inline over the last dim of bf16 rows (an LLM's), with a weight: a contiguous row region."""
+    import torch
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    class Rms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(cols))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.w
+
+    x = torch.randn(64, cols).to(torch.bfloat16)
+    (region,) = find_regions(capture(Rms().to(torch.bfloat16), (x,), profile=False))
+    return signature(region)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("threads,rows_per_block,runs", [(256, 1, 1), (256, 8, 8), (256, 16, 16)])
+def test_lanes_sharing_a_cached_row_load_each_run_once(tmp_path, threads, rows_per_block, runs):
+    """A bf16 RMS norm of 2048 columns, 8 per vector: with cache each lane reads its runs of x and of the weight
+    once (2 x runs 16-byte loads in the PTX), the mean of squares and the epilogue computing from registers; the
+    group reduction's shuffles sit between them, which kept the compiler from merging the epilogue's reloads of x
+    (3 x runs when the kernel only unrolled them). Compiles without spills at 16 runs of 8 per lane."""
+    from forge_pack.search.families import region as fam
+
+    sig = _rms_row_signature()
+    p = {"threads": threads, "rows_per_block": rows_per_block, "vec": 8, "cache": 1}
+    assert fam.cached_elements(2048, p) == runs * 8
+    cand = instantiate("region", "cuda", "row", p, sig)
+    ptx = _ptx(cand.source, tmp_path, "row_cached")
+    assert len(re.findall(r"\bld\.global\.nc\.v4", ptx)) == 2 * runs, ptx[-3000:]
+    rc, log = _nvcc(cand.source, str(tmp_path), "row_cached_build", with_nvcc=False)
+    assert rc == 0 and "warning" not in log and not _spills(log), log

@@ -216,6 +216,40 @@ def test_cached_rows_verify(evaluator, kind, dtype, knobs):
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
 
 
+@pytest.mark.parametrize("knobs", [{"threads": 256, "rows_per_block": 8}, {"threads": 256, "rows_per_block": 1},
+                                   {"threads": 128, "rows_per_block": 8}], ids=["group32", "group256", "group16"])
+def test_cached_contiguous_rows_verify(evaluator, knobs):
+    """Lanes sharing a row, each holding its runs in registers (cache): a bf16 RMS norm with a weight over 2048
+    columns on 45 rows (the last block's dead rows read the last row and store nothing)."""
+    import torch
+
+    class Rms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(2048))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.w
+
+    x = torch.randn(45, 2048).to(torch.bfloat16).cuda()
+    (region,) = find_regions(capture(Rms().to(torch.bfloat16).cuda(), (x,), profile=False))
+    sig = signature(region)
+    cand = instantiate("region", "cuda", "row", {**knobs, "vec": 8, "cache": 1}, sig)
+    e = evaluator.evaluate(cand, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda"))
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
+def test_a_cached_row_with_a_partial_run_and_a_tail_verifies(evaluator):
+    """softmax over 1003 of 1008 bf16 columns (two reductions), 64 lanes a row at vec 8: a lane's second run is
+    past the 1000 vector columns for most lanes (the clamped, dropped read) and 3 columns are the scalar tail."""
+    sig, h = _sliced_softmax()
+    cand = instantiate("region", "cuda", "row", {"vec": 8, "threads": 256, "rows_per_block": 4, "cache": 1}, sig)
+    assert "fp_load_run" in cand.source
+    e = evaluator.evaluate(cand, h)
+    assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)
+
+
 # ---------------------------------------------------------------- the window kind
 
 def _window_region(mod, dtype: str, channels_last: bool, **inputs):

@@ -120,6 +120,59 @@ class VectorWriter:
         summary = ", ".join(f"{q}={c}" for q, c in classes.items()) or "none"
         return lines, summary
 
+    def run_code(self, values: list[tuple[str, object]]) -> list[str]:
+        """A row's cached path: ``fp_run`` holds every input leaf of ``values`` over one run of vec columns (a
+        vector, one element for the whole run, or vec elements read one by one), ``fp_load_run(REGION_PARAMS, r,
+        c0, q)`` reads them all, and ``<name>_run(q, r, c0, red, y)`` computes each value from them, so a lane's
+        runs, loaded once into registers, serve every pass and the epilogue (region_row.cu's CACHE). Loads the
+        compiler would merge on its own are not enough: it does not move them across the group reduction's
+        shuffles."""
+        vec = self.vec
+        fields, loads, names = [], [], {}
+        for _, val in values:
+            for leaf in val.leaves:
+                kind, k = leaf.source
+                key = (leaf.source, leaf.strides)
+                if kind == "red" or key in names:
+                    continue
+                q = f"u{len(names)}"
+                dtype = self.p.input_dtypes[k]
+                floaty = dtype in VEC_FLOATS
+                cls = leaf_class(self.space, leaf.strides, self.split, vec)
+                if cls == "contig" and not floaty:
+                    cls = "lane"
+                names[key] = (q, cls)
+                if cls == "uniform":
+                    off = self._offsets(leaf.strides, "c0")
+                    fields.append(f"  float {q};")
+                    loads.append(f"  q.{q} = {f'fp_ld(in{k} + ({off}))' if floaty else f'(float)(in{k}[{off}])'};")
+                elif cls == "contig":
+                    fields.append(f"  float {q}[{vec}];")
+                    loads.append(f"  fp_ldv<{vec}>(in{k} + ({self._offsets(leaf.strides, 'c0')}), q.{q});")
+                    if f"fp_aligned<{vec}>(in{k})" not in self.aligned:
+                        self.aligned.append(f"fp_aligned<{vec}>(in{k})")
+                else:
+                    off = self._offsets(leaf.strides, "c")
+                    fields.append(f"  float {q}[{vec}];")
+                    loads.append(f"#pragma unroll\n  for (int j = 0; j < {vec}; ++j) {{ const fp_idx c = c0 + j; "
+                                 f"q.{q}[j] = {f'fp_ld(in{k} + ({off}))' if floaty else f'(float)(in{k}[{off}])'}; }}")
+        lines = ["struct fp_run {", *fields, "};",
+                 "FP_FN void fp_load_run(REGION_PARAMS, fp_idx r, fp_idx c0, fp_run& q) {",
+                 "  (void)r; (void)c0; (void)q;", *loads, "}"]
+        for name, val in values:
+            tokens = []
+            for leaf in val.leaves:
+                kind, k = leaf.source
+                if kind == "red":
+                    tokens.append(f"red[{k}]")
+                    continue
+                q, cls = names[(leaf.source, leaf.strides)]
+                tokens.append(f"q.{q}" if cls == "uniform" else f"q.{q}[j]")
+            lines += [f"FP_FN void {name}_run(const fp_run& q, fp_idx r, fp_idx c0, const float* red, float* y) {{",
+                      "  (void)q; (void)r; (void)red;", "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
+                      "    const fp_idx c = c0 + j; (void)c;", f"    y[j] = {val.expr.format(*tokens)};", "  }", "}"]
+        return lines
+
     def store(self) -> tuple[list[str], str]:
         """``fp_store_vec(REGION_PARAMS, r, c0, y)``: the output's columns c0 .. c0 + vec - 1."""
         cls = leaf_class(self.space, self.p.out_strides, self.split, self.vec)
@@ -156,5 +209,8 @@ def vector_code(prog: Program, vec: int) -> str:
         store, out_cls = w.store()
         body += lines + store
         notes.append(f"leaves {summary}; output {out_cls}" if not prog.nred else f"output: {summary}; stored {out_cls}")
+    if prog.nred:  # the cached row (region_row.cu's CACHE)
+        values = [(f"fp_elem_vec{j}", red.val) for j, red in enumerate(prog.reductions)]
+        body += w.run_code(values + ([] if prog.per_row else [("fp_out_vec", prog.out)]))
     comment = f"// vector path: runs of {vec} elements; " + "; ".join(notes)
     return "\n".join([comment, *head, *body, *w.aligned_check()]) + "\n"

@@ -28,8 +28,8 @@ VEC = Knob("vec", (1, 2, 4, 8), "consecutive columns per thread and access (16 b
 ROWS_PER_BLOCK = Knob("rows_per_block", (1, 2, 4, 8, 16, 32, 64, 128, 256),
                       "rows one block reduces at once (threads/rows per row; = threads: one row per thread)")
 FAST_MATH = Knob("fast_math", (0, 1), "exp: 0 expf, 1 __expf (MUFU)")
-CACHE = Knob("cache", (0, 1), "1: one row per thread, its columns unrolled and its inputs kept in registers, read once "
-             "for every pass and the epilogue (rows of at most CACHE_COLS columns)")
+CACHE = Knob("cache", (0, 1), "1: a lane's runs of its row read once into registers for every pass and the epilogue "
+             "(at most CACHE_ELEMS elements per lane)")
 PW_VEC = Knob("vec", (1, 2, 4, 8), "consecutive elements per thread and access (16 bytes of output at most)")
 ILP = Knob("ilp", (1, 2, 4), "vector runs per thread in flight (all loaded before any is stored)")
 GRID_STRIDE = Knob("grid_stride", (0, 1), "0: one tile per block; 1: a resident grid striding over the tiles")
@@ -209,8 +209,8 @@ def _cuda_pw_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
 
 
 STRIDED_ROWS_PER_SM = 2048  # a strided region with this many rows per SM fills every SM with one row per thread
-CACHE_COLS = 128  # cache: columns of a row held in one thread's registers at most (64 fp32 values and no spill
-#                   for KernelBench's channel RMS norm; tests/test_region_cuda_compile.py builds the largest)
+CACHE_ELEMS = 128  # cache: elements of its row one lane holds in registers at most (KernelBench's channel RMS norm:
+#                    64 fp32 values and no spill; tests/test_region_cuda_compile.py builds the largest)
 
 
 def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
@@ -230,15 +230,19 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
     return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0, "cache": 0}
 
 
+def cached_elements(cols: int, p: dict) -> int:
+    """Elements of its row one lane holds with cache: its runs of vec columns (region_row.cu's RUNS)."""
+    group, vec = p["threads"] // p["rows_per_block"], p["vec"]
+    return cdiv(cols // vec * vec, group * vec) * vec
+
+
 def _cuda_row_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
     if p["threads"] % p["rows_per_block"] or p["threads"] // p["rows_per_block"] < 1:
         return "threads must split evenly into rows"
     cache = p.get("cache", 0)
     prog = program(sig)
-    if cache and p["rows_per_block"] != p["threads"]:
-        return "cache keeps one row per thread (rows_per_block = threads)"
-    if cache and not isinstance(prog, str) and prog.cols > CACHE_COLS:
-        return f"cache holds rows of at most {CACHE_COLS} columns in registers ({prog.cols} here)"
+    if cache and not isinstance(prog, str) and (per := cached_elements(prog.cols, p)) > CACHE_ELEMS:
+        return f"cache holds at most {CACHE_ELEMS} elements of a row per lane in registers ({per} here)"
     made = _code(sig, "cuda", p["vec"])
     if isinstance(made, str):
         return made
@@ -290,7 +294,7 @@ CUDA = (
            _applicable("pointwise"), _cuda_pw_defaults, _cuda_pw_build, first),
     Family(OPS, "cuda", "row", "region_row.cu", (ROW_THREADS, ROWS_PER_BLOCK, VEC, FAST_MATH, CACHE),
            "rows_per_block rows per block; per pass vector loads of vec columns and a group reduction "
-           "(shuffles, shared memory); epilogue; or (cache) one row per thread held in registers, read once",
+           "(shuffles, shared memory); epilogue; cache: a lane's runs read once into registers for every pass",
            _applicable("row"), _cuda_row_defaults, _cuda_row_build, first),
     Family(OPS, "cuda", "window", "region_window.cu", (THREADS, WIN_VEC, WIN_ILP, WIN_WRUN),
            "one pooled element per thread (or vec along channels_last's C, vector loads of the window's "

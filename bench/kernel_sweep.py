@@ -3,7 +3,7 @@ then timed by the evaluator: CUDA events, L2 flushed before every call), plus th
 empty-kernel launch measured with the same protocol in the same run (the launch-bound goal:
 within 2x of it).
 
-    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax]
+    python bench/kernel_sweep.py [OUT_DIR] [--only group_norm,adaptive_avg_pool2d,softmax,region]
         [--families split,split_flow] [--knob minb]
 
 Writes OUT_DIR/kernel_sweep.md and .json (OUT_DIR defaults to $OUT, else bench/results).
@@ -30,7 +30,40 @@ GN_BIG = "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16
 GN_MID = "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], bias: bf16[512]"
 POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 
-# (op, signature, [(family, params), ...]); params not given take the family's defaults
+def _row_region(kind: str, rows: int, cols: int):
+    """A region signature captured (on the CPU) from an inline bf16 chain over rows of ``cols``: ``rms`` an LLM's
+    RMS norm with a weight, ``softmax`` attention scores' softmax in float32."""
+    import torch
+
+    from forge_pack.graph.capture import capture
+    from forge_pack.graph.regions import find_regions
+    from forge_pack.targets.region_target import signature
+
+    class Rms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(cols))
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.w
+
+    class Softmax(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x.float() * 0.0625, -1)
+
+    model = (Rms() if kind == "rms" else Softmax()).to(torch.bfloat16)
+    (region,) = find_regions(capture(model, (torch.randn(rows, cols).to(torch.bfloat16),), profile=False))
+    return signature(region)
+
+
+# the row region's cache knob (each lane's runs read once into registers for every pass and the epilogue) against
+# the two reads of cache 0, at the default layout and at 32 / 64 lanes a row
+ROW_CACHE = [("row", {}), ("row", {"cache": 1}),
+             ("row", {"threads": 256, "rows_per_block": 8}), ("row", {"threads": 256, "rows_per_block": 8, "cache": 1}),
+             ("row", {"threads": 256, "rows_per_block": 4}), ("row", {"threads": 256, "rows_per_block": 4, "cache": 1})]
+
+# (op, signature or a function making it, [(family, params), ...]); params not given take the family's defaults
 SWEEPS = [
     ("group_norm", GN_BIG, [
         # split_flow at split 256, threads 512, lag 1/4/6 (unroll 4) or with the hints off measured 40-48% of
@@ -82,6 +115,8 @@ SWEEPS = [
     ("softmax", "x: bf16[4096,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 0, "items": 1, "threads": 256, "vec": 8}),
     ]),
+    ("region", lambda: _row_region("rms", 4096, 2048), ROW_CACHE),  # a 2048-token prefill's RMS norm, hidden 2048
+    ("region", lambda: _row_region("softmax", 16384, 2048), ROW_CACHE),  # 8 heads of 2048 x 2048 scores
 ]
 
 
@@ -148,7 +183,7 @@ def main(argv: list[str]) -> int:
         for op, text, variants in SWEEPS:
             if only and op not in only:
                 continue
-            sig = parse_signature(op, text)
+            sig = text() if callable(text) else parse_signature(op, text)
             h = Hotspot(sig, ("bench",), 1.0, 0.0, 0.0, 1.0, (), "cuda")
             base = ev.baseline(h)
             comp = base.compiled.median_us if base.compiled else None

@@ -17,9 +17,8 @@ typedef FP_IDX_T fp_idx;
 #define FP_NAN __int_as_float(0x7fc00000)
 
 // One element: a plain load (ld.global.nc where the compiler proves it read-only, as for the FP_RESTRICT
-// inputs), which the compiler may merge with another load of the same address: x * x loads x once, and the
-// row skeleton's CACHE path reads a row once for all its passes. fp32 used __ldg, an `asm volatile` that
-// pins every load where it is written (x * x loaded twice, every pass of a row again). A 16-bit element is
+// inputs), which the compiler may merge with another load of the same address: x * x loads x once (fp32 used
+// __ldg, an `asm volatile` that pins every load where it is written: x * x loaded x twice). A 16-bit element is
 // a plain load of its raw bits, not cuda_bf16.h / cuda_fp16.h's own __ldg overloads:
 // those are plain `asm` statements, which the compiler treats as free of side effects and may execute
 // ahead of the condition guarding them. A window kernel's predicated reads of padding cells

@@ -26,3 +26,23 @@ def test_pool_probe_compiles_for_hopper_without_spills(tmp_path):
     kernels = set(re.findall(r"Compiling entry function '_Z\d+(\w+?)I", log))
     wanted = {"read_flat", "read_persist", "tile_ld", "tile_cp", "tile_bulk", "tile_atomic", "warp_pipe"}
     assert wanted <= kernels, kernels
+
+
+def test_kernel_sweeps_region_cases_build_every_listed_variant():
+    """bench/kernel_sweep.py's region cases (for a GPU run): each captured region is a contiguous row region and
+    every listed variant builds, cache 0 and 1 at each layout (a variant the family refused would be reported
+    as invalid on the GPU instead of timed)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import kernel_sweep as ks
+    from forge_pack.search.templates_proposer import instantiate
+
+    regions = [(text, variants) for op, text, variants in ks.SWEEPS if op == "region"]
+    assert len(regions) == 2
+    for make, variants in regions:
+        sig = make()
+        assert sig.param("kind") == "row"
+        built = [instantiate("region", "cuda", family, params, sig).params for family, params in variants]
+        assert {p["cache"] for p in built} == {0, 1}
+        assert all(p == {**p, **params} for p, (_, params) in zip(built, variants))

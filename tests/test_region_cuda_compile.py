@@ -120,6 +120,17 @@ def test_pointwise_knob_extremes_compile_without_warnings(tmp_path):
     assert not bad, bad
 
 
+def _cached_row(sig):
+    """The row family with cache 1 at its default layout, or at one row per 1024 threads when a lane would hold too
+    many elements there; None when neither builds."""
+    for extra in ({}, {"threads": 1024, "rows_per_block": 1}):
+        try:
+            return instantiate("region", "cuda", "row", {"cache": 1, **extra}, sig)
+        except ValueError:
+            continue
+    return None
+
+
 @pytest.mark.slow
 @needs_nvcc
 def test_every_generated_cuda_region_kernel_compiles_with_nvrtc_and_nvcc():
@@ -138,7 +149,13 @@ def test_every_generated_cuda_region_kernel_compiles_with_nvrtc_and_nvcc():
                     group = (fam.name, path.stem, dtype)
                     items.append((f"{path.stem}/{dtype}/{sig.slug()}/{fam.name}", cand, group not in nvcc_groups))
                     nvcc_groups.add(group)
+                    if fam.name == "row" and not cand.params["cache"]:  # the cached path's generated fp_run too
+                        cached = _cached_row(sig)
+                        if cached is not None and cached.content_hash not in seen:
+                            seen.add(cached.content_hash)
+                            items.append((f"{path.stem}/{dtype}/{sig.slug()}/row-cache", cached, False))
     assert len(items) > 40, len(items)
+    assert sum(name.endswith("/row-cache") for name, _, _ in items) > 10
     assert sum(it[2] for it in items) > 20
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, d, it[1].content_hash[:16], it[2])), items))

@@ -34,7 +34,7 @@ declare -A SELECT=(
   [timing]="tests/test_timing_protocol.py"
   # the shipped `python -m <package> verify` (module -> files: FILES in mutation_report.py)
   [package_verify]="tests/test_package_verify_checks.py tests/test_conv_region_verify.py"
-  # tests/targets/test_attention.py is left out: attention.py is not in this module, and its tests run a
+  # tests/targets/test_attention.py is left out: attention.py is its own module (below), and its tests run a
   # search and compile kernels for every mutant of the generic rules they reach
   [verdict_rules]="tests/test_verdict_rules.py tests/test_tolerance.py tests/test_verify_inputs.py tests/test_targets.py
     tests/targets/test_avg_pool.py tests/targets/test_batch_norm.py tests/targets/test_group_norm.py
@@ -47,11 +47,12 @@ declare -A SELECT=(
     --deselect=tests/test_object_check.py::test_every_cpu_template_family_and_reference_kernel_passes_the_object_check
     --deselect=tests/test_object_check.py::test_nvcc_fallback_build_has_its_host_side_checked
     --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"
+  [attention]="tests/targets/test_attention.py"
   [model_gate]="tests/test_model_gate.py
     --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
     --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"
 )
-MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify timing package_verify evaluate"
+MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify timing package_verify evaluate attention"
 # CI's guard: the modules whose tests are in-process unit tests (a few minutes together on 2 cores).
 # verdict_rules (1500+ mutants), object_check (compiles), package_verify and evaluate: `make mutation` only.
 CHECK_MODULES="verdict tolerance static_check model_gate verify timing"

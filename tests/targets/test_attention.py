@@ -101,18 +101,28 @@ def test_the_eager_composite_reference_is_the_model_codes_output_layout_and_valu
 # ---------------------------------------------------------------- the reference
 
 
-def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True, window=0):
-    """Element by element in float64: the definition the reference must match exactly."""
+def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True, window=0, softcap=None):
+    """Element by element in float64: the definition the reference must match exactly. A mask of fewer than 4 dims
+    broadcasts from the right (a [L, S] mask over every batch and head); a soft cap bounds the scaled logit to
+    cap * tanh(logit / cap) before the mask is added, as Gemma 2 does."""
     b_, h_, l_, d_ = qd.shape
     s_ = kd.shape[2]
     gq = h_ // kd.shape[1]
+    m4 = None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+    def logit(b, h, i, j):
+        x = float(qd[b, h, i] @ kd[b, h // gq, j]) * scale
+        if softcap:
+            x = softcap * math.tanh(x / softcap)
+        if m4 is not None:
+            x += float(m4[b if m4.shape[0] > 1 else 0, h if m4.shape[1] > 1 else 0, i, j])
+        return x
+
     out = torch.zeros(b_, h_, l_, d_, dtype=torch.float64)
     for b in range(b_):
         for h in range(h_):
             for i in range(l_):
-                logits = [float(qd[b, h, i] @ kd[b, h // gq, j]) * scale
-                          + (float(mask[b if mask.shape[0] > 1 else 0, 0, i, j]) if mask is not None else 0.0)
-                          for j in range(s_)]
+                logits = [logit(b, h, i, j) for j in range(s_)]
                 if causal:
                     logits = [x if j <= i and (not window or i - j < window) else -math.inf
                               for j, x in enumerate(logits)]
@@ -126,16 +136,39 @@ def _naive(qd, kd, vd, scale, mask=None, causal=False, zero_empty=True, window=0
     return out
 
 
-@pytest.mark.parametrize("causal, with_mask, window", [(False, False, 0), (True, False, 0), (False, True, 0),
-                                                      (True, False, 1), (True, False, 3)])
-def test_the_reference_is_exact_on_small_inputs(causal, with_mask, window):
-    qd, kd, vd, md = q.double(), k.double(), v.double(), mask.double()
-    params = {**_p(scale=0.4, causal=causal, gqa=True), "window": window}
-    ref = SPEC.reference64(params, {"x": q, "k": k, "v": v, "mask": mask if with_mask else None})
-    want = _naive(qd, kd, vd, 0.4, md if with_mask else None, causal, window=window)
+@pytest.mark.parametrize("causal, with_mask, window, softcap", [
+    (False, None, 0, None), (True, None, 0, None), (False, "4d", 0, None), (True, None, 1, None), (True, None, 3, None),
+    (False, "2d", 0, None), (False, "heads", 0, None), (False, None, 0, 0.5), (True, "4d", 0, 0.5)])
+def test_the_reference_is_exact_on_small_inputs(causal, with_mask, window, softcap):
+    """Against the element-by-element definition: causal, sliding windows, a [B, 1, L, S] mask, a [L, S] mask
+    broadcast over batch and heads, a mask per head, and a soft cap (scores of about +-2 here: a cap of 0.5 bends
+    them all)."""
+    heads = torch.randn(2, 4, 6, 7, generator=torch.Generator().manual_seed(3))
+    m = {None: None, "4d": mask, "2d": mask2, "heads": heads}[with_mask]
+    params = {**_p(scale=0.4, causal=causal, gqa=True, softcap=softcap), "window": window}
+    ref = SPEC.reference64(params, {"x": q, "k": k, "v": v, "mask": m})
+    qd, kd, vd = q.double(), k.double(), v.double()
+    want = _naive(qd, kd, vd, 0.4, None if m is None else m.double(), causal, window=window, softcap=softcap)
     assert torch.allclose(ref, want, rtol=1e-12, atol=1e-12)
     if window:
         assert not torch.allclose(ref, _naive(qd, kd, vd, 0.4, None, causal), rtol=1e-6, atol=1e-6)
+    if softcap:
+        uncapped = _naive(qd, kd, vd, 0.4, None if m is None else m.double(), causal)
+        assert not torch.allclose(ref, uncapped, rtol=1e-3, atol=1e-3)
+
+
+def test_the_reference_computed_in_row_chunks_is_the_whole_one(monkeypatch):
+    """Long sequences are referenced REF_ROWS query rows at a time: 3 rows per chunk over 10 rows (a short last
+    chunk), head dim 4 (fewer than the rows), causal with a mask, equals the element-by-element definition."""
+    from forge_pack.targets import attention
+
+    gen = torch.Generator().manual_seed(5)
+    qq, kk, vv = (torch.randn(1, 2, 10, 4, generator=gen) for _ in range(3))
+    mm = torch.randn(1, 1, 10, 10, generator=gen)
+    monkeypatch.setattr(attention, "REF_ROWS", 3)
+    ref = SPEC.reference64(_p(scale=0.3, causal=True), {"x": qq, "k": kk, "v": vv, "mask": mm})
+    want = _naive(qq.double(), kk.double(), vv.double(), 0.3, mm.double(), causal=True)
+    assert ref.shape == want.shape and torch.allclose(ref, want, rtol=1e-12, atol=1e-12)
 
 
 def test_the_composite_eager_call_masks_a_sliding_window_as_the_reference_does():
@@ -191,6 +224,16 @@ def test_fully_masked_rows_are_what_pytorch_gives(composite):
     assert torch.allclose(row1(ref), mean_v, atol=1e-12) and torch.allclose(row1(eager).double(), mean_v, atol=1e-5)
 
 
+def test_a_row_masked_fully_in_one_head_only_is_zero_there_and_live_elsewhere():
+    """SDPA's safe softmax is per (head, query row): row 0 of head 1 all -inf gives 0 there, while row 0 of the
+    other heads attends as usual (the reference must not ask whether the whole column of heads is masked)."""
+    m = torch.zeros(2, 4, 6, 7)
+    m[:, 1, 0] = float("-inf")
+    ref = SPEC.reference64(_p(), {"x": q, "k": kf, "v": vf, "mask": m})
+    assert torch.equal(ref[:, 1, 0], torch.zeros_like(ref[:, 1, 0]))
+    assert not torch.isnan(ref).any() and (ref[:, 0, 0].abs() > 0).all()
+
+
 @pytest.mark.parametrize("kind", ["fresh", "large", "masked_rows"])
 def test_the_float64_reference_agrees_with_eager(kind):
     sig = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": mask}, _p(gqa=True))
@@ -235,6 +278,44 @@ def test_signatures_it_does_not_target_say_why():
     assert "head_dim" in abi.supports(odd)
     no_gqa = ops.make_signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p())
     assert "without enable_gqa" in abi.supports(no_gqa)
+
+
+def _attn_sig(qs=(1, 4, 6, 8), ks=(1, 2, 7, 8), vs=None, dtypes=("float32",) * 3, mask=None, **params):
+    """An attention signature from shapes alone (contiguous strides), params over _p()'s."""
+    from forge_pack.core.signature import Signature, TensorSpec
+
+    def spec(shape, dtype):
+        strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            strides[i] = strides[i + 1] * max(shape[i + 1], 1)
+        return TensorSpec(dtype, tuple(shape), tuple(strides))
+
+    vs = ks if vs is None else vs
+    ins = (("x", spec(qs, dtypes[0])), ("k", spec(ks, dtypes[1])), ("v", spec(vs, dtypes[2])),
+           ("mask", None if mask is None else spec(mask, dtypes[0])))
+    return Signature("attention", ins, tuple(sorted({**_p(gqa=True), **params}.items())), None)
+
+
+@pytest.mark.parametrize("sig, why", [
+    (_attn_sig(qs=(4, 6, 8)), "attention on tensors that are not 4-d [batch, heads, length, head_dim]"),
+    (_attn_sig(ks=(2, 7, 8), vs=(1, 2, 7, 8)), "attention on tensors that are not 4-d [batch, heads, length, head_dim]"),
+    (_attn_sig(vs=(2, 7, 8)), "attention on tensors that are not 4-d [batch, heads, length, head_dim]"),
+    (_attn_sig(dtypes=("float32", "float32", "bfloat16")), "query, key and value of different dtypes"),
+    (_attn_sig(vs=(1, 2, 7, 4)), "a value head_dim other than the query's, or keys and values of different shapes"),
+    (_attn_sig(ks=(2, 2, 7, 8)), "query heads not a multiple of key/value heads"),  # another batch
+    (_attn_sig(ks=(1, 3, 7, 8)), "query heads not a multiple of key/value heads"),
+    (_attn_sig(enable_gqa=False), "fewer key/value heads than query heads without enable_gqa (SDPA refuses the call)"),
+    (_attn_sig(ks=(1, 2, 0, 8)), "empty attention"),
+    (_attn_sig(qs=(1, 4, 0, 8)), "empty attention"),
+    # what it does take: an eager composite repeats the key/value heads itself; one key (a decode step's first
+    # token), one query row (decoding)
+    (_attn_sig(enable_gqa=False, composite=True), None),
+    (_attn_sig(ks=(1, 2, 1, 8)), None),
+    (_attn_sig(qs=(1, 4, 1, 8)), None),
+], ids=["q-3d", "k-3d", "v-3d", "dtypes", "head-dim", "batch", "heads", "no-gqa", "no-keys", "no-queries",
+        "composite-gqa", "one-key", "one-query"])
+def test_what_the_target_takes_and_why_not(sig, why):
+    assert SPEC.supports(sig) == why
 
 
 # ---------------------------------------------------------------- the CPU family, judged

@@ -280,20 +280,23 @@ def test_signatures_it_does_not_target_say_why():
     assert "without enable_gqa" in abi.supports(no_gqa)
 
 
-def _attn_sig(qs=(1, 4, 6, 8), ks=(1, 2, 7, 8), vs=None, dtypes=("float32",) * 3, mask=None, **params):
-    """An attention signature from shapes alone (contiguous strides), params over _p()'s."""
+def _attn_sig(qs=(1, 4, 6, 8), ks=(1, 2, 7, 8), vs=None, dtypes=("float32",) * 3, mask=None, last=1, mask_last=1,
+              out_last=None, **params):
+    """An attention signature from shapes alone, params over _p()'s: dense strides with ``last`` (the query's),
+    ``mask_last`` (the mask's) and ``out_last`` (an output like the query, or none) as the innermost stride."""
     from forge_pack.core.signature import Signature, TensorSpec
 
-    def spec(shape, dtype):
-        strides = [1] * len(shape)
+    def spec(shape, dtype, inner=1):
+        strides = [inner] * len(shape)
         for i in range(len(shape) - 2, -1, -1):
             strides[i] = strides[i + 1] * max(shape[i + 1], 1)
         return TensorSpec(dtype, tuple(shape), tuple(strides))
 
     vs = ks if vs is None else vs
-    ins = (("x", spec(qs, dtypes[0])), ("k", spec(ks, dtypes[1])), ("v", spec(vs, dtypes[2])),
-           ("mask", None if mask is None else spec(mask, dtypes[0])))
-    return Signature("attention", ins, tuple(sorted({**_p(gqa=True), **params}.items())), None)
+    ins = (("x", spec(qs, dtypes[0], last)), ("k", spec(ks, dtypes[1])), ("v", spec(vs, dtypes[2])),
+           ("mask", None if mask is None else spec(mask, dtypes[0], mask_last)))
+    out = None if out_last is None else spec(qs, dtypes[0], out_last)
+    return Signature("attention", ins, tuple(sorted({**_p(gqa=True), **params}.items())), out)
 
 
 @pytest.mark.parametrize("sig, why", [
@@ -307,13 +310,29 @@ def _attn_sig(qs=(1, 4, 6, 8), ks=(1, 2, 7, 8), vs=None, dtypes=("float32",) * 3
     (_attn_sig(enable_gqa=False), "fewer key/value heads than query heads without enable_gqa (SDPA refuses the call)"),
     (_attn_sig(ks=(1, 2, 0, 8)), "empty attention"),
     (_attn_sig(qs=(1, 4, 0, 8)), "empty attention"),
+    (_attn_sig(window=3, composite=True), "a sliding window without the causal mask, or on an SDPA call (which has none)"),
+    # one head and one query row whose last dim is strided: refused by the head dim alone
+    (_attn_sig(qs=(1, 1, 1, 8), ks=(1, 1, 7, 8), last=2), "query, key or value with a non-contiguous last dim"),
+    (_attn_sig(qs=(1, 4, 6, 2), ks=(1, 2, 7, 2), last=2), "query, key or value with a non-contiguous last dim"),
+    (_attn_sig(mask=(3, 1, 6, 7)), "a mask of shape [3, 1, 6, 7] that is not [B|1, H|1, L, S]"),
+    (_attn_sig(mask=(1, 1, 5, 7)), "a mask of shape [1, 1, 5, 7] that is not [B|1, H|1, L, S]"),
+    (_attn_sig(qs=(1, 4, 1, 8), mask=(1, 1, 1, 7), mask_last=2), "a mask with a non-contiguous last dim"),
+    (_attn_sig(ks=(1, 2, 2, 8), mask=(1, 1, 6, 2), mask_last=2), "a mask with a non-contiguous last dim"),
+    (_attn_sig(out_last=2), "an output with a non-contiguous last dim"),
     # what it does take: an eager composite repeats the key/value heads itself; one key (a decode step's first
     # token), one query row (decoding)
     (_attn_sig(enable_gqa=False, composite=True), None),
     (_attn_sig(ks=(1, 2, 1, 8)), None),
     (_attn_sig(qs=(1, 4, 1, 8)), None),
+    (_attn_sig(window=3, composite=True, causal=True), None),
+    (_attn_sig(qs=(1, 4, 6, 1), ks=(1, 2, 7, 1), last=2), None),  # a head dim of 1: its stride means nothing
+    (_attn_sig(mask=(1, 4, 6, 7)), None),  # a mask per head
+    (_attn_sig(ks=(1, 2, 1, 8), mask=(1, 1, 6, 1), mask_last=2), None),
+    (_attn_sig(out_last=1), None),
 ], ids=["q-3d", "k-3d", "v-3d", "dtypes", "head-dim", "batch", "heads", "no-gqa", "no-keys", "no-queries",
-        "composite-gqa", "one-key", "one-query"])
+        "window-not-causal", "strided-q", "strided-q-d2", "mask-batch", "mask-rows", "strided-mask",
+        "strided-mask-s2", "strided-out", "composite-gqa", "one-key", "one-query", "window", "d1-strided",
+        "mask-per-head", "s1-strided-mask", "dense-out"])
 def test_what_the_target_takes_and_why_not(sig, why):
     assert SPEC.supports(sig) == why
 

@@ -54,7 +54,8 @@ declare -A SELECT=(
 )
 MODULES="verdict tolerance static_check verdict_rules object_check model_gate verify timing package_verify evaluate attention"
 # CI's guard: the modules whose tests are in-process unit tests (a few minutes together on 2 cores).
-# verdict_rules (1500+ mutants), object_check (compiles), package_verify and evaluate: `make mutation` only.
+# verdict_rules (1500+ mutants), object_check (compiles), package_verify, evaluate and attention (searches,
+# kernel compiles): `make mutation` only.
 CHECK_MODULES="verdict tolerance static_check model_gate verify timing"
 
 check=0

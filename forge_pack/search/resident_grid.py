@@ -1,4 +1,4 @@
-"""The persistent ("resident") grid that the `resident` families of group_norm and softmax share.
+"""The persistent ("resident") grid that the `resident` families of group_norm, softmax and layer/RMS norm share.
 
 SMs x bps blocks, all resident at once, split into `teams` teams. A team holds one unit (a norm
 group, a softmax row) on chip: each of its blocks keeps the same slice of the unit in registers
@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from forge_pack.core.candidate import Workspace
-from forge_pack.search.template_kit import SMEM_BLOCK_RESERVE, STATIC_SMEM, Gpu, Knob, cdiv
+from forge_pack.search.template_kit import SMEM_BLOCK_RESERVE, STATIC_SMEM, Gpu, Knob, cdiv, full_vec
+from forge_pack.targets.abi import env
 
 BPS = Knob("bps", (1, 2), "persistent blocks per SM (the grid is SMs x bps, resident at once)")
 REGS = Knob("regs", (0, 2, 4, 8, 16), "16-byte vectors per thread and buffer kept in registers (the rest in shared "
@@ -76,6 +77,35 @@ def defaults(units: int, team_counts: tuple, fits: Callable[[dict], bool], hints
                 if fits(p):
                     return p
     return {"threads": 512, "bps": 2, "teams": 1, "bufs": 1, "regs": 0, "stagger": 0, **hints}
+
+
+def _rows(sig) -> tuple[int, int, int]:
+    """A row signature's (rows, cols, 16-byte vector), as its launch sizes them."""
+    e = env(sig)
+    return e["rows"], e["cols"], full_vec(sig)
+
+
+def row_plan(sig, p: dict, gpu: Gpu) -> dict | str:
+    """`plan` with a row signature's rows as the units (softmax's and layer/RMS norm's `resident`)."""
+    rows, cols, vec = _rows(sig)
+    return plan(rows, cols, vec, p, gpu, noun="rows")
+
+
+def row_defaults(sig, gpu: Gpu, hints: dict) -> dict:
+    """`defaults` over a row signature's rows: every team count of ROW_TEAMS, each team walking at least 4 rows
+    where the teams do not divide them."""
+    return defaults(_rows(sig)[0], ROW_TEAMS.values, lambda q: not isinstance(row_plan(sig, q, gpu), str), hints,
+                    walk_min=4)
+
+
+def rows_unfit(sig, gpu: Gpu, hints: dict) -> str | None:
+    """Why a row signature's rows take no resident grid at their defaults (`hints` added), or None."""
+    _, cols, vec = _rows(sig)
+    if cols % vec:
+        return "rows not a multiple of a 16-byte vector"
+    if isinstance(row_plan(sig, row_defaults(sig, gpu, hints), gpu), str):
+        return "a row does not fit in the GPU's registers and shared memory"
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from forge_pack.core.candidate import Workspace
 from forge_pack.core.signature import Signature
 from forge_pack.search import resident_grid
 from forge_pack.search.template_kit import (GRAIN, HINTS, LANES_ALL, SPLIT, THREADS, UNROLL, VEC, Built, Family, Gpu,
-                                            always, cdiv, clamp, elem_bytes, first, full_vec, grain_default,
+                                            always, cdiv, clamp, elem_bytes, first, grain_default,
                                             launch, pow2_ceil, regs_ok, rows_items, spec, stream_ok, vec_default,
                                             vec_ok)
 from forge_pack.targets.abi import env as sizes
@@ -176,32 +176,22 @@ def _split_row_score(sig: Signature, gpu: Gpu) -> float:
 RESIDENT_MIN_COLS = 32768  # shorter rows: one block per row holds them (block_row), or its second read hits L2
 
 
-def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
-    """Sizes of a `resident` launch (resident_grid.plan over the rows), or why a row does not fit."""
-    e = sizes(sig)
-    return resident_grid.plan(e["rows"], e["cols"], full_vec(sig), p, gpu, noun="rows")
+RESIDENT_HINTS = {"load_hint": 2, "store_hint": 1}
 
 
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
-    """The most rows in flight that fit on chip (resident_grid.defaults)."""
-    hints = {"load_hint": 2, "store_hint": 1}
-    return resident_grid.defaults(sizes(sig)["rows"], resident_grid.ROW_TEAMS.values,
-                                  lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
+    """The most rows in flight that fit on chip (resident_grid.row_defaults)."""
+    return resident_grid.row_defaults(sig, gpu, RESIDENT_HINTS)
 
 
 def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
-    cols = sizes(sig)["cols"]
-    if cols < RESIDENT_MIN_COLS:
+    if sizes(sig)["cols"] < RESIDENT_MIN_COLS:
         return f"rows shorter than {RESIDENT_MIN_COLS} elements: a block per row holds or re-reads them from L2"
-    if cols % full_vec(sig):
-        return "rows not a multiple of a 16-byte vector"
-    if isinstance(resident_plan(sig, _resident_defaults(sig, gpu), gpu), str):
-        return "a row does not fit in the GPU's registers and shared memory"
-    return None
+    return resident_grid.rows_unfit(sig, gpu, RESIDENT_HINTS)
 
 
 def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    plan = resident_plan(sig, p, gpu)
+    plan = resident_grid.row_plan(sig, p, gpu)
     if isinstance(plan, str):
         return plan
     q = {**p, "vec": plan["vec"]}

@@ -216,32 +216,22 @@ def _split_sync_score(sig: Signature, gpu: Gpu) -> float:
 
 # ---------------------------------------------------------------- CUDA: rows held on chip by a persistent grid
 
-def resident_plan(sig: Signature, p: dict, gpu: Gpu) -> dict | str:
-    """Sizes of a `resident` launch (resident_grid.plan over the rows), or why a row does not fit."""
-    e = sizes(sig)
-    return resident_grid.plan(e["rows"], e["cols"], full_vec(sig), p, gpu, noun="rows")
+RESIDENT_HINTS = {"fast_exp": 1, "load_hint": 2, "store_hint": 1}
 
 
 def _resident_defaults(sig: Signature, gpu: Gpu) -> dict:
-    """The most rows in flight that fit on chip (resident_grid.defaults)."""
-    hints = {"fast_exp": 1, "load_hint": 2, "store_hint": 1}
-    return resident_grid.defaults(sizes(sig)["rows"], resident_grid.ROW_TEAMS.values,
-                                  lambda q: not isinstance(resident_plan(sig, q, gpu), str), hints, walk_min=4)
+    """The most rows in flight that fit on chip (resident_grid.row_defaults)."""
+    return resident_grid.row_defaults(sig, gpu, RESIDENT_HINTS)
 
 
 def _resident_applicable(sig: Signature, gpu: Gpu) -> str | None:
-    cols = sizes(sig)["cols"]
-    if cols <= BLOCK_ROW_COLS:
+    if sizes(sig)["cols"] <= BLOCK_ROW_COLS:
         return "rows short enough for one block's registers (block_row)"
-    if cols % full_vec(sig):
-        return "rows not a multiple of a 16-byte vector"
-    if isinstance(resident_plan(sig, _resident_defaults(sig, gpu), gpu), str):
-        return "a row does not fit in the GPU's registers and shared memory"
-    return None
+    return resident_grid.rows_unfit(sig, gpu, RESIDENT_HINTS)
 
 
 def _resident_build(sig: Signature, p: dict, gpu: Gpu) -> Built | str:
-    plan = resident_plan(sig, p, gpu)
+    plan = resident_grid.row_plan(sig, p, gpu)
     if isinstance(plan, str):
         return plan
     lay = resident_grid.layout(p, plan, "rows", "cols")

@@ -30,7 +30,7 @@ GN_BIG = "x: bf16[1,128,1024,1024], num_groups=32, weight: bf16[128], bias: bf16
 GN_MID = "x: bf16[1,512,128,128], num_groups=32, weight: bf16[512], bias: bf16[512]"
 POOL = "x: bf16[256,2048,7,7], output_size=(1,1)"
 
-def _row_region(kind: str, rows: int, cols: int):
+def row_region(kind: str, rows: int, cols: int):
     """A region signature captured (on the CPU) from an inline bf16 chain over rows of ``cols``: ``rms`` an LLM's
     RMS norm with a weight, ``softmax`` attention scores' softmax in float32."""
     import torch
@@ -115,8 +115,8 @@ SWEEPS = [
     ("softmax", "x: bf16[4096,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 0, "items": 1, "threads": 256, "vec": 8}),
     ]),
-    ("region", lambda: _row_region("rms", 4096, 2048), ROW_CACHE),  # a 2048-token prefill's RMS norm, hidden 2048
-    ("region", lambda: _row_region("softmax", 16384, 2048), ROW_CACHE),  # 8 heads of 2048 x 2048 scores
+    ("region", lambda: row_region("rms", 4096, 2048), ROW_CACHE),  # a 2048-token prefill's RMS norm, hidden 2048
+    ("region", lambda: row_region("softmax", 16384, 2048), ROW_CACHE),  # 8 heads of 2048 x 2048 scores
 ]
 
 

@@ -357,25 +357,12 @@ def test_a_cached_row_reads_its_inputs_once_for_every_pass_and_the_epilogue(tmp_
 
 
 def _rms_row_signature(cols: int = 2048):
-    """An RMS norm written inline over the last dim of bf16 rows (an LLM's), with a weight: a contiguous row region."""
-    import torch
+    """An RMS norm written inline over the last dim of 64 bf16 rows (an LLM's), with a weight: a contiguous row
+    region (bench/kernel_sweep.py's region case)."""
+    sys.path.insert(0, str(MODELS.parent.parent / "bench"))
+    from kernel_sweep import row_region
 
-    from forge_pack.graph.capture import capture
-    from forge_pack.graph.regions import find_regions
-    from forge_pack.targets.region_target import signature
-
-    class Rms(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(cols))
-
-        def forward(self, x):
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.w
-
-    x = torch.randn(64, cols).to(torch.bfloat16)
-    (region,) = find_regions(capture(Rms().to(torch.bfloat16), (x,), profile=False))
-    return signature(region)
+    return row_region("rms", 64, cols)
 
 
 @needs_nvcc

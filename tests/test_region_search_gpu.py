@@ -221,20 +221,10 @@ def test_cached_rows_verify(evaluator, kind, dtype, knobs):
 def test_cached_contiguous_rows_verify(evaluator, knobs):
     """Lanes sharing a row, each holding its runs in registers (cache): a bf16 RMS norm with a weight over 2048
     columns on 45 rows (the last block's dead rows read the last row and store nothing)."""
-    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from kernel_sweep import row_region  # the same region kernel_sweep times
 
-    class Rms(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(2048))
-
-        def forward(self, x):
-            xf = x.float()
-            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.w
-
-    x = torch.randn(45, 2048).to(torch.bfloat16).cuda()
-    (region,) = find_regions(capture(Rms().to(torch.bfloat16).cuda(), (x,), profile=False))
-    sig = signature(region)
+    sig = row_region("rms", 45, 2048)
     cand = instantiate("region", "cuda", "row", {**knobs, "vec": 8, "cache": 1}, sig)
     e = evaluator.evaluate(cand, Hotspot(sig, ("region",), 1.0, 1.0, 1.0, 0.5, device="cuda"))
     assert e.verdict.ok, (e.verdict.reason, e.verdict.detail)

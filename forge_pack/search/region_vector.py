@@ -80,6 +80,29 @@ class VectorWriter:
         col = _offset(cvar, _prod(cs), _groups(cs, strides[self.split:]))
         return col if row == "0" else (row if col == "0" else f"{row} + {col}")
 
+    def _class(self, leaf) -> str:
+        """The leaf's class over a run (leaf_class); a contig leaf of a non-float dtype is read per lane."""
+        cls = leaf_class(self.space, leaf.strides, self.split, self.vec)
+        return "lane" if cls == "contig" and self.p.input_dtypes[leaf.source[1]] not in VEC_FLOATS else cls
+
+    def _read(self, leaf, cvar: str) -> str:
+        """One element of the leaf at column ``cvar``."""
+        k = leaf.source[1]
+        off = self._offsets(leaf.strides, cvar)
+        return f"fp_ld(in{k} + ({off}))" if self.p.input_dtypes[k] in VEC_FLOATS else f"(float)(in{k}[{off}])"
+
+    def _read_vector(self, leaf, dest: str) -> str:
+        """The leaf's run at column c0 into ``dest`` (an fp_ldv, which needs the base pointer aligned)."""
+        k = leaf.source[1]
+        if f"fp_aligned<{self.vec}>(in{k})" not in self.aligned:
+            self.aligned.append(f"fp_aligned<{self.vec}>(in{k})")
+        return f"fp_ldv<{self.vec}>(in{k} + ({self._offsets(leaf.strides, 'c0')}), {dest});"
+
+    def _value(self, head: str, unused: str, loads: list[str], expr: str) -> list[str]:
+        """A vector function: ``head`` (its signature), then y[j] = expr for the run's vec columns."""
+        return [head, f"  {unused}", *loads, "#pragma unroll", f"  for (int j = 0; j < {self.vec}; ++j) {{",
+                "    const fp_idx c = c0 + j; (void)c;", f"    y[j] = {expr};", "  }", "}"]
+
     def function(self, name: str, val) -> tuple[list[str], str]:
         """``name(REGION_PARAMS, r, c0, red, y)``: y[j] = the value at column c0 + j, j < vec."""
         vec = self.vec
@@ -92,31 +115,20 @@ class VectorWriter:
                 tokens.append(f"red[{k}]")  # one value per row
                 continue
             key = (leaf.source, leaf.strides)
-            dtype = self.p.input_dtypes[k]
-            floaty = dtype in VEC_FLOATS
-            cls = leaf_class(self.space, leaf.strides, self.split, vec)
-            if cls == "contig" and not floaty:
-                cls = "lane"
+            cls = self._class(leaf)
             if cls == "lane":
-                off = self._offsets(leaf.strides, "c")
-                tokens.append(f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])")
+                tokens.append(self._read(leaf, "c"))
                 continue
             if key not in names:
                 q = names[key] = f"u{len(names)}"
                 classes[q] = cls
-                off = self._offsets(leaf.strides, "c0")
                 if cls == "uniform":
-                    read = f"fp_ld(in{k} + ({off}))" if floaty else f"(float)(in{k}[{off}])"
-                    loads.append(f"  const float {q} = {read};  // in{k}: one element for the whole run")
+                    loads.append(f"  const float {q} = {self._read(leaf, 'c0')};  // in{k}: one element for the whole run")
                 else:
-                    loads.append(f"  float {q}[{vec}]; fp_ldv<{vec}>(in{k} + ({off}), {q});  // in{k}: {vec} consecutive")
-                    if f"fp_aligned<{vec}>(in{k})" not in self.aligned:
-                        self.aligned.append(f"fp_aligned<{vec}>(in{k})")
+                    loads.append(f"  float {q}[{vec}]; {self._read_vector(leaf, q)}  // in{k}: {vec} consecutive")
             tokens.append(names[key] if classes[names[key]] == "uniform" else f"{names[key]}[j]")
-        expr = val.expr.format(*tokens)
-        lines = [f"FP_FN void {name}(REGION_PARAMS, fp_idx r, fp_idx c0, const float* red, float* y) {{",
-                 "  (void)r; (void)red;", *loads, "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
-                 "    const fp_idx c = c0 + j; (void)c;", f"    y[j] = {expr};", "  }", "}"]
+        lines = self._value(f"FP_FN void {name}(REGION_PARAMS, fp_idx r, fp_idx c0, const float* red, float* y) {{",
+                            "(void)r; (void)red;", loads, val.expr.format(*tokens))
         summary = ", ".join(f"{q}={c}" for q, c in classes.items()) or "none"
         return lines, summary
 
@@ -131,31 +143,22 @@ class VectorWriter:
         fields, loads, names = [], [], {}
         for _, val in values:
             for leaf in val.leaves:
-                kind, k = leaf.source
                 key = (leaf.source, leaf.strides)
-                if kind == "red" or key in names:
+                if leaf.source[0] == "red" or key in names:
                     continue
                 q = f"u{len(names)}"
-                dtype = self.p.input_dtypes[k]
-                floaty = dtype in VEC_FLOATS
-                cls = leaf_class(self.space, leaf.strides, self.split, vec)
-                if cls == "contig" and not floaty:
-                    cls = "lane"
+                cls = self._class(leaf)
                 names[key] = (q, cls)
                 if cls == "uniform":
-                    off = self._offsets(leaf.strides, "c0")
                     fields.append(f"  float {q};")
-                    loads.append(f"  q.{q} = {f'fp_ld(in{k} + ({off}))' if floaty else f'(float)(in{k}[{off}])'};")
+                    loads.append(f"  q.{q} = {self._read(leaf, 'c0')};")
                 elif cls == "contig":
                     fields.append(f"  float {q}[{vec}];")
-                    loads.append(f"  fp_ldv<{vec}>(in{k} + ({self._offsets(leaf.strides, 'c0')}), q.{q});")
-                    if f"fp_aligned<{vec}>(in{k})" not in self.aligned:
-                        self.aligned.append(f"fp_aligned<{vec}>(in{k})")
+                    loads.append(f"  {self._read_vector(leaf, f'q.{q}')}")
                 else:
-                    off = self._offsets(leaf.strides, "c")
                     fields.append(f"  float {q}[{vec}];")
                     loads.append(f"#pragma unroll\n  for (int j = 0; j < {vec}; ++j) {{ const fp_idx c = c0 + j; "
-                                 f"q.{q}[j] = {f'fp_ld(in{k} + ({off}))' if floaty else f'(float)(in{k}[{off}])'}; }}")
+                                 f"q.{q}[j] = {self._read(leaf, 'c')}; }}")
         lines = ["struct fp_run {", *fields, "};",
                  "FP_FN void fp_load_run(REGION_PARAMS, fp_idx r, fp_idx c0, fp_run& q) {",
                  "  (void)r; (void)c0; (void)q;", *loads, "}"]
@@ -168,9 +171,8 @@ class VectorWriter:
                     continue
                 q, cls = names[(leaf.source, leaf.strides)]
                 tokens.append(f"q.{q}" if cls == "uniform" else f"q.{q}[j]")
-            lines += [f"FP_FN void {name}_run(const fp_run& q, fp_idx r, fp_idx c0, const float* red, float* y) {{",
-                      "  (void)q; (void)r; (void)red;", "#pragma unroll", f"  for (int j = 0; j < {vec}; ++j) {{",
-                      "    const fp_idx c = c0 + j; (void)c;", f"    y[j] = {val.expr.format(*tokens)};", "  }", "}"]
+            lines += self._value(f"FP_FN void {name}_run(const fp_run& q, fp_idx r, fp_idx c0, const float* red, "
+                                 "float* y) {", "(void)q; (void)r; (void)red;", [], val.expr.format(*tokens))
         return lines
 
     def store(self) -> tuple[list[str], str]:

@@ -531,3 +531,92 @@ def test_a_function_of_the_eager_name_that_computes_something_else_is_not_target
     assert why.startswith("eager_attention_forward does not compute softmax(q k^T * scale + mask) v here")
     heads_first = right.transpose(1, 2)  # [B, H, L, D]: not the layout the function returns
     assert "returns shape" in composite_mismatch(SPEC, "eager_attention_forward", tensors, params, heads_first)
+
+
+# ---------------------------------------------------------------- the eager binder's every reading and refusal
+
+
+def _gemma_eager(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+    """Gemma's eager attention's parameters (its body is not run: the binder reads the parameters)."""
+    raise AssertionError("the binder does not call the function")
+
+
+def _no_dropout_eager(module, query, key, value, attention_mask, scaling):
+    raise AssertionError("the binder does not call the function")
+
+
+def test_the_eager_binder_reads_softcap_a_default_scale_and_the_groups():
+    from types import SimpleNamespace
+
+    m = _HFAttention().eval()
+    tensors, params = SPEC.bind_module(_gemma_eager, (m, q, k, v, None), {"softcap": 30, "scaling": 0.25})
+    assert params == _p(scale=0.25, gqa=True, softcap=30.0, composite=True)
+    assert isinstance(params["softcap"], float)
+    # no scaling: the module's head_dim ** -0.5, as Gemma's eager attention computes it
+    _, params = SPEC.bind_module(_gemma_eager, (m, q, k, v, None), {})
+    assert params == _p(scale=8 ** -0.5, gqa=True, composite=True)
+    # one group: no key/value repetition to do
+    ungrouped = SimpleNamespace(num_key_value_groups=1, head_dim=8, training=False)
+    _, params = SPEC.bind_module(_gemma_eager, (ungrouped, q, kf, vf, None, 0.0, 0.5), {})
+    assert params["enable_gqa"] is False
+    # a module object without `training` (not an nn.Module) and a dropout: nothing says it applies
+    bare = SimpleNamespace(num_key_value_groups=2, head_dim=8)
+    assert SPEC.bind_module(_gemma_eager, (bare, q, k, v, None, 0.1, 0.5), {}) is not None
+    # a function without a dropout parameter, on a module in training: there is no dropout to apply
+    assert SPEC.bind_module(_no_dropout_eager, (m.train(), q, k, v, None, 0.5), {}) is not None
+
+
+@pytest.mark.parametrize("fn, module, args, kwargs", [
+    (max, None, (q, k), {}),  # no readable signature
+    (lambda module, x, y, z: None, "m", (q, k, v), {}),  # no `query` parameter
+    (_gemma_eager, "m", (q, k), {}),  # missing arguments: the call does not bind
+    (_gemma_eager, "m", (q, k, v, None), {"softcap": "big"}),  # a softcap that is not a number
+    (_gemma_eager, "m", (q, k, v, None), {"scaling": "big"}),  # a scale that is not a number
+    (_gemma_eager, "no-head-dim", (q, k, v, None), {}),  # no scaling and no head_dim to default it from
+    (_gemma_eager, "no-groups", (q, k, v, None, 0.0, 0.5), {}),  # no num_key_value_groups
+    (_gemma_eager, "m", (q, k, v, 0.5, 0.0, 0.5), {}),  # a mask that is not a tensor
+    (_gemma_eager, "m", (q, k, v, mask[0], 0.0, 0.5), {}),  # a 3-d mask
+    (_gemma_eager, "m", (q, k, v, mask[None], 0.0, 0.5), {}),  # a 5-d mask
+], ids=["no-signature", "no-query", "unbound", "softcap-str", "scale-str", "no-head-dim", "no-groups",
+        "mask-number", "mask-3d", "mask-5d"])
+def test_the_eager_binder_leaves_calls_it_cannot_read_exactly(fn, module, args, kwargs):
+    from types import SimpleNamespace
+
+    modules = {"m": _HFAttention().eval(), None: None,
+               "no-head-dim": SimpleNamespace(num_key_value_groups=2, training=False),
+               "no-groups": SimpleNamespace(head_dim=8, training=False)}
+    assert SPEC.bind_module(fn, (modules[module], *args), kwargs) is None
+
+
+def test_a_hand_written_signature_is_completed_or_refused_word_for_word():
+    from forge_pack.core.errors import ForgeError
+    from forge_pack.targets.sigparse import parse_signature
+
+    sig = parse_signature("attention", "attention(x: f32[1,4,6,8], k: f32[1,2,7,8], v: f32[1,2,7,8], "
+                                       "causal=True, enable_gqa=True)")
+    assert sig.param("causal") is True and sig.param("enable_gqa") is True
+    with pytest.raises(ForgeError) as e:
+        parse_signature("attention", "attention(x: f32[4,6,8], k: f32[1,2,7,8], v: f32[1,2,7,8])")
+    assert (e.value.message, e.value.hint) == (
+        "attention takes 4-d x (the query) and k", "e.g. x: bf16[1,8,2048,128], k: bf16[1,8,2048,128], ...")
+    with pytest.raises(ForgeError) as e:
+        parse_signature("attention", "attention(x: f32[1,4,6,8], k: f32[2,7,8], v: f32[1,2,7,8])")
+    assert e.value.message == "attention takes 4-d x (the query) and k"
+    with pytest.raises(ForgeError) as e:
+        parse_signature("attention", "attention(x: f32[1,4,6,8], k: f32[1,3,7,8], v: f32[1,3,7,8], "
+                                     "enable_gqa=True)")
+    assert (e.value.message, e.value.hint) == ("4 query heads are not a multiple of 3 key heads",
+                                               "give k and v a head count dividing the query's, and enable_gqa=True")
+
+
+def test_a_two_dim_mask_broadcasts_over_batch_and_heads():
+    sig = kc.signature("attention", {"x": q, "k": kf, "v": vf, "mask": mask2}, _p())
+    kc.check_abi(sig, {"m_sb": 0, "m_sh": 0, "m_sl": 7, "has_mask": 1})
+    assert abi.supports(sig) is None
+
+
+def test_the_composite_returns_the_kernels_output_without_weights():
+    out, weights = torch.ones(2), torch.zeros(2)
+    assert SPEC.composite_output((out, weights)) is out
+    assert SPEC.composite_output(out) is out
+    assert SPEC.composite_return(out) == (out, None)

@@ -620,3 +620,53 @@ def test_the_composite_returns_the_kernels_output_without_weights():
     assert SPEC.composite_output((out, weights)) is out
     assert SPEC.composite_output(out) is out
     assert SPEC.composite_return(out) == (out, None)
+
+
+def _hf_softcapped(q_, k_, v_, cap, causal, window=0):
+    """Gemma's eager attention written out independently: repeat_kv, scaled logits soft-capped, HF's causal
+    (and sliding-window) finfo.min mask, fp32 softmax cast back, P V, [B, L, H, D]."""
+    g_ = q_.shape[1] // k_.shape[1]
+    k_, v_ = k_.repeat_interleave(g_, dim=1), v_.repeat_interleave(g_, dim=1)
+    w = torch.matmul(q_, k_.transpose(2, 3)) * 0.5
+    w = torch.tanh(w / cap) * cap
+    if causal:
+        i, j = torch.arange(w.shape[-2])[:, None], torch.arange(w.shape[-1])[None, :]
+        hidden = (j > i) | ((j <= i - window) if window > 0 else torch.zeros_like(j > i))
+        w = w + torch.zeros(w.shape[-2:], dtype=w.dtype).masked_fill(hidden, torch.finfo(w.dtype).min)
+    w = torch.softmax(w, dim=-1, dtype=torch.float32).to(q_.dtype)
+    return torch.matmul(w, v_).transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("causal, window", [(False, 0), (True, 0), (True, 3)])
+def test_the_eager_composite_call_is_gemmas_eager_attention_op_for_op_in_bf16(causal, window):
+    qb, kb, vb = (t.to(torch.bfloat16) for t in (q, k, v))
+    params = {**_p(scale=0.5, gqa=True, softcap=2.0, composite=True, causal=causal), "window": window}
+    tensors = {"x": qb, "k": kb, "v": vb, "mask": None}
+    got = SPEC.eager(params, "bfloat16")(tensors)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, _hf_softcapped(qb, kb, vb, 2.0, causal, window))
+    wide = SPEC.eager(params, "float32")(tensors)  # the signature's output dtype is what it returns
+    assert wide.dtype == torch.float32 and torch.equal(wide, got.float())
+    if causal and not window:  # the function's own default: no window
+        from forge_pack.targets.attention import eager_attention
+
+        assert torch.equal(eager_attention(qb, kb, vb, None, 0.5, 2.0, causal=True), got)
+
+
+def test_the_magnitude_is_the_values_peak_per_batch_and_channel():
+    vv = torch.zeros(2, 2, 7, 8)
+    vv[0, 1, 3, 2], vv[1, 0, 6, 5], vv[1, 1, 0, 2] = -4.0, 3.0, 0.5
+    mag = SPEC.magnitude({"x": q, "k": k, "v": vv, "mask": None})
+    assert mag.shape == (2, 4, 6, 8) and mag.dtype == torch.float64
+    want = torch.zeros(2, 8, dtype=torch.float64)
+    want[0, 2], want[1, 5], want[1, 2] = 4.0, 3.0, 0.5
+    assert torch.equal(mag, want[:, None, None, :].expand(2, 4, 6, 8))
+
+
+def test_odd_shapes_change_the_query_length_only_and_none_with_a_mask():
+    sig = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None}, _p(gqa=True))
+    assert SPEC.odd_shapes(sig) == [((2, 4, 37, 8), False), ((2, 4, 5, 8), False)]
+    one_row = kc.signature("attention", {"x": q[:, :, :1], "k": k, "v": v, "mask": None}, _p(gqa=True))
+    assert SPEC.odd_shapes(one_row) == [((2, 4, 37, 8), False)]  # no shorter query than one row
+    masked = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": mask}, _p(gqa=True))
+    assert SPEC.odd_shapes(masked) == []

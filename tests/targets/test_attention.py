@@ -670,3 +670,26 @@ def test_odd_shapes_change_the_query_length_only_and_none_with_a_mask():
     assert SPEC.odd_shapes(one_row) == [((2, 4, 37, 8), False)]  # no shorter query than one row
     masked = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": mask}, _p(gqa=True))
     assert SPEC.odd_shapes(masked) == []
+
+
+def test_the_output_strides_follow_the_output_or_the_layout_the_call_writes():
+    from forge_pack.core.signature import Signature, TensorSpec
+
+    ins = {"x": q, "k": k, "v": v, "mask": None}
+    kc.check_abi(ops.make_signature("attention", ins, _p(gqa=True)), {"o_sb": 192, "o_sh": 48, "o_sl": 8})
+    kc.check_abi(ops.make_signature("attention", ins, _p(gqa=True, composite=True)),
+                 {"o_sb": 192, "o_sh": 8, "o_sl": 32})  # no output recorded: the [B, L, H, D] it returns
+    base = kc.signature("attention", ins, _p(gqa=True))
+    # an SDPA call whose output is a [B, H, L, D] view of [B, L, H, D] storage: its own strides
+    out = TensorSpec(base.output.dtype, (2, 4, 6, 8), (192, 8, 32, 1))
+    kc.check_abi(Signature("attention", base.inputs, base.params, out), {"o_sb": 192, "o_sh": 8, "o_sl": 32})
+
+
+def test_a_permutation_moves_whole_query_vectors_reproducibly():
+    rows, back = SPEC.rows(_p(), q)
+    assert rows.shape == (48, 8) and torch.equal(back(rows), q)
+    p1 = SPEC.permute(_p(), q, {}, torch.Generator().manual_seed(3))
+    p2 = SPEC.permute(_p(), q, {}, torch.Generator().manual_seed(3))
+    assert torch.equal(p1, p2) and not torch.equal(p1, q)
+    got = sorted(map(tuple, p1.reshape(-1, 8).tolist()))
+    assert got == sorted(map(tuple, q.reshape(-1, 8).tolist()))

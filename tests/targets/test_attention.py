@@ -693,3 +693,30 @@ def test_a_permutation_moves_whole_query_vectors_reproducibly():
     assert torch.equal(p1, p2) and not torch.equal(p1, q)
     got = sorted(map(tuple, p1.reshape(-1, 8).tolist()))
     assert got == sorted(map(tuple, q.reshape(-1, 8).tolist()))
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((q, kf, vf[0]), {}),  # only the value 3-d
+    ((q, kf[0], vf), {}),  # only the key 3-d
+    ((q[0], kf, vf), {}),  # only the query 3-d
+    ((q, kf, vf.long()), {}),  # an integer value
+    ((q, kf.long(), vf), {}),  # an integer key
+    ((q.long(), kf, vf), {}),  # an integer query
+    (([1.0], kf, vf), {}),  # a query that is not a tensor
+    ((q, kf, vf, mask[None]), {}),  # a 5-d mask
+    ((q, kf, vf, 0.5), {}),  # a mask that is not a tensor
+], ids=["v-3d", "k-3d", "q-3d", "v-int", "k-int", "q-int", "q-list", "mask-5d", "mask-number"])
+def test_the_sdpa_binder_refuses_each_tensor_it_cannot_take(args, kwargs):
+    assert SPEC.bind("F", args, kwargs) is None
+    assert SPEC.bind("F", (q, kf, vf), {}) is not None  # the same call with the three right tensors binds
+
+
+def test_size_variables_of_one_key_head_no_mask_and_a_window_without_causal():
+    mqa = kc.signature("attention", {"x": q, "k": k[:, :1], "v": v[:, :1], "mask": None}, _p(gqa=True))
+    kc.check_abi(mqa, {"HKV": 1, "G": 4, "m_sb": 0, "m_sh": 0, "m_sl": 0, "has_mask": 0, "window": 0})
+    windowed = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None},
+                            {**_p(gqa=True, composite=True), "window": 3})
+    kc.check_abi(windowed, {"window": 0, "causal": 0})  # a window counts only under the causal mask
+    causal = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None},
+                          {**_p(gqa=True, composite=True, causal=True), "window": 3})
+    kc.check_abi(causal, {"window": 3, "causal": 1})

@@ -647,10 +647,12 @@ def test_the_eager_composite_call_is_gemmas_eager_attention_op_for_op_in_bf16(ca
     assert torch.equal(got, _hf_softcapped(qb, kb, vb, 2.0, causal, window))
     wide = SPEC.eager(params, "float32")(tensors)  # the signature's output dtype is what it returns
     assert wide.dtype == torch.float32 and torch.equal(wide, got.float())
-    if causal and not window:  # the function's own default: no window
-        from forge_pack.targets.attention import eager_attention
+    from forge_pack.targets.attention import eager_attention
 
+    if causal and not window:  # the function's own default: no window
         assert torch.equal(eager_attention(qb, kb, vb, None, 0.5, 2.0, causal=True), got)
+    if not causal:  # ... and no causal mask
+        assert torch.equal(eager_attention(qb, kb, vb, None, 0.5, 2.0), got)
 
 
 def test_the_magnitude_is_the_values_peak_per_batch_and_channel():
@@ -720,3 +722,17 @@ def test_size_variables_of_one_key_head_no_mask_and_a_window_without_causal():
     causal = kc.signature("attention", {"x": q, "k": k, "v": v, "mask": None},
                           {**_p(gqa=True, composite=True, causal=True), "window": 3})
     kc.check_abi(causal, {"window": 3, "causal": 1})
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_the_sdpa_eager_call_passes_the_scale_and_the_causal_flag(gqa):
+    kk, vv = (k, v) if gqa else (kf, vf)
+    params = _p(scale=0.5, causal=True, gqa=gqa)
+    got = SPEC.eager(params, "float32")({"x": q, "k": kk, "v": vv, "mask": None})
+    extra = {"enable_gqa": True} if gqa else {}
+    assert torch.equal(got, F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=0.5, **extra))
+
+
+def test_a_hand_written_signature_without_a_query_is_refused():
+    assert SPEC.complete({"k": k}) == ("attention takes 4-d x (the query) and k",
+                                       "e.g. x: bf16[1,8,2048,128], k: bf16[1,8,2048,128], ...")

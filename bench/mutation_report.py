@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 EQUIVALENT = ROOT / "bench" / "mutation" / "equivalent.tsv"
 ORDER = ["verdict", "tolerance", "static_check", "verdict_rules", "object_check", "model_gate", "verify", "evaluate", "timing",
-         "package_verify", "attention"]
+         "package_verify", "attention", "region"]
 # module key -> the files it mutates (mutmut names a mutant by its file's dotted path). Most are
 # one file of a stage subpackage; "evaluate" is the parent side (evaluator.py) and the worker's
 # judge (judge.py); "verdict_rules" is the generic rules plus the per-kind facts they are given
@@ -48,6 +48,9 @@ FILES = {
     # the attention target's facts (binders, what it supports, its float64 reference and eager forms), apart from
     # verdict_rules: its tests run searches and kernel compiles, too slow for every mutant of the generic rules
     "attention": ["forge_pack/targets/attention.py"],
+    # a region's target: its signature, roles and main input, the float64 reference (its graph run in float64) and
+    # eager forms, its verification inputs, and the rounding sensitivity its tolerance is built from
+    "region": ["forge_pack/targets/region_target.py", "forge_pack/targets/region_sensitivity.py"],
 }
 
 

@@ -95,12 +95,17 @@ def _numel(shape) -> int:
 
 
 def _smaller_than_partner(form: dict, op: dict, k: int, numel: int) -> bool:
-    """A mask is broadcast over the scores (fewer elements) or is the second operand of the add."""
+    """A mask is broadcast over the scores (fewer elements than an input it is added to), or, beside an operand
+    of its own size or an intermediate (whose size the form does not say), the second operand of the add."""
     tensors = [a for a in op["args"] if isinstance(a, dict) and ("in" in a or "n" in a)]
     if len(tensors) < 2:
         return False
-    return tensors.index({"in": k}) == 1 or any(
-        "in" in a and _numel(form["inputs"][a["in"]]["shape"]) > numel for a in tensors if a != {"in": k})
+    sizes = [_numel(form["inputs"][a["in"]]["shape"]) for a in tensors if "in" in a and a != {"in": k}]
+    if any(n > numel for n in sizes):
+        return True
+    if any(n < numel for n in sizes):  # the other input is the one broadcast over this one
+        return False
+    return tensors.index({"in": k}) == 1
 
 
 def main_input(form: dict) -> int:

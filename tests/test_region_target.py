@@ -43,8 +43,9 @@ def test_an_additive_mask_of_a_softmax_is_a_mask_broadcast_or_second():
     assert _roles(lambda s, m: torch.softmax(s * 0.125 + m, dim=-1), x, wide_mask) == ["data", "mask"]
     # broadcast over the scores, as the first operand of an add of two inputs
     assert _roles(lambda m, s: torch.softmax(m + s, dim=-1), wide_mask, x) == ["mask", "data"]
-    # the same shape: the second operand of the add
+    # the same shape: the second operand of the add, beside an intermediate or beside an input
     assert _roles(lambda s, m: torch.softmax(s * 0.125 + m, dim=-1), x, same_mask) == ["data", "mask"]
+    assert _roles(lambda s, m: torch.softmax(s + m, dim=-1), x, same_mask) == ["data", "mask"]
     # a log-softmax and a max reduction read a mask the same way
     assert _roles(lambda s, m: F.log_softmax(s + m, dim=-1), x, wide_mask) == ["data", "mask"]
     assert _roles(lambda s, m: (s + m).amax(dim=-1), x, wide_mask) == ["data", "mask"]
@@ -92,14 +93,22 @@ def test_the_main_input_is_the_largest_plain_floating_one():
     assert main_input(_sig(lambda a, b_: torch.relu(a * b_ + 1), small, x).param("form")) == 1
     # a mask as large as the scores is not the main input, whatever its size
     assert main_input(_sig(lambda s, m: torch.softmax(s * 0.125 + m, dim=-1), x, same_mask).param("form")) == 0
-    # a positive input larger than the data is not either
+    # a positive input larger than the data is not either, read first or last
     v = torch.rand(2, 3, 8, 16, generator=g) + 0.5
-    assert main_input(_sig(lambda s, var: torch.rsqrt(var) * s, x[:, :, :, :1].contiguous(), v).param("form")) == 1
+    col = x[:, :, :, :1].contiguous()
+    assert main_input(_sig(lambda s, var: torch.rsqrt(var) * s, col, v).param("form")) == 1
+    assert main_input(_sig(lambda s, var: (s * 2) * torch.rsqrt(var), col, v).param("form")) == 0
+    # one element is an input too
+    assert main_input(_sig(lambda s, var: torch.rsqrt(var) * s, torch.randn(1, generator=g), v).param("form")) == 1
+    # of inputs alike, the first; with no plain floating input, the first
+    assert main_input(_sig(lambda a, b_: torch.relu(a * b_ + 1), x, same_mask).param("form")) == 0
+    assert main_input(_sig(lambda a, b_: torch.rsqrt(a) * torch.log(b_), v, v + 1).param("form")) == 0
 
 
 def test_the_spec_is_found_again_from_the_signature_or_its_parameters_and_references_in_float64():
     sig = _sig(lambda s, m: torch.softmax(s * 0.125 + m, dim=-1), x.bfloat16(), wide_mask.bfloat16())
     assert is_region(sig) and not is_region(ops.make_signature("softmax", {"x": x}, {"dim": -1}))
+    assert not is_region(object())  # anything without an op
     spec = spec_for(sig)
     assert spec_for_params(dict(sig.params)) is spec
     t = {"in0": x.bfloat16(), "in1": wide_mask.bfloat16()}
@@ -109,3 +118,13 @@ def test_the_spec_is_found_again_from_the_signature_or_its_parameters_and_refere
     # the spec's own float64 reference field gives the same on tensors already in float64
     d = {k: v.double() for k, v in t.items()}
     assert torch.equal(spec.float64_reference(sig.params, d, None).double(), ref)
+
+
+def test_the_float64_reference_keeps_the_casts_of_the_region_out():
+    """A region that casts its float32 result to bf16: the reference is the float64 value, not its bf16 rounding."""
+    sig = _sig(lambda s: torch.softmax(s.float() * 0.3, dim=-1).to(torch.bfloat16), x.bfloat16())
+    spec = spec_for(sig)
+    d = {"in0": x.bfloat16().double()}
+    ref = spec.float64_reference(sig.params, d, None)
+    assert ref.dtype == torch.float64 and not torch.equal(ref, ref.bfloat16().double())
+    assert torch.allclose(ref, torch.softmax(d["in0"] * 0.3, dim=-1), rtol=1e-12, atol=1e-15)

@@ -100,7 +100,7 @@ def _smaller_than_partner(form: dict, op: dict, k: int, numel: int) -> bool:
     tensors = [a for a in op["args"] if isinstance(a, dict) and ("in" in a or "n" in a)]
     if len(tensors) < 2:
         return False
-    sizes = [_numel(form["inputs"][a["in"]]["shape"]) for a in tensors if "in" in a and a != {"in": k}]
+    sizes = [_numel(form["inputs"][a["in"]]["shape"]) for a in tensors if "in" in a]  # (its own is numel)
     if any(n > numel for n in sizes):
         return True
     if any(n < numel for n in sizes):  # the other input is the one broadcast over this one

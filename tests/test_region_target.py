@@ -4,6 +4,7 @@ region spec found again from a signature or from its parameters, and its float64
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -128,3 +129,28 @@ def test_the_float64_reference_keeps_the_casts_of_the_region_out():
     ref = spec.float64_reference(sig.params, d, None)
     assert ref.dtype == torch.float64 and not torch.equal(ref, ref.bfloat16().double())
     assert torch.allclose(ref, torch.softmax(d["in0"] * 0.3, dim=-1), rtol=1e-12, atol=1e-15)
+
+
+def _form(op: str, mask_shape=(1, 1, 8, 16)) -> dict:
+    """An additive mask then ``op`` by hand: the names another capture route gives the softmax (decomposed, or SDPA's
+    math path) and the max."""
+    spec = lambda shape: {"dtype": "bfloat16", "shape": list(shape), "strides": []}  # noqa: E731
+    return {"inputs": [spec((2, 3, 8, 16)), spec(mask_shape)],
+            "ops": [{"op": "aten.add.Tensor", "args": [{"in": 0}, {"in": 1}], "kwargs": {}},
+                    {"op": op, "args": [{"n": 0}, -1], "kwargs": {}}]}
+
+
+@pytest.mark.parametrize("op", ["aten.softmax.int", "aten._softmax.default", "aten._safe_softmax.default",
+                                "aten.log_softmax.int", "aten._log_softmax.default", "aten.amax.default"])
+def test_every_softmax_and_max_spelling_reads_an_additive_mask(op):
+    assert roles(_form(op)) == ["data", "mask"]
+    assert roles(_form("aten.exp.default")) == ["data", "data"]
+
+
+def test_a_boolean_or_integer_input_read_first_leaves_the_others_their_roles():
+    keep = torch.rand(2, 3, 8, 16, generator=g) > 0.5
+    assert _roles(lambda k_, s: torch.softmax(torch.where(k_, s, -1e4), dim=-1), keep, x) == ["bool", "data"]
+    steps = torch.randint(0, 4, (2, 3, 8, 16), generator=g)
+    assert _roles(lambda i, s: torch.relu(i * 2 + s), steps, x) == ["int", "data"]
+    # bf16 inputs are floating ones
+    assert _roles(lambda s, m: torch.softmax(s + m, dim=-1), x.bfloat16(), wide_mask.bfloat16()) == ["data", "mask"]

@@ -97,7 +97,8 @@ def _numel(shape) -> int:
 def _smaller_than_partner(form: dict, op: dict, k: int, numel: int) -> bool:
     """A mask is broadcast over the scores (fewer elements than an input it is added to), or, beside an operand
     of its own size or an intermediate (whose size the form does not say), the second operand of the add."""
-    tensors = [a for a in op["args"] if isinstance(a, dict) and ("in" in a or "n" in a)]
+    tensors = [a for a in op["args"] if isinstance(a, dict) and ("n" in a or (
+        "in" in a and form["inputs"][a["in"]]["dtype"] != "bool"))]  # where's condition is no operand of a sum
     if len(tensors) < 2:
         return False
     sizes = [_numel(form["inputs"][a["in"]]["shape"]) for a in tensors if "in" in a]  # (its own is numel)

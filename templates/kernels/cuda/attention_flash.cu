@@ -251,14 +251,14 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
         mrow[r] = m_new;
         lrow[r] *= alpha[r];
       }
-      float m2[2];  // each row's max in base-2 units: p = 2^(x log2(e) - max log2(e)), one fused multiply-add
-#pragma unroll
-      for (int r = 0; r < 2; ++r) m2[r] = (mrow[r] == NEG_INF ? 0.0f : mrow[r]) * LOG2E;
+      // (x - max) * log2(e), not x log2(e) - max log2(e): a row whose max is HF's finfo.min mask (fully masked,
+      // uniform in PyTorch) would overflow max * log2(e) to -inf
 #pragma unroll
       for (int nt = 0; nt < NTILE; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float p = exp2f(fmaf(s[nt][e], LOG2E, -m2[e >> 1]));
+          const float m_use = mrow[e >> 1] == NEG_INF ? 0.0f : mrow[e >> 1];
+          const float p = exp2f((s[nt][e] - m_use) * LOG2E);
           s[nt][e] = p;
           lrow[e >> 1] += p;
         }

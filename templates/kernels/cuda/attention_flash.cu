@@ -121,8 +121,7 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
   const long long b = blockIdx.z, h = blockIdx.y / O_SPLIT;
   const int dsl = (int)(blockIdx.y % O_SPLIT) * DO;  // first output channel of this block
   const long long hk = h / G;
-  // causal: the blocks of the last rows (the most tiles) are dispatched first, so the grid's tail is light ones
-  const long long m0 = (long long)(causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BLOCK_M;
+  const long long m0 = (long long)blockIdx.x * BLOCK_M;
   const int rows_here = (int)((L - m0) < BLOCK_M ? (L - m0) : BLOCK_M);
 
   const h16* qg = reinterpret_cast<const h16*>(q) + b * q_sb + h * q_sh + m0 * q_sl;
@@ -212,30 +211,18 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
       // logits, masked, in natural units (a finfo.min mask times log2(e) would overflow to -inf and
       // turn HF's uniform fully-masked rows into empty ones); the max of each of the thread's rows
       float mx[2] = {NEG_INF, NEG_INF};
-      // only a tile that crosses the key tail, the causal diagonal or the window's edge of one of the warp's 16 rows
-      // hides keys by index; the checks are 32-bit, on the key's offset from the thread's first row (dk) and from
-      // the tile (the tail)
-      const bool edge = n0 + BLOCK_N > S || (causal && n0 + BLOCK_N - 1 > m0 + wr) ||
-                        (windowed && m0 + wr + 15 - n0 >= window);
-      const int dk = (int)(n0 - row0), tail = (int)(S - n0 < BLOCK_N ? S - n0 : BLOCK_N);
-      const int win = windowed ? (int)(window < (long long)0x7fffffff ? window : 0x7fffffff) : 0;
 #pragma unroll
       for (int nt = 0; nt < NTILE; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
+          const long long row = row0 + (e >= 2 ? 8 : 0);
+          const long long col = n0 + nt * 8 + t * 2 + (e & 1);
           float x = s[nt][e] * scale;
           if (softcap > 0.0f) x = tanhf(x / softcap) * softcap;
-          const int c = nt * 8 + t * 2 + (e & 1);   // the key's offset in the tile
 #if HAS_MASK
-          {
-            const long long row = row0 + (e >= 2 ? 8 : 0), col = n0 + c;
-            if (col < S && row < L) x += h2f(__ldg(reinterpret_cast<const h16*>(mask) + b * m_sb + h * m_sh + row * m_sl + col));
-          }
+          if (col < S && row < L) x += h2f(__ldg(reinterpret_cast<const h16*>(mask) + b * m_sb + h * m_sh + row * m_sl + col));
 #endif
-          if (edge) {
-            const int d = dk + c - (e >= 2 ? 8 : 0);  // key index minus row index
-            if (c >= tail || (causal && (d > 0 || (windowed && -d >= win)))) x = NEG_INF;
-          }
+          if (col >= S || (causal && (col > row || (windowed && row - col >= window)))) x = NEG_INF;
           s[nt][e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
@@ -251,8 +238,6 @@ attention_flash(const T_X* __restrict__ q, const T_K* __restrict__ k, const T_V*
         mrow[r] = m_new;
         lrow[r] *= alpha[r];
       }
-      // (x - max) * log2(e), not x log2(e) - max log2(e): a row whose max is HF's finfo.min mask (fully masked,
-      // uniform in PyTorch) would overflow max * log2(e) to -inf
 #pragma unroll
       for (int nt = 0; nt < NTILE; ++nt) {
 #pragma unroll

@@ -23,14 +23,17 @@ def test_search_on_the_example_models_finds_a_faster_kernel_or_says_why(tmp_path
     for model in MODELS:
         run_dir = tmp_path / model.removesuffix(".py")
         r = subprocess.run([*forge_cmd, "search", str(ROOT / "tests" / "models" / model), "--device", "cpu",
-                            "--budget", str(BUDGET), "--top", "1", "--run-dir", str(run_dir), "--seed", "1"],
+                            "--budget", str(BUDGET), "--top", "1", "--run-dir", str(run_dir), "--seed", "1",
+                            # the largest targeted hotspot whatever its share: on CI's loaded cores a model's share
+                            # can measure under the 1% default (the min-share filter has tests of its own)
+                            "--min-share", "0"],
                            capture_output=True, text=True, env=cli_env, timeout=170, cwd=tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         assert "Traceback" not in r.stderr
         doc = json.loads((run_dir / "search.json").read_text())
         summaries[model] = doc
         searched = [h for h in doc["hotspots"] if not h["skipped"]]
-        assert len(searched) == 1
+        assert len(searched) == 1, (model, [(h.get("signature"), h["skipped"]) for h in doc["hotspots"]])
         h = searched[0]
         assert h["eager_us"] and h["eager_us"] > 0
         assert h["search"]["evaluations"] >= 1

@@ -284,6 +284,36 @@ def test_inductor_compile_with_conv_region_ops_equals_eager(base_doc, tmp_path, 
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_folded_tensors_are_made_when_the_graph_compiles_not_in_the_first_call(base_doc, tmp_path):
+    """Tensors an op first makes inside its first call, and caches, are made in mode="reduce-overhead"'s CUDA
+    graph warm-up, in the graph's private memory pool, where CUDA graph trees later refuse them ("tensors in
+    the cudagraph pool not tracked as outputs"): the region pass (Inductor's compile, before any call) loads
+    every build instance's folded tensors and the original ops' reference on the graph's device."""
+    model, x = _block(CL)
+    p, regions = _conv_patcher(base_doc, model, x, tmp_path)
+    cm = cf.COMPILE.CompileMode(p)
+    ns = regions[0]["op"].partition("::")[0]
+    at_compile: dict = {}
+
+    def backend(gm, example_inputs):
+        assert cm.region_pass(gm, example_inputs) is not None
+        impls = sys.modules[f"{cf.COMPILE.__name__}_conv_regions"].IMPLS
+        for qual, impl in impls.items():
+            if qual.startswith(ns + "::"):
+                at_compile[qual.partition("::")[2]] = (set(impl._tensors), set(impl._reference), dict(impl.calls),
+                                                       set(impl.digests))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend)(x)
+    assert set(at_compile) == {"c0", "c1"}
+    for loaded, reference, calls, digests in at_compile.values():
+        assert digests and loaded == {(d, "cpu") for d in digests}
+        assert reference == {"cpu"}
+        assert calls == {"folded": 0, "original": 0}
+
+
 def test_a_changed_running_var_runs_the_original_ops_with_a_warning(base_doc, tmp_path):
     model, x = _block(CL)
     p, _ = _conv_patcher(base_doc, model, x, tmp_path)

@@ -75,3 +75,34 @@ def test_compile_mode_with_the_generated_epilogue_kernel_equals_eager(tmp_path):
         got = cm.compile(model)(x)
     assert sum(cm.report()["regions"].values()) == 4
     assert compare_outputs(want, got)["within_tolerance"]
+
+
+def test_reduce_overhead_alternating_plain_and_package_compiles_runs(tmp_path):
+    """The build's compile gate under mode="reduce-overhead": the plain compiled model and the one with the
+    package's conv regions timed in turn, both CUDA graphs in the device's one graph tree. ResNet-50's build
+    (H100, 2026-12-07) failed there with "Detected 39 tensor(s) in the cudagraph pool not tracked as outputs":
+    13 conv instances x 3 folded tensors, which the ops then loaded (and cached) in their first call, in the
+    graph's warm-up; the region pass now loads them at compile time."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    import vision
+    from forge_pack.evaluate.model_accuracy import compare_outputs
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    model, x = _block(torch.bfloat16)
+    cm, regions, _ = vision.build_package(model, x, tmp_path, "cuda", lambda m: None)
+    torch._dynamo.reset()
+    with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+        want = model(x)
+        plain = torch.compile(model, mode="reduce-overhead")
+        for _ in range(3):
+            plain(x)
+        ours = cm.compile(model, mode="reduce-overhead")
+        got = ours(x).clone()
+        for _ in range(4):
+            plain(x)
+            got = ours(x).clone()
+    assert sum(cm.report()["regions"].values()) == 4
+    assert compare_outputs(want, got)["within_tolerance"]

@@ -238,7 +238,8 @@ class CompileMode:
                 from torch._inductor.decomposition import select_decomp_table
 
                 if r.conv is not None:
-                    _register_conv_region(r, self.patcher)
+                    # its tensors made now, outside any CUDA graph's memory pool (ConvRegionOp.preload)
+                    _register_conv_region(r, self.patcher).preload(device)
                 got = _load_graph_runtime().respell(r.form, device.type, select_decomp_table())
                 if r.output is not None and got.output != r.output:
                     why = f"traced, its output is {got.output}, not the kernel's {r.output}"

@@ -123,6 +123,21 @@ class ConvRegionOp:
                 self._tensors[key] = got
         return got
 
+    def preload(self, device: torch.device) -> None:
+        """Load every build instance's folded tensors and build the original ops' reference on `device` now,
+        at compile time: tensors first made inside the op's first call would be made inside
+        mode="reduce-overhead"'s CUDA graph warm-up, in the graph's private memory pool, and kept there by
+        this object's caches, which CUDA graph trees refuse ("tensors in the cudagraph pool not tracked as
+        outputs"). A corrupt file is left for the call to report."""
+        for digest in self.digests:
+            try:
+                self.folded(digest, device)
+            except (CorruptFolded, OSError):
+                pass
+        key = str(device)
+        if key not in self._reference:
+            self._reference[key] = self.canonical.rebuild(self.entry["form"], device)
+
     # ---- the op
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         digest = self.match(inputs)

@@ -36,6 +36,13 @@ from pathlib import Path
 from _common import ROOT, commit, environment, out_path, write
 
 
+STAGE = "e2e-stage: "  # the worker's progress on stderr: a worker that dies says where
+
+
+def stage(label: str) -> None:
+    print(STAGE + label, file=sys.stderr, flush=True)
+
+
 def worker(model: str, package: str, device: str, dtype: str | None, modes: list[str], n: int, budget_s: float,
            pt2_dir: str | None) -> dict:
     import importlib
@@ -71,6 +78,7 @@ def worker(model: str, package: str, device: str, dtype: str | None, modes: list
 
     def first(label: str, fn) -> None:
         """The first call compiles: its time is the compile time; its output is compared with eager's."""
+        stage(label)
         sync()
         t0 = time.perf_counter()
         out = seeded_forward(fn, args, kwargs, device)
@@ -112,6 +120,7 @@ def worker(model: str, package: str, device: str, dtype: str | None, modes: list
                 row["skipped"].append(label)
             else:
                 try:
+                    stage(".pt2 export")
                     t0 = time.perf_counter()
                     done = pkg.export(module, args, kwargs, str(Path(pt2_dir) / f"{package}.pt2"))
                     row["export_s"] = time.perf_counter() - t0
@@ -121,10 +130,12 @@ def worker(model: str, package: str, device: str, dtype: str | None, modes: list
                 except Exception as e:  # noqa: BLE001
                     row["errors"][label] = f"{type(e).__name__}: {str(e)[:1500]}"
         # eager + package last: apply() patches globally, so nothing compiled after it sees the patches
+        stage("eager+package")
         pkg.apply(module)
         out = seeded_forward(module, args, kwargs, device)
         row["max_abs_diff"]["eager+package"] = compare_outputs(ref, out).get("max_abs_diff")
         pkg.revert()
+        stage("timing")
         times: dict[str, list[float]] = {k: [] for k in [*variants, "eager+package"]}
         for _ in range(5):
             for fn in variants.values():
@@ -177,9 +188,33 @@ def one(model: Path, package: Path, device: str, dtype: str | None, modes: list[
     cmd = [sys.executable, __file__, "--worker", str(model), name, device, dtype or "", ",".join(modes), str(n),
            str(out), str(budget_s), str(work) if pt2 else ""]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=5400, cwd=ROOT)
+    if (r.returncode != 0 or not out.is_file()) and pt2 and _last_stage(r.stderr) in (".pt2 export", ".pt2"):
+        # the AOTInductor export or its load took the worker down (no Python exception to catch): the
+        # other variants measured again without it, the crash recorded as the .pt2's error
+        crash = _died(r)
+        r = subprocess.run(cmd[:-1] + [""], capture_output=True, text=True, env=env, timeout=5400, cwd=ROOT)
+        if r.returncode == 0 and out.is_file():
+            done = {**row, **json.loads(out.read_text())}
+            done.setdefault("errors", {})[".pt2"] = crash
+            return done
     if r.returncode != 0 or not out.is_file():
-        return {**row, "error": (r.stdout + r.stderr)[-3000:]}
+        return {**row, "error": _died(r)}
     return {**row, **json.loads(out.read_text())}
+
+
+def _last_stage(stderr: str) -> str | None:
+    marks = [line[len(STAGE):] for line in stderr.splitlines() if line.startswith(STAGE)]
+    return marks[-1] if marks else None
+
+
+def _died(r: subprocess.CompletedProcess) -> str:
+    """What a failed worker said: its exit status (a signal where it was killed), the stage it was in, and the
+    end of its output."""
+    code = r.returncode
+    how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+    where = _last_stage(r.stderr)
+    tail = "\n".join(line for line in (r.stdout + r.stderr).splitlines() if not line.startswith(STAGE))[-2500:]
+    return f"the worker ended ({how}){f' during {where}' if where else ''}:\n{tail}"
 
 
 def ratios(r: dict) -> dict:

@@ -8,8 +8,12 @@ package is measured compiled, in a subprocess (its ops are registered once per p
    comparison, and compiled with every candidate swapped in (the op targets that are one traced call
    and the manifest's regions: ``CompileMode(patcher, use=ids)``); a candidate none of whose traced
    calls or subgraphs matched is not used;
-2. a set of replacements is used only if its compiled model matches eager as the whole-model gate
-   demands (``compare_outputs``'s ``within_tolerance``) and is faster than the plain compiled model,
+2. a set of replacements is used only if its compiled model is as accurate as the whole-model gate
+   demands (``compare_outputs``'s ``within_tolerance``) against eager, or against the plain compiled model
+   (what the user runs instead: where torch.compile's own output is that far from eager's, a replacement
+   that leaves it as it is makes nothing less accurate; ResNet-50 bf16 B256 on an H100 compiles to outputs
+   0.75 from eager's, 96-99% argmax agreement, and every conv region was dropped for it), and is faster than
+   the plain compiled model,
    timed interleaved with it (the whole-model gate's protocol: warm-up, alternating calls, medians and
    IQRs): slower by more than the noise of the two medians (two standard errors of their difference,
    from the IQRs) is "makes the compiled model slower", slower or equal within it is "not faster
@@ -83,6 +87,27 @@ def _raise_recompile_limit(n: int) -> None:
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), n))
 
 
+def accuracy(eager_out: Any, plain_out: Any, out: Any, gold: Any, gold_note: str | None) -> dict:
+    """``compare_outputs`` of the model compiled with the package (`out`) against eager; where that fails, the same
+    rule against the plain compiled model (`plain_out`) decides ``within_tolerance`` (the package left torch.compile's
+    accuracy as it is: its differences in ``vs_compiled``; ``max_abs_diff`` stays the one against eager).
+    ``against_compiled``: a clause for a failure's reason."""
+    acc = compare_outputs(eager_out, out, gold, gold_note)
+    if passes(acc):
+        return {**acc, "against_compiled": ""}
+    vs_plain = compare_outputs(plain_out, out, gold, gold_note)
+    d, a = vs_plain.get("max_abs_diff"), vs_plain.get("argmax_agreement")
+    if passes(vs_plain):
+        basis = (vs_plain.get("accuracy") or {}).get("basis", "")
+        return {**acc, "within_tolerance": True, "vs_compiled": {"max_abs_diff": d, "argmax_agreement": a},
+                "accuracy": {**(vs_plain.get("accuracy") or {}),
+                             "basis": f"against the model compiled without the package, {basis}"},
+                "against_compiled": ""}
+    by = f" by up to {d:.3g}" if d is not None else ""
+    agree = f" (argmax agreement {100 * a:.2f}%)" if a is not None else ""
+    return {**acc, "against_compiled": f"; and from the model compiled without it{by}{agree}, more than it allows too"}
+
+
 def candidates(patcher: Any) -> list[str]:
     """What compile mode may swap in: the op targets that are one traced call, then the manifest's regions."""
     # a region target is swapped as a subgraph (its entry in ``regions``, same id), never as a traced call
@@ -132,8 +157,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
     kw = {"mode": mode} if mode else {}
     with torch.no_grad():
         plain = compile_plain(module) if compile_plain else torch.compile(module, **kw)
-        compile_s, out = first(plain)
-        plain_acc = compare_outputs(ref, out, gold, gold_note)
+        compile_s, plain_out = first(plain)
+        plain_acc = compare_outputs(ref, plain_out, gold, gold_note)
 
         def trial(used: list[str]) -> dict:
             """The model compiled with exactly `used` swapped in, against the plain compiled model."""
@@ -141,11 +166,11 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             compiled = cm.compile(module, **kw)
             with_s, out = first(compiled)
             hit = {**cm.replaced, **getattr(cm, "matched", {})}
-            acc = compare_outputs(ref, out, gold, gold_note)
+            acc = accuracy(ref, plain_out, out, gold, gold_note)
             t_plain, t_with = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
             if not passes(acc):
                 alone = "with only this kernel, " if len(used) == 1 else f"with {', '.join(used)} together, "
-                ok, why = False, f"less accurate compiled: {alone}{failure_words(acc)}"
+                ok, why = False, f"less accurate compiled: {alone}{failure_words(acc)}{acc['against_compiled']}"
             else:
                 ok, why = judge(t_plain, t_with)
             return {"used": list(used), "ok": ok, "why": why, "plain": t_plain, "with": t_with, "with_s": with_s,

@@ -674,3 +674,38 @@ def test_the_gate_records_each_modes_decisions_and_measures_cuda_graphs_only_on_
             f"code in context), mode=reduce-overhead: compile 2.000 ms, compile+package 1.500 ms (1.33x, using {ids[0]})")
         assert compile_note(doc).endswith(f'With `mode="reduce-overhead"` (measured on its own): `torch.compile` '
                                           f'2.000 ms, with {ids[0]} 1.500 ms (1.33x).')
+
+
+class _Hiding:
+    """A compile mode over two regions where "big" (1.5 times the right output: less accurate) takes the subgraph
+    "small" (right, and cheap) would match: the compiled model is the module, scaled where "big" is used, and
+    the regions matched follow the use set as Inductor's region pass would (the first in the manifest first)."""
+
+    sets: list = []
+
+    def __init__(self, patcher, use=None):
+        self.use = list(use or [])
+        _Hiding.sets.append(sorted(self.use))
+        self.replaced = {}
+        self.matched = {"big": 1} if "big" in self.use else {"small": 1} if "small" in self.use else {}
+
+    def compile(self, module, **kwargs):
+        factor = 1.5 if "big" in self.use else 1.0
+        return lambda *a, **k: module(*a, **k) * factor
+
+
+def test_a_region_hidden_by_a_dropped_one_is_tried_once_that_one_is_dropped():
+    import types
+
+    module = torch.nn.Linear(8, 8).eval()
+    target = types.SimpleNamespace(module=module, args=(torch.randn(4, 8),), kwargs={}, device="cpu")
+    patcher = types.SimpleNamespace(targets=[], manifest={"regions": [{"id": "big"}, {"id": "small"}]})
+    _Hiding.sets = []
+    result = compile_gate.measure(target, patcher, _Hiding, budget_s=0.5, max_n=5,
+                                  compile_plain=lambda m: _Slowed(m, 0.010))
+    # all at once ("small" hidden), "big" alone (dropped), then what it hid with what is kept
+    assert _Hiding.sets == [["big", "small"], ["big"], ["small"]]
+    assert result["used"] == ["small"]
+    assert result["targets"]["big"]["reason"].startswith("less accurate compiled: with only this kernel")
+    assert result["targets"]["small"]["use"] is True
+    assert result["targets"]["small"]["reason"].startswith("faster compiled: ")

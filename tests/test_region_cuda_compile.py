@@ -149,13 +149,17 @@ def test_every_generated_cuda_region_kernel_compiles_with_nvrtc_and_nvcc():
                     group = (fam.name, path.stem, dtype)
                     items.append((f"{path.stem}/{dtype}/{sig.slug()}/{fam.name}", cand, group not in nvcc_groups))
                     nvcc_groups.add(group)
-                    if fam.name == "row" and not cand.params["cache"]:  # the cached path's generated fp_run too
-                        cached = _cached_row(sig)
-                        if cached is not None and cached.content_hash not in seen:
-                            seen.add(cached.content_hash)
-                            items.append((f"{path.stem}/{dtype}/{sig.slug()}/row-cache", cached, False))
+                    if fam.name == "row":  # both paths: the cached one's generated fp_run, the passes that re-read
+                        cached = cand.params["cache"]
+                        other = instantiate("region", "cuda", "row", {"cache": 0}, sig) if cached else _cached_row(sig)
+                        if other is not None and other.content_hash not in seen:
+                            seen.add(other.content_hash)
+                            items.append((f"{path.stem}/{dtype}/{sig.slug()}/row-{'uncached' if cached else 'cache'}",
+                                          other, False))
     assert len(items) > 40, len(items)
-    assert sum(name.endswith("/row-cache") for name, _, _ in items) > 10
+    rows = [(name, cand) for name, cand, _ in items if name.endswith(("/row", "/row-cache", "/row-uncached"))]
+    assert sum(cand.params["cache"] == 1 for _, cand in rows) > 10
+    assert sum(cand.params["cache"] == 0 for _, cand in rows) > 10
     assert sum(it[2] for it in items) > 20
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
         results = list(pool.map(lambda it: (it[0], _nvcc(it[1].source, d, it[1].content_hash[:16], it[2])), items))
@@ -351,7 +355,6 @@ def test_a_cached_row_reads_its_inputs_once_for_every_pass_and_the_epilogue(tmp_
     uncached = instantiate("region", "cuda", "row", {"cache": 0}, sig)
     assert len(re.findall(r"\bld\.global", _ptx(uncached.source, tmp_path, "uncached"))) < 64
     wide = _channel_rms_signature(1, 8, channels=fam.CACHE_ELEMS + 8)
-    assert instantiate("region", "cuda", "row", None, wide).params["cache"] == 0
     with pytest.raises(ValueError, match=f"at most {fam.CACHE_ELEMS} elements"):
         instantiate("region", "cuda", "row", {"cache": 1, "threads": 128, "rows_per_block": 128}, wide)
 
@@ -363,6 +366,22 @@ def _rms_row_signature(cols: int = 2048):
     from kernel_sweep import row_region
 
     return row_region("rms", 64, cols)
+
+
+def test_the_contiguous_row_default_caches_a_row_its_lanes_can_hold():
+    """cache=1 is the contiguous rows' default where each lane's runs fit CACHE_ELEMS (as fast or faster in every pair
+    of bench/results/kernel_sweep_region.md); a row of 393 216 bf16 columns (KernelBench's softmax) is 384 per lane
+    at the default's 1024 threads of 8: not cached, and a cached build of it is refused."""
+    from forge_pack.search.families import region as fam
+
+    for cols in (2048, 65536):
+        p = instantiate("region", "cuda", "row", None, _rms_row_signature(cols)).params
+        assert p["cache"] == 1 and fam.cached_elements(cols, p) <= fam.CACHE_ELEMS, (cols, p)
+    huge = _rms_row_signature(393216)
+    p = instantiate("region", "cuda", "row", None, huge).params
+    assert p["cache"] == 0 and (p["threads"], p["rows_per_block"], p["vec"]) == (1024, 1, 8)
+    with pytest.raises(ValueError, match=f"at most {fam.CACHE_ELEMS} elements"):
+        instantiate("region", "cuda", "row", {"cache": 1}, huge)
 
 
 @needs_nvcc

@@ -7,7 +7,9 @@ package is measured compiled, in a subprocess (its ops are registered once per p
 1. the model compiled plainly (``torch.compile(model)``, Inductor) once, the yardstick of every
    comparison, and compiled with every candidate swapped in (the op targets that are one traced call
    and the manifest's regions: ``CompileMode(patcher, use=ids)``); a candidate none of whose traced
-   calls or subgraphs matched is not used;
+   calls or subgraphs matched is not used (once the bisection below has dropped some, the unmatched ones are
+   compiled again with those kept: a dropped region may have hidden them, as a ResNet's conv regions hide the
+   batch_norm + add + ReLU regions of the same subgraphs);
 2. a set of replacements is used only if its compiled model is as accurate as the whole-model gate
    demands (``compare_outputs``'s ``within_tolerance``) against eager, or against the plain compiled model
    (what the user runs instead: where torch.compile's own output is that far from eager's, a replacement
@@ -224,6 +226,19 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             matched = [tid for tid in ids if everything["hit"].get(tid)]
             if matched:
                 kept, final = settle(matched, everything if matched == ids else None)
+            unmatched = [tid for tid in ids if tid not in matched]
+            if unmatched and len(kept) < len(matched):
+                # a region can hide another: the conv regions of a ResNet take the batch_norm + add + ReLU
+                # subgraphs a region of their epilogue alone would match. With some dropped, what they hid is
+                # tried with what is kept (one more compile; what matches then is settled with it)
+                again = trial(kept + unmatched)
+                newly = [tid for tid in unmatched if again["hit"].get(tid)]
+                if newly:
+                    for tid in newly:
+                        say(f"  compiled, {tid}: matched once {', '.join(t for t in matched if t not in kept)} "
+                            "were left to Inductor")
+                    again["used"] = kept + newly  # the unmatched rest replaced nothing: the same graphs
+                    kept, final = settle(kept + newly, again)  # measured again, the kept ones with them
         for tid in kept:
             say(f"  compiled, {tid}: used: {records[tid]['reason']}")
         if final is not None:

@@ -227,7 +227,12 @@ def _cuda_row_defaults(sig: Signature, gpu: Gpu) -> dict:
         # and, where the row fits one thread's registers, its inputs read once (cache) rather than once per pass
         # and again for the epilogue
         return {"threads": 256, "rows_per_block": 256, "vec": vec, "fast_math": 0, "cache": int(prog.cols <= 64)}
-    return {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0, "cache": 0}
+    p = {"threads": threads, "rows_per_block": clamp(threads // group, 1, 32), "vec": vec, "fast_math": 0, "cache": 0}
+    # each lane's runs read once for every pass where they fit its registers: on an H100 cache=1 was as fast or
+    # faster in all six pairs of bench/results/kernel_sweep_region.md (an LLM's RMS norm and a float32 softmax,
+    # 1, 4 and 8 rows per block; 0-11% less time)
+    p["cache"] = int(not isinstance(prog, str) and cached_elements(prog.cols, p) <= CACHE_ELEMS)
+    return p
 
 
 def cached_elements(cols: int, p: dict) -> int:

@@ -169,6 +169,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             compiled = cm.compile(module, **kw)
             with_s, out = first(compiled)
             hit = {**cm.replaced, **getattr(cm, "matched", {})}
+            # the candidates that matched nothing replaced nothing: the compile is the others' alone
+            used = [tid for tid in used if hit.get(tid)] or list(used)
             acc = accuracy(ref, plain_out, out, gold, gold_note)
             t_plain, t_with = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
             if not passes(acc):
@@ -191,7 +193,7 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             t = t or trial(used)
             if t["ok"]:
                 keep_all(t)
-                return used, t
+                return t["used"], t
             if len(used) == 1:
                 records[used[0]] = {"use": False, "reason": t["why"], "compiled_ms": ms(t["plain"]),
                                     "compiled_with_ms": ms(t["with"])}
@@ -226,7 +228,7 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
                     say(f"  compiled, {tid}: not used: {UNMATCHED_REASON}")
             matched = [tid for tid in ids if everything["hit"].get(tid)]
             if matched:
-                kept, final = settle(matched, everything if matched == ids else None)
+                kept, final = settle(matched, everything)  # its "used": the matched ones
             unmatched = [tid for tid in ids if tid not in matched]
             if unmatched and len(kept) < len(matched):
                 # a region can hide another: the conv regions of a ResNet take the batch_norm + add + ReLU
@@ -238,7 +240,6 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
                     for tid in newly:
                         say(f"  compiled, {tid}: matched once {', '.join(t for t in matched if t not in kept)} "
                             "were left to Inductor")
-                    again["used"] = kept + newly  # the unmatched rest replaced nothing: the same graphs
                     kept, final = settle(kept + newly, again)  # measured again, the kept ones with them
         for tid in kept:
             say(f"  compiled, {tid}: used: {records[tid]['reason']}")

@@ -154,3 +154,28 @@ def test_a_boolean_or_integer_input_read_first_leaves_the_others_their_roles():
     assert _roles(lambda i, s: torch.relu(i * 2 + s), steps, x) == ["int", "data"]
     # bf16 inputs are floating ones
     assert _roles(lambda s, m: torch.softmax(s + m, dim=-1), x.bfloat16(), wide_mask.bfloat16()) == ["data", "mask"]
+
+
+@pytest.mark.parametrize("op", ["aten.softmax.int", "aten._softmax.default", "aten._safe_softmax.default",
+                                "aten.log_softmax.int", "aten._log_softmax.default", "aten.amax.default",
+                                "aten.max_pool2d.default", "aten.max_pool2d_with_indices.default"])
+def test_a_region_through_a_max_is_verified_on_rows_of_minus_infinity(op):
+    from forge_pack.targets.region_target import RegionSpec
+
+    assert RegionSpec(_form(op), "row").adversarial == ("large", "constant", "neg_inf_rows")
+
+
+def test_other_regions_get_large_and_constant_inputs_and_a_pointwise_one_large_ones():
+    from forge_pack.targets.region_target import RegionSpec
+
+    assert RegionSpec(_form("aten.exp.default"), "row").adversarial == ("large", "constant")
+    assert RegionSpec(_form("aten.exp.default"), "pointwise").adversarial == ("large",)
+
+
+def test_a_region_prompt_describes_the_region_call():
+    from forge_pack.llm.prompts import _abi_doc
+
+    sig = _sig(lambda s, m: torch.softmax(s * 0.125 + m, dim=-1), x.bfloat16(), wide_mask.bfloat16())
+    assert _abi_doc(sig) == ("A fused region: out = the subgraph below, called with the inputs in0..inK in form "
+                             "order; out is one tensor with the output's dtype, shape and strides. Every shape and "
+                             "stride is fixed.")

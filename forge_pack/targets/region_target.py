@@ -55,12 +55,15 @@ def _base(op: str) -> str:
     return parts[1] if len(parts) == 3 else parts[0]
 
 
+# the reductions through a row's max: an additive mask of -inf (or finfo.min) hides elements from them
+MAX_REDUCTIONS = ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "amax")
+
+
 def roles(form: dict) -> list[str]:
     """What each input means, from the ops that read it: mask | positive | bool | int | data."""
     ops = form["ops"]
     names = [_base(o["op"]) for o in ops]
-    reduces_max = any(n in ("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "amax")
-                      for n in names)
+    reduces_max = any(n in MAX_REDUCTIONS for n in names)
     out = []
     for k, spec in enumerate(form["inputs"]):
         dtype = spec["dtype"]
@@ -134,10 +137,9 @@ class RegionSpec(TargetSpec):
         object.__setattr__(self, "_units", [])  # [region_sensitivity.rounding_units(...)] once known
         n = len(form["inputs"])
         names = tuple(f"in{k}" for k in range(n))
-        softmaxy = any(_base(o["op"]) in ("softmax", "_softmax", "amax", "log_softmax", "_log_softmax")
-                       for o in form["ops"])
-        # -inf in the main input: softmax's masked rows, and a max pool's windows that hold only -inf
-        maxy = softmaxy or any(_base(o["op"]) in ("max_pool2d", "max_pool2d_with_indices") for o in form["ops"])
+        # -inf in the main input: softmax's masked rows (SDPA's math path's _safe_softmax among them: rows of
+        # -inf are what it is for), and a max pool's windows that hold only -inf
+        maxy = any(_base(o["op"]) in (*MAX_REDUCTIONS, "max_pool2d", "max_pool2d_with_indices") for o in form["ops"])
         adversarial = ("large", "constant") + (("neg_inf_rows",) if maxy else ()) if kind != "pointwise" else (
             "large",)
         super().__init__(

@@ -59,9 +59,11 @@ def row_region(kind: str, rows: int, cols: int):
 
 # the row region's cache knob (each lane's runs read once into registers for every pass and the epilogue) against
 # the two reads of cache 0, at the default layout and at 32 / 64 lanes a row
-ROW_CACHE = [("row", {}), ("row", {"cache": 1}),
-             ("row", {"threads": 256, "rows_per_block": 8}), ("row", {"threads": 256, "rows_per_block": 8, "cache": 1}),
-             ("row", {"threads": 256, "rows_per_block": 4}), ("row", {"threads": 256, "rows_per_block": 4, "cache": 1})]
+ROW_CACHE = [("row", {"cache": 0}), ("row", {"cache": 1}),
+             ("row", {"threads": 256, "rows_per_block": 8, "cache": 0}),
+             ("row", {"threads": 256, "rows_per_block": 8, "cache": 1}),
+             ("row", {"threads": 256, "rows_per_block": 4, "cache": 0}),
+             ("row", {"threads": 256, "rows_per_block": 4, "cache": 1})]
 
 # (op, signature or a function making it, [(family, params), ...]); params not given take the family's defaults
 SWEEPS = [

@@ -81,8 +81,9 @@ def test_reduce_overhead_alternating_plain_and_package_compiles_runs(tmp_path):
     """The build's compile gate under mode="reduce-overhead": the plain compiled model and the one with the
     package's conv regions timed in turn, both CUDA graphs in the device's one graph tree. ResNet-50's build
     (H100, 2026-12-07) failed there with "Detected 39 tensor(s) in the cudagraph pool not tracked as outputs":
-    13 conv instances x 3 folded tensors, which the ops then loaded (and cached) in their first call, in the
-    graph's warm-up; the region pass now loads them at compile time."""
+    13 conv instances x 3 folded tensors, the count of what the ops then loaded (and cached) in their first call,
+    the graph's warm-up (the cause this test checks; probes outside the gate did not reproduce the failure); the
+    region pass now loads them at compile time."""
     import torch
     import torch._inductor.config as inductor_config
 

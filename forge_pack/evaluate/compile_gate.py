@@ -51,7 +51,7 @@ from forge_pack.core.verdict import Timing
 from forge_pack.core.winner import clearly_faster
 from forge_pack.evaluate.confirm import _time_pair
 from forge_pack.evaluate.model_accuracy import compare_outputs, precise_reference, seeded_forward
-from forge_pack.evaluate.model_gate import failure_words, passes
+from forge_pack.evaluate.model_gate import difference_words, failure_words, passes
 
 COMPILE_CHECK_TIMEOUT_S = 3600  # two Inductor compiles, more while bisecting: minutes for a large model on a small CPU
 BUDGET_S = 10.0  # timing budget per compared pair: enough for 30 pairs of a 100 ms forward
@@ -99,16 +99,15 @@ def accuracy(eager_out: Any, plain_out: Any, out: Any, gold: Any, gold_note: str
     if passes(acc):
         return {**acc, "against_compiled": ""}
     vs_plain = compare_outputs(plain_out, out, gold, gold_note)
-    d, a = vs_plain.get("max_abs_diff"), vs_plain.get("argmax_agreement")
     if passes(vs_plain):
         basis = (vs_plain.get("accuracy") or {}).get("basis", "")
-        return {**acc, "within_tolerance": True, "vs_compiled": {"max_abs_diff": d, "argmax_agreement": a},
+        return {**acc, "within_tolerance": True,
+                "vs_compiled": {k: vs_plain.get(k) for k in ("max_abs_diff", "argmax_agreement")},
                 "accuracy": {**(vs_plain.get("accuracy") or {}),
                              "basis": f"against the model compiled without the package, {basis}"},
                 "against_compiled": ""}
-    by = f" by up to {d:.3g}" if d is not None else ""
-    agree = f" (argmax agreement {100 * a:.2f}%)" if a is not None else ""
-    return {**acc, "against_compiled": f"; and from the model compiled without it{by}{agree}, more than it allows too"}
+    return {**acc, "against_compiled": f"; and from the model compiled without it{difference_words(vs_plain)}, "
+                                       "more than it allows too"}
 
 
 def candidates(patcher: Any) -> list[str]:

@@ -134,9 +134,7 @@ class ConvRegionOp:
                 self.folded(digest, device)
             except (CorruptFolded, OSError):
                 pass
-        key = str(device)
-        if key not in self._reference:
-            self._reference[key] = self.canonical.rebuild(self.entry["form"], device)
+        self._reference_on(device)
 
     # ---- the op
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -184,11 +182,14 @@ class ConvRegionOp:
         return out if out.stride() == self.out_strides else self._layout(out)
 
     def original(self, inputs: tuple) -> torch.Tensor:
-        device = inputs[0].device
+        return self._layout(self._reference_on(inputs[0].device)(*inputs))
+
+    def _reference_on(self, device: torch.device) -> Any:
+        """The chain's original ops (its form rebuilt) on `device`, built once."""
         key = str(device)
         if key not in self._reference:
             self._reference[key] = self.canonical.rebuild(self.entry["form"], device)
-        return self._layout(self._reference[key](*inputs))
+        return self._reference[key]
 
     def _layout(self, out: torch.Tensor) -> torch.Tensor:
         o = self.entry["output"]

@@ -192,3 +192,70 @@ def test_an_op_without_a_meta_kernel_gives_no_key(monkeypatch):
 
     monkeypatch.setattr(torch.fx.Interpreter, "run", no_meta)
     assert region_sensitivity.rounding_units(None, sig.param("form")["inputs"]) is None
+
+
+def test_a_perturbed_result_moves_every_element_one_step_up_or_down_at_random():
+    v = torch.randn(4096, dtype=torch.float64) + 3
+    moved = region_sensitivity._perturbed(v, U_BF16, torch.Generator().manual_seed(1))
+    rel = (moved - v) / v
+    assert torch.allclose(rel.abs(), torch.full_like(rel, 2 * U_BF16), rtol=1e-9, atol=0)
+    up = (rel > 0).double().mean().item()
+    assert 0.45 < up < 0.55, up
+    assert torch.equal(moved, region_sensitivity._perturbed(v, U_BF16, torch.Generator().manual_seed(1)))
+    assert not torch.equal(moved, region_sensitivity._perturbed(v, U_BF16, torch.Generator().manual_seed(2)))
+
+
+def test_a_perturbed_tuple_moves_each_result_by_its_own_unit_and_leaves_exact_ones():
+    a, b = torch.ones(512, dtype=torch.float64), torch.ones(512, dtype=torch.float64)
+    idx = torch.arange(512)
+    for kind in (tuple, list):
+        out = region_sensitivity._perturbed(kind([a, b, idx]), (U_BF16, None, None), torch.Generator().manual_seed(0))
+        assert type(out) is kind and len(out) == 3
+        assert torch.allclose((out[0] - 1).abs(), torch.full_like(a, 2 * U_BF16), rtol=1e-12, atol=0)
+        assert out[1] is b and out[2] is idx
+    assert region_sensitivity._perturbed(idx, U_BF16, torch.Generator()) is idx  # an integer result is exact
+    assert region_sensitivity._perturbed(2.5, U_BF16, torch.Generator()) == 2.5  # so is a Python number
+
+
+def test_the_units_of_an_ops_results_follow_their_dtypes_nested_as_the_results_are():
+    u = region_sensitivity._units_of((torch.zeros(1).bfloat16(), [torch.zeros(1).half(), torch.zeros(1)],
+                                      torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.bool), 3.0))
+    assert u == (U_BF16, (2.0 ** -11, 2.0 ** -24), None, None, None)
+    assert region_sensitivity._units_of(torch.zeros(1, dtype=torch.float64)) == 2.0 ** -53
+
+
+def test_the_key_sums_each_rounding_ops_move_in_units_of_the_output_and_clamps_to_float32():
+    """Two rounding ops in a row (x * 2, then + 1) on float64 stand-ins: each moves an element by 2u of its own
+    result, so the key is (2u |2x| + 2u |2x + 1|) / out_unit where that exceeds |ref|; a huge element's key is
+    clamped to float32's largest value, not infinity."""
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 + 1
+
+    graph = torch.fx.symbolic_trace(Two())
+    x = torch.tensor([0.25, -0.5, 3.0, 1e300], dtype=torch.float64)
+    ref = graph(x)
+    key = region_sensitivity.sensitivity_key(graph, [U_BF16, U_BF16], U_BF16, [x], ref).double()
+    want = torch.maximum(ref.abs(), 2 * (2 * x).abs() + 2 * (2 * x + 1).abs())
+    assert torch.allclose(key[:3], want[:3], rtol=1e-6, atol=0), (key, want)
+    assert key[3].item() == torch.finfo(torch.float32).max
+    # an op whose unit is None is not moved: only the + 1 counts, keyed in a coarser output unit
+    key = region_sensitivity.sensitivity_key(graph, [None, U_BF16], 2 * U_BF16, [x], ref).double()
+    assert torch.allclose(key[:3], torch.maximum(ref.abs(), (2 * x + 1).abs())[:3], rtol=1e-6, atol=0)
+
+
+def test_the_rounding_units_are_found_once_per_spec_and_only_for_16_bit_regions(monkeypatch):
+    sig, spec = _region(_Twice().bfloat16(), torch.randn(4, 8).bfloat16())
+    calls = []
+    real = region_sensitivity.rounding_units
+    monkeypatch.setattr(region_sensitivity, "rounding_units", lambda *a: calls.append(a) or real(*a))
+    object.__setattr__(spec, "_units", [])
+    t = {"in0": torch.randn(4, 8).bfloat16()}
+    first = spec.sensitivity(t)
+    assert torch.equal(spec.sensitivity(t), first) and len(calls) == 1
+    assert spec._units[0] == ([U_BF16], U_BF16)
+    # the meta run saw the form's own input: its dtype, shape and strides
+    assert calls[0][1] == sig.param("form")["inputs"]
+    # a float32 region has no units: None, found once too
+    sig32, spec32 = _region(_Twice(), torch.randn(4, 8))
+    assert spec32.sensitivity({"in0": torch.randn(4, 8)}) is None and spec32._units == [None]

@@ -49,8 +49,8 @@ declare -A SELECT=(
     --deselect=tests/test_object_check.py::test_evaluator_rejects_object_fixtures_before_loading_them_then_judges_the_next"
   [attention]="tests/targets/test_attention.py"
   # (test_region_search.py is left out: each of its tests runs a search, for every mutant it reaches)
-  [region]="tests/test_region_target.py tests/test_region_inputs.py tests/test_region_sensitivity.py tests/test_region_rounding.py
-    tests/test_region_index.py tests/test_region_window.py"
+  [region]="tests/test_region_target.py tests/test_region_inputs.py tests/test_region_sensitivity.py
+    tests/test_region_rounding.py tests/test_region_index.py tests/test_region_window.py"
   [model_gate]="tests/test_model_gate.py
     --deselect=tests/test_model_gate.py::test_pack_drops_a_kernel_that_breaks_the_whole_model_and_ships_the_rest
     --deselect=tests/test_model_gate.py::test_pack_writes_no_package_when_the_only_kernel_breaks_the_model"

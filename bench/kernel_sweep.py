@@ -57,13 +57,15 @@ def row_region(kind: str, rows: int, cols: int):
     return signature(region)
 
 
-# the row region's cache knob (each lane's runs read once into registers for every pass and the epilogue) against
-# the two reads of cache 0, at the default layout and at 32 / 64 lanes a row
-ROW_CACHE = [("row", {"cache": 0}), ("row", {"cache": 1}),
-             ("row", {"threads": 256, "rows_per_block": 8, "cache": 0}),
-             ("row", {"threads": 256, "rows_per_block": 8, "cache": 1}),
-             ("row", {"threads": 256, "rows_per_block": 4, "cache": 0}),
-             ("row", {"threads": 256, "rows_per_block": 4, "cache": 1})]
+# the row region's layouts around the default (cache 1 since bench/results/kernel_sweep_region.md): MUFU exp
+# (a softmax computes exp twice per element, in its sum and in its epilogue), 128 to 1024 threads, two to four rows
+# per block, a narrower vector with twice the lanes a row
+ROW_LAYOUTS = [("row", {}), ("row", {"fast_math": 1}),
+               ("row", {"threads": 128, "rows_per_block": 1}), ("row", {"threads": 128, "rows_per_block": 1,
+                                                                        "fast_math": 1}),
+               ("row", {"threads": 512, "rows_per_block": 2}), ("row", {"threads": 1024, "rows_per_block": 4}),
+               ("row", {"threads": 256, "rows_per_block": 2}), ("row", {"threads": 512, "rows_per_block": 1, "vec": 4}),
+               ("row", {"threads": 512, "rows_per_block": 2, "fast_math": 1})]
 
 # (op, signature or a function making it, [(family, params), ...]); params not given take the family's defaults
 SWEEPS = [
@@ -117,8 +119,8 @@ SWEEPS = [
     ("softmax", "x: bf16[4096,256], dim=-1, dtype=float32", [
         ("warp_row", {}), ("warp_row", {"fast_exp": 0, "items": 1, "threads": 256, "vec": 8}),
     ]),
-    ("region", lambda: row_region("rms", 4096, 2048), ROW_CACHE),  # a 2048-token prefill's RMS norm, hidden 2048
-    ("region", lambda: row_region("softmax", 16384, 2048), ROW_CACHE),  # 8 heads of 2048 x 2048 scores
+    ("region", lambda: row_region("rms", 4096, 2048), ROW_LAYOUTS),  # a 2048-token prefill's RMS norm, hidden 2048
+    ("region", lambda: row_region("softmax", 16384, 2048), ROW_LAYOUTS),  # 8 heads of 2048 x 2048 scores
 ]
 
 

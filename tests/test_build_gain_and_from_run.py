@@ -71,7 +71,7 @@ def gated(monkeypatch):
 
     monkeypatch.setattr(confirm, "check_model", check_model)
     real_gate = compile_gate.run_compile_gate
-    monkeypatch.setattr(compile_gate, "run_compile_gate", lambda stage, info, doc, say=None: real_gate(
+    monkeypatch.setattr(compile_gate, "run_compile_gate", lambda stage, info, doc, say=None, modes=None: real_gate(
         stage, info, doc, check=lambda package_dir, info: state["compiled"]))
     return state
 

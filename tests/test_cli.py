@@ -78,3 +78,15 @@ def test_check_refuses_bad_input_up_front(tmp_path):
         r = subprocess.run([*FORGE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert r.returncode == 1 and expect in r.stderr and "hint:" in r.stderr, (args, r.stderr[-2000:])
         assert "Traceback" not in r.stderr
+
+
+def test_build_and_pack_refuse_an_unknown_compile_mode_before_any_work(tmp_path):
+    model = ROOT / "tests" / "models" / "llm_block.py"
+    cases = [(["build", str(model), "--out", str(tmp_path / "o"), "--device", "cpu", "--compile-modes", "default,fast"],
+              "unknown torch.compile mode 'fast'"),
+             (["pack", str(tmp_path / "no_run"), "--out", str(tmp_path / "o"), "--compile-modes", "reduce-overhead"],
+              "--compile-modes must include default")]
+    for args, expect in cases:
+        r = subprocess.run([*FORGE, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert r.returncode == 1 and expect in r.stderr and "hint:" in r.stderr, (args, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr and not (tmp_path / "o").exists() and not (tmp_path / "runs").exists()

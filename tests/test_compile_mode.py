@@ -709,3 +709,98 @@ def test_a_region_hidden_by_a_dropped_one_is_tried_once_that_one_is_dropped():
     assert result["targets"]["big"]["reason"].startswith("less accurate compiled: with only this kernel")
     assert result["targets"]["small"]["use"] is True
     assert result["targets"]["small"]["reason"].startswith("faster compiled: ")
+
+
+def test_compile_modes_are_torch_compile_modes_with_default_among_them():
+    from forge_pack.core.errors import ForgeError
+
+    assert compile_gate.parse_modes("default") == ("default",)
+    assert compile_gate.parse_modes(" default , reduce-overhead,default,") == ("default", "reduce-overhead")
+    assert compile_gate.parse_modes("max-autotune,default") == ("max-autotune", "default")
+    with pytest.raises(ForgeError) as e:
+        compile_gate.parse_modes("default,fast")
+    assert "'fast'" in e.value.message and "reduce-overhead" in e.value.hint
+    with pytest.raises(ForgeError) as e:
+        compile_gate.parse_modes("reduce-overhead")
+    assert "must include default" in e.value.message and e.value.hint == "e.g. --compile-modes default,reduce-overhead"
+    assert compile_gate.extra_modes("cuda") == ("reduce-overhead",) and compile_gate.extra_modes("cpu") == ()
+    assert compile_gate.extra_modes("cuda", ("default",)) == ()
+    assert compile_gate.extra_modes("cpu", ("max-autotune", "default")) == ("max-autotune",)
+
+
+def test_the_gate_measures_the_modes_asked_for_in_place_of_the_devices_own(tiny_doc):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def check(d, info, mode=None):
+        calls.append(mode)
+        return {"targets": {}, "used": [], "mode": mode or "default", "compiled": _timing(2000.0, 10.0).to_json(),
+                "compiled_with": None}
+
+    for device, modes, want in (("cuda", ("default",), [None]), ("cpu", ("default", "max-autotune"),
+                                                                  [None, "max-autotune"]),
+                                ("cuda", None, [None, "reduce-overhead"])):
+        calls.clear()
+        summary = compile_gate.run_compile_gate(Path("."), SimpleNamespace(device=device),
+                                                json.loads(json.dumps(tiny_doc)), check=check, modes=modes)
+        assert calls == want, (device, modes)
+        assert set(summary.get("modes") or {}) == {m for m in want if m}
+
+
+FAKE_GATE = '''#!/usr/bin/env python3
+# stands in for `python -m forge_pack.evaluate.compile_gate`: progress lines, other output, then its result file
+import json, sys, time
+a = sys.argv
+out = a[a.index("--out") + 1]
+print("Inductor says something", flush=True)
+print("{line}compiled without the package: compile 1 s", file=sys.stderr, flush=True)
+time.sleep(float({pause}))
+print("{line}compiled with 2 swapped in", file=sys.stderr, flush=True)
+print("x" * 3000 + " last words", file=sys.stderr, flush=True)
+if {write}:
+    open(out, "w").write(json.dumps({{"used": ["r0"], "mode": "default"}}))
+sys.exit({code})
+'''
+
+
+def _fake_gate(tmp_path, monkeypatch, pause=0.0, write=True, code=0):
+    from types import SimpleNamespace
+
+    script = tmp_path / "fake_python"
+    script.write_text(FAKE_GATE.format(line=compile_gate.GATE_LINE, pause=pause, write=write, code=code))
+    script.chmod(0o755)
+    monkeypatch.setattr(compile_gate.sys, "executable", str(script))
+    return SimpleNamespace(model_path="m.py", device="cpu", run_dir=str(tmp_path / "run"), dtype=None)
+
+
+def test_the_gates_progress_reaches_the_build_as_it_is_printed(tmp_path, monkeypatch):
+    info = _fake_gate(tmp_path, monkeypatch, pause=1.5)
+    seen = []
+    import time
+
+    t0 = time.perf_counter()
+    result = compile_gate.check_compiled(tmp_path, info, say=lambda s: seen.append((s, time.perf_counter() - t0)))
+    assert result == {"used": ["r0"], "mode": "default"}
+    assert [s for s, _ in seen] == ["compiled without the package: compile 1 s", "compiled with 2 swapped in"]
+    assert seen[1][1] - seen[0][1] > 1.0  # the first line arrived before the subprocess went on
+    assert not list(tmp_path.glob(".compile_check*"))  # the result file is removed
+
+
+def test_a_gate_that_writes_no_result_reports_the_tail_of_its_other_output(tmp_path, monkeypatch):
+    info = _fake_gate(tmp_path, monkeypatch, write=False, code=3)
+    seen = []
+    result = compile_gate.check_compiled(tmp_path, info, say=seen.append)
+    err = result["error"]
+    assert err.startswith("the compiled-model check wrote no result (exit 3): ") and err.endswith("last words\n")
+    assert len(err) < 2100 and compile_gate.GATE_LINE not in err and len(seen) == 2
+
+
+def test_a_gate_past_its_time_is_stopped_with_that_reason(tmp_path, monkeypatch):
+    info = _fake_gate(tmp_path, monkeypatch, pause=30)
+    import time
+
+    t0 = time.perf_counter()
+    result = compile_gate.check_compiled(tmp_path, info, timeout_s=1.0, say=lambda s: None)
+    assert result == {"error": "the compiled-model check ran longer than 1 s"}
+    assert time.perf_counter() - t0 < 20

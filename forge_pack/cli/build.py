@@ -150,13 +150,15 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
                   llm_budget_tokens: Optional[int] = None, time_limit: Optional[float] = None,
                   allow_no_gain: bool = False, as_json: bool = False, toolkit=None, ui: dict | None = None,
                   cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo,
-                  gpus: Optional[str] = None, ray: Optional[str] = None, regions: bool = False) -> PackResult:
+                  gpus: Optional[str] = None, ray: Optional[str] = None, regions: bool = False,
+                  compile_modes: Optional[str] = None) -> PackResult:
     from forge_pack.cli.search import ProgressBar, device_overrides, format_summary
     from forge_pack.search.pipeline import RunConfig, load_config, run, with_overrides
     from forge_pack.store.vocabulary import RunStatus
 
     pkg = check_name(name or default_name(model))  # user errors first, before minutes of search
     check_cpu_isa(cpu_isa)
+    modes = _modes(compile_modes)
     if budget is not None and budget < 1:
         raise ForgeError(f"--budget must be at least 1, got {budget}", "e.g. --budget 50")
     overrides = dict(budget=budget, seed=seed, workers=workers, parallel=workers, timeout_s=timeout, llm_model=llm,
@@ -199,9 +201,17 @@ def build_command(model: str, out: Path, *, name: Optional[str] = None, device: 
         bar.say(f"reusing the finished search in {run_dir} (no new search)")
         search_doc = _stored_summary(run_dir)
     result = pack(config.run_dir, out, pkg, force=force, wheel=wheel, require_gain=not allow_no_gain, say=bar.say,
-                  cpu_isa=cpu_isa)
+                  cpu_isa=cpu_isa, compile_modes=modes)
     _report(result, allow_no_gain, as_json, stdout, {"run_dir": config.run_dir, "search": search_doc})
     return result
+
+
+def _modes(text: Optional[str]) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    from forge_pack.evaluate.compile_gate import parse_modes
+
+    return parse_modes(text)
 
 
 def _report(result: PackResult, allow_no_gain: bool, as_json: bool, stdout: Callable[[str], None],
@@ -217,9 +227,11 @@ def _report(result: PackResult, allow_no_gain: bool, as_json: bool, stdout: Call
 
 def pack_command(run_dir: Path, out: Path, *, name: Optional[str] = None, force: bool = False, wheel: bool = False,
                  confirm: bool = True, allow_no_gain: bool = False, as_json: bool = False,
-                 cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo) -> PackResult:
+                 cpu_isa: Optional[str] = None, stdout: Callable[[str], None] = typer.echo,
+                 compile_modes: Optional[str] = None) -> PackResult:
+    modes = _modes(compile_modes)
     result = pack(run_dir, out, name, force=force, wheel=wheel, confirm=confirm, require_gain=not allow_no_gain,
-                  cpu_isa=cpu_isa)
+                  cpu_isa=cpu_isa, compile_modes=modes)
     _report(result, allow_no_gain, as_json, stdout)
     return result
 
@@ -228,6 +240,9 @@ WHEEL_HELP = ("Also build a wheel into OUT/dist for other machines: it pins the 
               "against, and is tagged abi3 (any CPython from torch's minimum on) where torch allows it.")
 CPU_ISA_HELP = (f"CPU instruction set the package's C++ code is compiled for (default {default_cpu_isa()}; "
                 "'native': this CPU only, checked before loading). Recorded in the manifest.")
+COMPILE_MODES_HELP = ("torch.compile modes the compile-mode check measures, comma-separated, default among them "
+                      "(default: default, and reduce-overhead on CUDA). Each mode is compiled once plainly and "
+                      "once or more with the kernels; a mode not measured follows the default's decisions.")
 ALLOW_NO_GAIN_HELP = ("Write the package even when the whole-model check measures no end-to-end gain "
                       "(default: no package then, exit 0).")
 
@@ -272,6 +287,8 @@ def register(app: typer.Typer) -> None:
         regions: bool = typer.Option(False, "--regions", help="Search the model's regions (fused chains of "
                                                               "memory-bound ops) instead of single ops; their "
                                                               "kernels are used by compile mode."),
+        compile_modes: Optional[str] = typer.Option(None, "--compile-modes", metavar="MODE,...",
+                                                    help=COMPILE_MODES_HELP),
     ) -> None:
         """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
         build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
@@ -279,7 +296,7 @@ def register(app: typer.Typer) -> None:
                       timeout=timeout, llm=llm, llm_budget_usd=llm_budget_usd, llm_budget_tokens=llm_budget_tokens,
                       time_limit=time_limit, allow_no_gain=allow_no_gain, as_json=as_json,
                       ui=ui_options(with_ui, ui_port, allow_control), cpu_isa=cpu_isa, gpus=gpus, ray=ray,
-                      regions=regions)
+                      regions=regions, compile_modes=compile_modes)
 
     @app.command("pack")
     def pack_cmd(
@@ -293,8 +310,10 @@ def register(app: typer.Typer) -> None:
                                         help="Skip re-verification in a fresh process and the whole-model check."),
         allow_no_gain: bool = typer.Option(False, "--allow-no-gain", help=ALLOW_NO_GAIN_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+        compile_modes: Optional[str] = typer.Option(None, "--compile-modes", metavar="MODE,...",
+                                                    help=COMPILE_MODES_HELP),
     ) -> None:
         """Package the winning kernels of an existing run."""
         pack_command(run_dir, out, name=name, force=force, wheel=wheel, confirm=not no_confirm,
-                     allow_no_gain=allow_no_gain, as_json=as_json, cpu_isa=cpu_isa)
+                     allow_no_gain=allow_no_gain, as_json=as_json, cpu_isa=cpu_isa, compile_modes=compile_modes)
 

@@ -161,6 +161,7 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
         plain = compile_plain(module) if compile_plain else torch.compile(module, **kw)
         compile_s, plain_out = first(plain)
         plain_acc = compare_outputs(ref, plain_out, gold, gold_note)
+        say(f"  compiled without the package: compile {compile_s:.0f} s; {len(ids)} candidates to measure")
 
         def trial(used: list[str]) -> dict:
             """The model compiled with exactly `used` swapped in, against the plain compiled model."""
@@ -177,6 +178,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
                 ok, why = False, f"less accurate compiled: {alone}{failure_words(acc)}{acc['against_compiled']}"
             else:
                 ok, why = judge(t_plain, t_with)
+            say(f"  compiled with {len(used)} swapped in ({_listed(used)}): compile {with_s:.0f} s, "
+                f"{ms(t_with):.3f} ms against {ms(t_plain):.3f} ms: {'wins' if ok else 'loses'}")
             return {"used": list(used), "ok": ok, "why": why, "plain": t_plain, "with": t_with, "with_s": with_s,
                     "acc": acc, "hit": hit, "gain": t_plain.median_us / max(t_with.median_us, 1e-9)}
 
@@ -254,6 +257,10 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             "compiled_max_abs_diff": plain_acc.get("max_abs_diff"), **together}
 
 
+def _listed(ids: list[str], at_most: int = 4) -> str:
+    return ", ".join(ids[:at_most]) + (f" and {len(ids) - at_most} more" if len(ids) > at_most else "")
+
+
 def _decision(result: dict, tid: str) -> dict:
     return (result.get("targets") or {}).get(tid) or {"use": False, "reason": result.get("error") or UNMATCHED_REASON,
                                                       "compiled_ms": None, "compiled_with_ms": None}
@@ -289,11 +296,20 @@ def record(doc: dict, result: dict, modes: dict[str, dict] | None = None) -> dic
     return summary
 
 
+GATE_LINE = "forge-pack compile gate: "  # how the gate's subprocess marks a progress line for the build's output
+TAIL_CHARS = 2000  # of the subprocess's other output, kept for the error of a check that wrote no result
+
+
 def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHECK_TIMEOUT_S,
-                   mode: str | None = None) -> dict:
+                   mode: str | None = None, say: Callable[[str], None] | None = None) -> dict:
     """Run ``measure`` on the staged package in a subprocess (one per mode: a mode that crashes, CUDA graphs
     that cannot capture, leaves the others' results); its result (``error`` set when torch.compile could
-    not compile the model there: the eager package stands, compile mode uses nothing in that mode)."""
+    not compile the model there: the eager package stands, compile mode uses nothing in that mode). The
+    subprocess's progress lines (each compile, its time and its measurement; each decision) reach ``say`` as
+    they are printed: the check of a large model takes minutes."""
+    import collections
+    import threading
+
     out = Path(package_dir) / f".compile_check{'.' + mode if mode else ''}.json"
     cmd = [sys.executable, "-m", "forge_pack.evaluate.compile_gate", str(package_dir), info.model_path,
            "--device", info.device, "--out", str(out), "--build-root", str(Path(info.run_dir) / "package-builds")]
@@ -301,15 +317,37 @@ def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHEC
         cmd += ["--dtype", info.dtype]
     if mode:
         cmd += ["--mode", mode]
+    tail: collections.deque = collections.deque()
+    size = [0]
+
+    def read(stream) -> None:
+        for line in stream:
+            if line.startswith(GATE_LINE):
+                if say is not None:
+                    say(line[len(GATE_LINE):].rstrip("\n"))
+                continue
+            tail.append(line)
+            size[0] += len(line)
+            while size[0] > TAIL_CHARS and len(tail) > 1:
+                size[0] -= len(tail.popleft())
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+    reader.start()
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        out.unlink(missing_ok=True)
         return {"error": f"the compiled-model check ran longer than {timeout_s:.0f} s"}
+    finally:
+        reader.join(timeout=10)
     try:
         result = json.loads(out.read_text())
     except (OSError, ValueError):
-        result = {"error": f"the compiled-model check wrote no result (exit {r.returncode}): "
-                           f"{(r.stdout + r.stderr)[-2000:]}"}
+        result = {"error": f"the compiled-model check wrote no result (exit {proc.returncode}): "
+                           f"{''.join(tail)[-TAIL_CHARS:]}"}
     finally:
         out.unlink(missing_ok=True)
     return result
@@ -322,22 +360,50 @@ def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHEC
 EXTRA_MODES = {"cuda": ("reduce-overhead",)}
 
 
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's modes
+
+
+def extra_modes(device: str | None, modes: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The modes the gate measures besides the default: ``modes`` as given (``--compile-modes``, default first),
+    or ``EXTRA_MODES`` for the device."""
+    if modes is None:
+        return EXTRA_MODES.get(device or "", ())
+    return tuple(m for m in modes if m != "default")
+
+
+def parse_modes(text: str) -> tuple[str, ...]:
+    """``--compile-modes``: a comma-separated list of torch.compile modes, ``default`` among them (every other
+    mode's decisions are measured against the default's and follow them where not measured)."""
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ForgeError(f"--compile-modes: unknown torch.compile mode {bad[0]!r}",
+                         f"choose from {', '.join(MODES)}, e.g. --compile-modes default,reduce-overhead")
+    if "default" not in modes:
+        raise ForgeError("--compile-modes must include default (the mode every other one is measured beside)",
+                         f"e.g. --compile-modes default{',' + ','.join(modes) if modes else ''}")
+    return modes
+
+
 def run_compile_gate(package_dir: Path, info: Any, doc: dict, say: Callable[[str], None] = lambda s: None,
-                     check: Callable[..., dict] = check_compiled) -> dict:
-    """Measure the staged package compiled (the default mode, then each of ``EXTRA_MODES`` for the device)
-    and record the outcome in `doc`; the ``compile_result``."""
+                     check: Callable[..., dict] | None = None, modes: tuple[str, ...] | None = None) -> dict:
+    """Measure the staged package compiled (the default mode, then each other mode of ``modes``, by default
+    ``EXTRA_MODES`` for the device) and record the outcome in `doc`; the ``compile_result``."""
+    if check is None:
+        def check(package_dir, info, mode=None):
+            return check_compiled(package_dir, info, mode=mode, say=say)
     say("checking the whole model compiled: torch.compile with and without each kernel")
     result = check(package_dir, info)
     if result.get("error"):
         say(f"  compile mode uses no kernel: {result['error'].splitlines()[0][:300]}")
-    modes = {}
+    measured = {}
     # a model torch.compile cannot compile in the default mode is not tried again in another
-    for m in () if result.get("error") else EXTRA_MODES.get(getattr(info, "device", None), ()):
+    for m in () if result.get("error") else extra_modes(getattr(info, "device", None), modes):
         say(f"checking the whole model compiled with mode={m!r}: torch.compile with and without each kernel")
-        modes[m] = check(package_dir, info, mode=m)
-        if modes[m].get("error"):
-            say(f"  compile mode {m!r} uses no kernel: {modes[m]['error'].splitlines()[0][:300]}")
-    return record(doc, result, modes)
+        measured[m] = check(package_dir, info, mode=m)
+        if measured[m].get("error"):
+            say(f"  compile mode {m!r} uses no kernel: {measured[m]['error'].splitlines()[0][:300]}")
+    return record(doc, result, measured)
 
 
 def summary_line(model_result: dict | None, compile_result: dict | None) -> str | None:
@@ -398,7 +464,8 @@ def compile_check(package_dir: str, model: str, device: str, dtype: str | None, 
 
         inductor_config.force_disable_caches = True
     target = load(model, device, dtype)
-    return measure(target, patcher, cm.CompileMode, say=lambda s: print(s, file=sys.stderr, flush=True), mode=mode)
+    return measure(target, patcher, cm.CompileMode, say=lambda s: print(GATE_LINE + s, file=sys.stderr, flush=True),
+                   mode=mode)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -644,9 +644,12 @@ def vendored_rules_body(text: bytes) -> bytes:
 
 def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, force: bool = False, wheel: bool = False,
          *, confirm: bool = True, model_check: bool = True, require_gain: bool = False, cpu_isa: str | None = None,
-         say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> PackResult:
+         say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+         compile_modes: tuple[str, ...] | None = None) -> PackResult:
     """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist).
-    require_gain: write nothing unless the whole-model check measured a gain (model_gain.judge_gain)."""
+    require_gain: write nothing unless the whole-model check measured a gain (model_gain.judge_gain).
+    compile_modes: the torch.compile modes the compile gate measures ("default" first; None: the default mode and
+    compile_gate.EXTRA_MODES for the device)."""
     from forge_pack.evaluate import confirm as confirm_mod
     from forge_pack.pack import readme
 
@@ -735,7 +738,7 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
             from forge_pack.evaluate.compile_gate import run_compile_gate
 
             with step("compile-mode check", say) as progress:
-                result.compile_result = run_compile_gate(stage, info, doc, say=progress.say)
+                result.compile_result = run_compile_gate(stage, info, doc, say=progress.say, modes=compile_modes)
             if require_gain:
                 from forge_pack.evaluate.model_gain import judge_gain, judge_compile_gain
 

@@ -259,3 +259,49 @@ def test_the_rounding_units_are_found_once_per_spec_and_only_for_16_bit_regions(
     # a float32 region has no units: None, found once too
     sig32, spec32 = _region(_Twice(), torch.randn(4, 8))
     assert spec32.sensitivity({"in0": torch.randn(4, 8)}) is None and spec32._units == [None]
+
+
+class _CausalByIndex(nn.Module):
+    """A softmax whose mask the graph builds from an arange: a tensor the graph creates, so the rebuilt graphs
+    (the meta one the units come from, the float64 one the key comes from) must place it on their own device."""
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[-1], device=x.device)
+        return torch.softmax(x * 0.5 + (pos[None, :] > pos[:, None]).to(x.dtype) * -1e4, -1)
+
+
+class _KeepWhere(nn.Module):
+    def forward(self, x, keep):
+        return torch.softmax(torch.where(keep, x * 0.5, -1e4), -1)
+
+
+def test_a_graph_that_makes_its_own_tensors_and_one_with_a_boolean_input_get_keys():
+    x = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(3)).bfloat16()
+    sig, spec = _region(_CausalByIndex().bfloat16(), x)
+    key = spec.sensitivity({"in0": x})
+    assert key is not None and spec._units[0] is not None and torch.isfinite(key).all()
+    keep = torch.rand(2, 16, 16, generator=torch.Generator().manual_seed(4)) > 0.3
+    sig, spec = _region(_KeepWhere().bfloat16(), x, keep)
+    assert spec.roles == ["data", "bool"]
+    t = {"in0": x, "in1": keep}
+    key = spec.sensitivity(t)  # the boolean input stays boolean in the float64 run (where needs a condition)
+    ref = spec.reference64(sig.params, t)
+    assert key is not None and key.shape == ref.shape and (key.double() >= ref.abs().float().double() * 0.999).all()
+
+
+def test_the_key_is_the_same_whatever_the_global_random_state():
+    """The build and the package's verify must key a set alike: every move comes from the key's own seeded
+    generators, never from torch's global one."""
+    x = torch.randn(2, 8, 6, 7, generator=torch.Generator().manual_seed(5)).bfloat16()
+    sig, spec = _region(_GroupNormByHand().bfloat16(), x)
+    torch.manual_seed(1)
+    first = spec.sensitivity({"in0": x})
+    torch.manual_seed(2)
+    torch.rand(100)
+    assert torch.equal(spec.sensitivity({"in0": x}), first)
+    v = (torch.randn(64, dtype=torch.float64), torch.randn(64, dtype=torch.float64))
+    torch.manual_seed(1)
+    a = region_sensitivity._perturbed(v, (U_BF16, U_BF16), torch.Generator().manual_seed(9))
+    torch.manual_seed(2)
+    b = region_sensitivity._perturbed(v, (U_BF16, U_BF16), torch.Generator().manual_seed(9))
+    assert all(torch.equal(p, q) for p, q in zip(a, b))

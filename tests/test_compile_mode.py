@@ -804,3 +804,47 @@ def test_a_gate_past_its_time_is_stopped_with_that_reason(tmp_path, monkeypatch)
     result = compile_gate.check_compiled(tmp_path, info, timeout_s=1.0, say=lambda s: None)
     assert result == {"error": "the compiled-model check ran longer than 1 s"}
     assert time.perf_counter() - t0 < 20
+
+
+class _Breaking:
+    """A compile mode over three regions: with "bad" swapped in the compiled model raises when called (as CUDA
+    graphs did on a ResNet-50 whose region op held tensors outside the graph's pool); "good" and "fine" are
+    right and matched."""
+
+    sets: list = []
+
+    def __init__(self, patcher, use=None):
+        self.use = list(use or [])
+        _Breaking.sets.append(sorted(self.use))
+        self.replaced = {}
+        self.matched = {tid: 1 for tid in self.use}
+
+    def compile(self, module, **kwargs):
+        def run(*a, **k):
+            if "bad" in self.use:
+                raise RuntimeError("Detected 3 tensor(s) in the cudagraph pool not tracked as outputs.")
+            return module(*a, **k)
+
+        return run
+
+
+def test_a_replacement_that_breaks_the_compiled_model_is_dropped_with_the_error_and_the_rest_kept(one_thread):
+    import types
+
+    module = torch.nn.Linear(8, 8).eval()
+    target = types.SimpleNamespace(module=module, args=(torch.randn(4, 8),), kwargs={}, device="cpu")
+    patcher = types.SimpleNamespace(targets=[], manifest={"regions": [{"id": "good"}, {"id": "bad"}, {"id": "fine"}]})
+    _Breaking.sets = []
+    said = []
+    result = compile_gate.measure(target, patcher, _Breaking, budget_s=0.5, max_n=5, say=said.append,
+                                  compile_plain=lambda m: _Slowed(m, 0.010))
+    assert result["used"] == ["good", "fine"]
+    bad = result["targets"]["bad"]
+    assert bad["use"] is False and bad["compiled_ms"] is None and bad["reason"] == (
+        "fails compiled: RuntimeError: Detected 3 tensor(s) in the cudagraph pool not tracked as outputs.")
+    assert result["targets"]["good"]["use"] and result["targets"]["fine"]["use"]
+    assert result["compiled_with"] is not None  # the kept set was measured, the error did not end the gate
+    # all at once, then bisected: "good" alone, then "bad" and "fine", each alone, then the two winners together
+    assert _Breaking.sets[0] == ["bad", "fine", "good"] and ["bad"] in _Breaking.sets
+    assert _Breaking.sets[-1] == ["fine", "good"]
+    assert any("fails compiled: RuntimeError" in s for s in said)

@@ -24,7 +24,10 @@ package is measured compiled, in a subprocess (its ops are registered once per p
 3. a set that loses is bisected: each half is measured (and bisected while it loses) down to single
    replacements, which are dropped with the reason of their own measurement; two winning halves that
    lose together leave the one that gained less to Inductor. When everything wins together, that is
-   two compiles in all; one bad replacement among n costs about 2 log2(n) more.
+   two compiles in all; one bad replacement among n costs about 2 log2(n) more. A set whose compile or
+   calls raise (CUDA graphs that cannot capture it, an op Inductor rejects) loses the same way, the error as
+   its reason ("fails compiled: ..."): one replacement that breaks the compiled model is dropped alone, where
+   the error used to end the whole mode's gate with nothing used.
 
 Each target and region gets ``compile: {use, reason, compiled_ms, compiled_with_ms}`` in the manifest and the
 document ``compile_result`` (plain and package compiled medians, compile times, what is used). A
@@ -164,8 +167,21 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
         say(f"  compiled without the package: compile {compile_s:.0f} s; {len(ids)} candidates to measure")
 
         def trial(used: list[str]) -> dict:
-            """The model compiled with exactly `used` swapped in, against the plain compiled model."""
+            """The model compiled with exactly `used` swapped in, against the plain compiled model; a compile or
+            call that raises is that set's loss (its reason the error), bisected like any other."""
             cm = compile_mode(patcher, use=used)
+            try:
+                return measured(cm, used)
+            except Exception as e:  # noqa: BLE001 - a replacement that breaks the compiled model is dropped, not fatal
+                hit = {**cm.replaced, **getattr(cm, "matched", {})}
+                # what matched before the error, else (it failed before any match was counted) every one of them
+                failed = [tid for tid in used if hit.get(tid)] or list(used)
+                why = f"fails compiled: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                say(f"  compiled with {len(failed)} swapped in ({_listed(failed)}): {why}")
+                return {"used": failed, "ok": False, "why": why, "plain": None, "with": None, "with_s": None,
+                        "acc": {}, "hit": {tid: 1 for tid in failed}, "gain": 0.0}
+
+        def measured(cm: Any, used: list[str]) -> dict:
             compiled = cm.compile(module, **kw)
             with_s, out = first(compiled)
             hit = {**cm.replaced, **getattr(cm, "matched", {})}

@@ -30,8 +30,8 @@ def test_pool_probe_compiles_for_hopper_without_spills(tmp_path):
 
 def test_kernel_sweeps_region_cases_build_every_listed_variant():
     """bench/kernel_sweep.py's region cases (for a GPU run): each captured region is a contiguous row region and
-    every listed variant builds, cache 0 and 1 at each layout (a variant the family refused would be reported
-    as invalid on the GPU instead of timed)."""
+    every listed variant builds with the parameters it lists (a variant the family refused would be reported
+    as invalid on the GPU instead of timed): the default layout (cached rows), MUFU exp and the other layouts."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -44,5 +44,8 @@ def test_kernel_sweeps_region_cases_build_every_listed_variant():
         sig = make()
         assert sig.param("kind") == "row"
         built = [instantiate("region", "cuda", family, params, sig).params for family, params in variants]
-        assert {p["cache"] for p in built} == {0, 1}
+        assert built[0] == instantiate("region", "cuda", "row", None, sig).params and built[0]["cache"] == 1
+        assert {p["fast_math"] for p in built} == {0, 1}
+        assert {p["threads"] for p in built} == {128, 256, 512, 1024} and {p["vec"] for p in built} == {4, 8}
+        assert len({tuple(sorted(p.items())) for p in built}) == len(built)  # no variant twice
         assert all(p == {**p, **params} for p, (_, params) in zip(built, variants))

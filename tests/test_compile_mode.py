@@ -750,9 +750,10 @@ def test_the_gate_measures_the_modes_asked_for_in_place_of_the_devices_own(tiny_
 
 FAKE_GATE = '''#!/usr/bin/env python3
 # stands in for `python -m forge_pack.evaluate.compile_gate`: progress lines, other output, then its result file
-import json, sys, time
+import json, os, sys, time
 a = sys.argv
 out = a[a.index("--out") + 1]
+open(out + ".pid", "w").write(str(os.getpid()))
 print("Inductor says something", flush=True)
 print("{line}compiled without the package: compile 1 s", file=sys.stderr, flush=True)
 time.sleep(float({pause}))
@@ -784,7 +785,7 @@ def test_the_gates_progress_reaches_the_build_as_it_is_printed(tmp_path, monkeyp
     assert result == {"used": ["r0"], "mode": "default"}
     assert [s for s, _ in seen] == ["compiled without the package: compile 1 s", "compiled with 2 swapped in"]
     assert seen[1][1] - seen[0][1] > 1.0  # the first line arrived before the subprocess went on
-    assert not list(tmp_path.glob(".compile_check*"))  # the result file is removed
+    assert not (tmp_path / ".compile_check.json").exists()  # the result file is removed
 
 
 def test_a_gate_that_writes_no_result_reports_the_tail_of_its_other_output(tmp_path, monkeypatch):
@@ -848,3 +849,21 @@ def test_a_replacement_that_breaks_the_compiled_model_is_dropped_with_the_error_
     assert _Breaking.sets[0] == ["bad", "fine", "good"] and ["bad"] in _Breaking.sets
     assert _Breaking.sets[-1] == ["fine", "good"]
     assert any("fails compiled: RuntimeError" in s for s in said)
+
+
+def test_an_interrupted_build_stops_the_gates_subprocess(tmp_path, monkeypatch):
+    import _thread
+    import os
+    import threading
+
+    info = _fake_gate(tmp_path, monkeypatch, pause=30)
+    ctrl_c = threading.Timer(3.0, _thread.interrupt_main)  # the stand-in has started (and written its pid) by then
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compile_gate.check_compiled(tmp_path, info, say=lambda s: None)
+    finally:
+        ctrl_c.cancel()
+    pid = int((tmp_path / ".compile_check.json.pid").read_text())
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left running for 30 s
+        os.kill(pid, 0)

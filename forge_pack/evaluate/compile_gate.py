@@ -357,6 +357,11 @@ def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHEC
         proc.wait()
         out.unlink(missing_ok=True)
         return {"error": f"the compiled-model check ran longer than {timeout_s:.0f} s"}
+    except BaseException:  # Ctrl-C in the build: the check does not go on without it
+        proc.kill()
+        proc.wait()
+        out.unlink(missing_ok=True)
+        raise
     finally:
         reader.join(timeout=10)
     try:
@@ -380,8 +385,8 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 
 
 def extra_modes(device: str | None, modes: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The modes the gate measures besides the default: ``modes`` as given (``--compile-modes``, default first),
-    or ``EXTRA_MODES`` for the device."""
+    """The modes the gate measures besides the default: those of ``modes`` (``--compile-modes``), or without it
+    ``EXTRA_MODES`` for the device."""
     if modes is None:
         return EXTRA_MODES.get(device or "", ())
     return tuple(m for m in modes if m != "default")

@@ -648,8 +648,8 @@ def pack(run_dir: str | Path, out_dir: str | Path, name: str | None = None, forc
          compile_modes: tuple[str, ...] | None = None) -> PackResult:
     """Confirm the run's winners, then write the package to `out_dir` (and a wheel into out_dir/dist).
     require_gain: write nothing unless the whole-model check measured a gain (model_gain.judge_gain).
-    compile_modes: the torch.compile modes the compile gate measures ("default" first; None: the default mode and
-    compile_gate.EXTRA_MODES for the device)."""
+    compile_modes: the torch.compile modes the compile gate measures ("default" among them; None: the default mode
+    and compile_gate.EXTRA_MODES for the device)."""
     from forge_pack.evaluate import confirm as confirm_mod
     from forge_pack.pack import readme
 

@@ -173,9 +173,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             try:
                 return measured(cm, used)
             except Exception as e:  # noqa: BLE001 - a replacement that breaks the compiled model is dropped, not fatal
-                hit = {**cm.replaced, **getattr(cm, "matched", {})}
-                # what matched before the error, else (it failed before any match was counted) every one of them
-                failed = [tid for tid in used if hit.get(tid)] or list(used)
+                # what matched before the error (else, failing before any match was counted, every one of them)
+                failed = _matched(cm, used)[1]
                 why = f"fails compiled: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
                 say(f"  compiled with {len(failed)} swapped in ({_listed(failed)}): {why}")
                 return {"used": failed, "ok": False, "why": why, "plain": None, "with": None, "with_s": None,
@@ -184,9 +183,8 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
         def measured(cm: Any, used: list[str]) -> dict:
             compiled = cm.compile(module, **kw)
             with_s, out = first(compiled)
-            hit = {**cm.replaced, **getattr(cm, "matched", {})}
             # the candidates that matched nothing replaced nothing: the compile is the others' alone
-            used = [tid for tid in used if hit.get(tid)] or list(used)
+            hit, used = _matched(cm, used)
             acc = accuracy(ref, plain_out, out, gold, gold_note)
             t_plain, t_with = _time_pair(call(plain), call(compiled), noop, noop, cuda, budget_s, max_n)
             if not passes(acc):
@@ -273,6 +271,13 @@ def measure(target: Any, patcher: Any, compile_mode: Callable, *, budget_s: floa
             "compiled_max_abs_diff": plain_acc.get("max_abs_diff"), **together}
 
 
+def _matched(cm: Any, used: list[str]) -> tuple[dict, list[str]]:
+    """What a compile mode's pass swapped in, by id, and the ids of ``used`` among them (all of ``used`` when none
+    is: a compile that matched nothing, or failed before counting)."""
+    hit = {**cm.replaced, **getattr(cm, "matched", {})}
+    return hit, [tid for tid in used if hit.get(tid)] or list(used)
+
+
 def _listed(ids: list[str], at_most: int = 4) -> str:
     return ", ".join(ids[:at_most]) + (f" and {len(ids) - at_most} more" if len(ids) > at_most else "")
 
@@ -323,7 +328,6 @@ def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHEC
     not compile the model there: the eager package stands, compile mode uses nothing in that mode). The
     subprocess's progress lines (each compile, its time and its measurement; each decision) reach ``say`` as
     they are printed: the check of a large model takes minutes."""
-    import collections
     import threading
 
     out = Path(package_dir) / f".compile_check{'.' + mode if mode else ''}.json"
@@ -333,45 +337,35 @@ def check_compiled(package_dir: Path, info: Any, timeout_s: float = COMPILE_CHEC
         cmd += ["--dtype", info.dtype]
     if mode:
         cmd += ["--mode", mode]
-    tail: collections.deque = collections.deque()
-    size = [0]
+    tail = ""
 
     def read(stream) -> None:
+        nonlocal tail
         for line in stream:
-            if line.startswith(GATE_LINE):
-                if say is not None:
-                    say(line[len(GATE_LINE):].rstrip("\n"))
-                continue
-            tail.append(line)
-            size[0] += len(line)
-            while size[0] > TAIL_CHARS and len(tail) > 1:
-                size[0] -= len(tail.popleft())
+            if not line.startswith(GATE_LINE):
+                tail = (tail + line)[-TAIL_CHARS:]
+            elif say is not None:
+                say(line[len(GATE_LINE):].rstrip("\n"))
 
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
     reader.start()
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        out.unlink(missing_ok=True)
-        return {"error": f"the compiled-model check ran longer than {timeout_s:.0f} s"}
-    except BaseException:  # Ctrl-C in the build: the check does not go on without it
-        proc.kill()
-        proc.wait()
-        out.unlink(missing_ok=True)
-        raise
-    finally:
-        reader.join(timeout=10)
-    try:
-        result = json.loads(out.read_text())
-    except (OSError, ValueError):
-        result = {"error": f"the compiled-model check wrote no result (exit {proc.returncode}): "
-                           f"{''.join(tail)[-TAIL_CHARS:]}"}
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the compiled-model check ran longer than {timeout_s:.0f} s"}
+        finally:  # past its time, or Ctrl-C in the build: the check does not go on without it
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            reader.join(timeout=10)
+        try:
+            return json.loads(out.read_text())
+        except (OSError, ValueError):
+            return {"error": f"the compiled-model check wrote no result (exit {proc.returncode}): {tail}"}
     finally:
         out.unlink(missing_ok=True)
-    return result
 
 
 # torch.compile modes the gate measures besides the default, per device: CUDA graphs remove the per-call host

@@ -243,6 +243,7 @@ CPU_ISA_HELP = (f"CPU instruction set the package's C++ code is compiled for (de
 COMPILE_MODES_HELP = ("torch.compile modes the compile-mode check measures, comma-separated, default among them "
                       "(default: default, and reduce-overhead on CUDA). Each mode is compiled once plainly and "
                       "once or more with the kernels; a mode not measured follows the default's decisions.")
+COMPILE_MODES_OPTION = typer.Option(None, "--compile-modes", metavar="MODE,...", help=COMPILE_MODES_HELP)
 ALLOW_NO_GAIN_HELP = ("Write the package even when the whole-model check measures no end-to-end gain "
                       "(default: no package then, exit 0).")
 
@@ -287,8 +288,7 @@ def register(app: typer.Typer) -> None:
         regions: bool = typer.Option(False, "--regions", help="Search the model's regions (fused chains of "
                                                               "memory-bound ops) instead of single ops; their "
                                                               "kernels are used by compile mode."),
-        compile_modes: Optional[str] = typer.Option(None, "--compile-modes", metavar="MODE,...",
-                                                    help=COMPILE_MODES_HELP),
+        compile_modes: Optional[str] = COMPILE_MODES_OPTION,
     ) -> None:
         """Profile MODEL, search faster kernels, confirm them, and write a pip-installable package."""
         build_command(model, out, name=name, device=device, dtype=dtype, budget=budget, wheel=wheel, force=force,
@@ -310,8 +310,7 @@ def register(app: typer.Typer) -> None:
                                         help="Skip re-verification in a fresh process and the whole-model check."),
         allow_no_gain: bool = typer.Option(False, "--allow-no-gain", help=ALLOW_NO_GAIN_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
-        compile_modes: Optional[str] = typer.Option(None, "--compile-modes", metavar="MODE,...",
-                                                    help=COMPILE_MODES_HELP),
+        compile_modes: Optional[str] = COMPILE_MODES_OPTION,
     ) -> None:
         """Package the winning kernels of an existing run."""
         pack_command(run_dir, out, name=name, force=force, wheel=wheel, confirm=not no_confirm,
